@@ -1,0 +1,43 @@
+# Tidemark: two commands on a fresh machine.
+#   make demo   installs what is missing, starts the stack, runs the demo end to end
+#   make test   installs what is missing, starts the stack, runs the test suite
+SHELL := /bin/bash
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+STATE := $(or $(TIDEMARK_STATE_DIR),$(ROOT)/.state)
+export TIDEMARK_STATE_DIR := $(STATE)
+export PYTHONPATH := $(ROOT)/include
+PY := $(STATE)/venv/bin/python
+STACK := $(PY) -m tidemark.stack
+PYTEST_ARGS ?=
+
+.PHONY: help bootstrap up down status logs ui demo test clean
+
+help:
+	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
+
+bootstrap:
+	@bash stack/bootstrap.sh
+
+up: bootstrap
+	@$(STACK) up
+
+down:
+	@if [ -x $(PY) ]; then $(STACK) down; fi
+
+status:
+	@$(STACK) status
+
+logs:
+	@$(STACK) logs $(C)
+
+ui: up
+	@$(STACK) ui
+
+demo: up
+	@$(STACK) run -- $(PY) -m tidemark.demo
+
+test: up
+	@$(STACK) run -- $(PY) -m pytest $(PYTEST_ARGS)
+
+clean: down
+	rm -rf $(STATE)

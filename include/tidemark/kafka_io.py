@@ -1,0 +1,103 @@
+"""Kafka helpers shared by DAG tasks, Spark drivers and tests (confluent-kafka, no Airflow)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+# librdkafka's default partitioner (consistent_random, CRC32) differs from Java's (murmur2).
+# Spark writes with the Java client, so every Python producer must hash keys the same way.
+PARTITIONER = "murmur2_random"
+
+
+def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
+    return {"bootstrap.servers": bootstrap, "partitioner": PARTITIONER, "enable.idempotence": True, **extra}
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
+    """Create the topic if missing; refuse if it exists with another partition count."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    meta = admin.list_topics(timeout=timeout_s)
+    existing = meta.topics.get(topic)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) != partitions:
+            raise ValueError(
+                f"topic {topic!r} exists with {len(existing.partitions)} partitions, expected {partitions}"
+            )
+        return
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise
+
+
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """High watermark of every partition (for read_committed: the last stable offset)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "tidemark-offsets", "isolation.level": "read_committed"}
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        if meta.error is not None:
+            raise KafkaException(meta.error)
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            for p in sorted(meta.partitions)
+        }
+    finally:
+        consumer.close()
+
+
+@dataclass(frozen=True)
+class Record:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def read_committed(
+    bootstrap: str, topic: str, start: dict[int, int], *, idle_timeout_s: float = 10.0
+) -> Iterator[Record]:
+    """Committed records from ``start`` offsets up to each partition's end at call time.
+
+    Stops when every partition has reached its end; raises if no progress is made for
+    ``idle_timeout_s`` (the broker stalled or an open transaction blocks the stable offset).
+    """
+    stop = end_offsets(bootstrap, topic)
+    pending = {p: stop[p] for p in stop if stop[p] > start.get(p, 0)}
+    if not pending:
+        return
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"tidemark-reader-{topic}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+    })
+    try:
+        consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in pending])
+        while pending:
+            msg = consumer.poll(idle_timeout_s)
+            if msg is None:
+                raise TimeoutError(
+                    f"no progress reading {topic} for {idle_timeout_s}s; still waiting on partitions "
+                    f"{sorted(pending)} up to offsets {pending}"
+                )
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= pending.get(msg.partition(), 0):
+                        pending.pop(msg.partition(), None)
+                    continue
+                raise KafkaException(msg.error())
+            if msg.offset() < pending.get(msg.partition(), -1):
+                yield Record(msg.partition(), msg.offset(), msg.key(), msg.value())
+            if msg.offset() + 1 >= pending.get(msg.partition(), 0):
+                pending.pop(msg.partition(), None)
+    finally:
+        consumer.close()

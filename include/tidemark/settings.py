@@ -1,0 +1,171 @@
+"""Where the embedded stack lives and how to reach it, from environment variables.
+
+Every port and path can be overridden so that two checkouts run side by side. Defaults are
+chosen away from the usual ports (5432, 9092, 8080) so a system service does not collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Airflow connection ids: the same names in the local stack and in docker-compose.yaml.
+CONN_SOURCE = "tidemark_source"
+CONN_WAREHOUSE = "tidemark_warehouse"
+CONN_KAFKA = "tidemark_kafka"
+CONN_SPARK = "tidemark_spark"
+CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK)
+
+SOURCE_DB = "tidemark_source"
+WAREHOUSE_DB = "tidemark_warehouse"
+AIRFLOW_DB = "airflow"
+DATABASES = (SOURCE_DB, WAREHOUSE_DB, AIRFLOW_DB)
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def _port(name: str, default: int) -> int:
+    raw = _env(name, str(default))
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ValueError(f"environment variable {name}={raw!r} is not a TCP port")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: Path
+    pg_host: str
+    pg_port: int
+    pg_user: str
+    pg_password: str
+    os_user: str
+    kafka_port: int
+    kafka_controller_port: int
+    airflow_port: int
+    spark_master: str
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        state = Path(_env("TIDEMARK_STATE_DIR", str(REPO_ROOT / ".state"))).resolve()
+        return cls(
+            state_dir=state,
+            pg_host="127.0.0.1",
+            pg_port=_port("TIDEMARK_PG_PORT", 55432),
+            pg_user=_env("TIDEMARK_PG_USER", "tidemark"),
+            pg_password=_env("TIDEMARK_PG_PASSWORD", "tidemark-local"),
+            os_user=_env("TIDEMARK_OS_USER", "tidemark"),
+            kafka_port=_port("TIDEMARK_KAFKA_PORT", 59092),
+            kafka_controller_port=_port("TIDEMARK_KAFKA_CONTROLLER_PORT", 59093),
+            airflow_port=_port("TIDEMARK_AIRFLOW_PORT", 58080),
+            spark_master=_env("TIDEMARK_SPARK_MASTER", "local[2]"),
+        )
+
+    # --- paths -------------------------------------------------------------------------
+    @property
+    def venv(self) -> Path:
+        return self.state_dir / "venv"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.state_dir / "postgres"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.state_dir / "kafka"
+
+    @property
+    def spark_jars_dir(self) -> Path:
+        return self.state_dir / "spark" / "jars"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.state_dir / "airflow"
+
+    # --- endpoints ---------------------------------------------------------------------
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    def dsn(self, database: str) -> str:
+        """libpq key/value DSN (psycopg2); the password never appears in a log line we write."""
+        return (
+            f"host={self.pg_host} port={self.pg_port} dbname={database} "
+            f"user={self.pg_user} password={self.pg_password}"
+        )
+
+    def jdbc_url(self, database: str) -> str:
+        return f"jdbc:postgresql://{self.pg_host}:{self.pg_port}/{database}"
+
+    def spark_jars(self) -> list[Path]:
+        return sorted(self.spark_jars_dir.glob("*.jar"))
+
+    # --- Airflow -----------------------------------------------------------------------
+    def airflow_connections(self) -> dict[str, str]:
+        """AIRFLOW_CONN_* variables (JSON form), the same names docker-compose.yaml defines."""
+
+        def pg(database: str) -> str:
+            return json.dumps(
+                {
+                    "conn_type": "postgres",
+                    "host": self.pg_host,
+                    "port": self.pg_port,
+                    "login": self.pg_user,
+                    "password": self.pg_password,
+                    "schema": database,
+                }
+            )
+
+        return {
+            "AIRFLOW_CONN_TIDEMARK_SOURCE": pg(SOURCE_DB),
+            "AIRFLOW_CONN_TIDEMARK_WAREHOUSE": pg(WAREHOUSE_DB),
+            "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps(
+                {"conn_type": "kafka", "extra": {"bootstrap.servers": self.kafka_bootstrap}}
+            ),
+            "AIRFLOW_CONN_TIDEMARK_SPARK": json.dumps(
+                {"conn_type": "spark", "host": self.spark_master}
+            ),
+        }
+
+    def runtime_env(self) -> dict[str, str]:
+        """Environment for every process of the local stack: Airflow, Spark jobs, tests."""
+        # the core package, and Tidemark's Airflow plugins for processes outside Airflow (tests)
+        pythonpath = os.pathsep.join(str(REPO_ROOT / d) for d in ("include", "plugins"))
+        env = {
+            "TIDEMARK_STATE_DIR": str(self.state_dir),
+            "TIDEMARK_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "TIDEMARK_SPARK_MASTER": self.spark_master,
+            "TIDEMARK_SPARK_JARS": ",".join(str(j) for j in self.spark_jars()),
+            "PYTHONPATH": pythonpath,
+            "PATH": f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+            # Spark's Python workers must use the venv's interpreter, not whatever is on PATH.
+            "PYSPARK_PYTHON": str(self.venv / "bin" / "python"),
+            "PYSPARK_DRIVER_PYTHON": str(self.venv / "bin" / "python"),
+            "AIRFLOW_HOME": str(self.airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": (
+                f"http://127.0.0.1:{self.airflow_port}/execution/"
+            ),
+            "AIRFLOW__API__PORT": str(self.airflow_port),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": (
+                f"postgresql+psycopg2://{self.pg_user}:{self.pg_password}"
+                f"@{self.pg_host}:{self.pg_port}/{AIRFLOW_DB}"
+            ),
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs_dir / "airflow"),
+        }
+        env.update(self.airflow_connections())
+        return env

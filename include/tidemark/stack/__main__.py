@@ -1,0 +1,95 @@
+"""python -m tidemark.stack COMMAND: manage the embedded local stack.
+
+  up        start PostgreSQL and Kafka, resolve Spark's jars, migrate Airflow (idempotent)
+  down      stop everything this checkout started (Airflow UI, Kafka, PostgreSQL)
+  status    one line per component
+  logs [C]  last lines of a component's log (postgres, kafka, airflow-api-server, ...)
+  env       the environment of the stack as shell exports (secrets included: do not log)
+  run CMD   run CMD with the stack's environment (connections, AIRFLOW_HOME, PATH)
+  ui        start the Airflow services and print the UI address
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+
+from tidemark.settings import Settings
+from tidemark.stack import airflow, spark
+from tidemark.stack.kafka import Kafka
+from tidemark.stack.postgres import Postgres
+from tidemark.stack.proc import StackError, say, tail
+
+
+def up(s: Settings) -> None:
+    t0 = time.monotonic()
+    Postgres(s).start()
+    Kafka(s).start()
+    spark.prepare(s)
+    spark.describe(s)
+    airflow.migrate(s)
+    say("stack", f"up in {time.monotonic() - t0:.1f}s (state: {s.state_dir})")
+
+
+def down(s: Settings) -> None:
+    airflow.AirflowUI(s).stop()
+    Kafka(s).stop()
+    Postgres(s).stop()
+
+
+def status(s: Settings) -> None:
+    print(Postgres(s).status())
+    print(Kafka(s).status())
+    print(spark.status(s))
+    for line in airflow.AirflowUI(s).status():
+        print(line)
+
+
+def logs(s: Settings, names: list[str]) -> None:
+    files = sorted(s.logs_dir.glob("*.log"))
+    chosen = [f for f in files if not names or f.stem in names]
+    if not chosen:
+        known = ", ".join(f.stem for f in files) or "none yet"
+        raise StackError(f"no log named {' '.join(names)!r}; available: {known}")
+    for f in chosen:
+        print(f"==> {f} <==\n{tail(f, 40)}\n")
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(__doc__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    s = Settings.from_env()
+    try:
+        if command == "up":
+            up(s)
+        elif command == "down":
+            down(s)
+        elif command == "status":
+            status(s)
+        elif command == "logs":
+            logs(s, rest)
+        elif command == "env":
+            for key, value in s.runtime_env().items():
+                print(f"export {key}={shlex.quote(value)}")
+        elif command == "run":
+            if rest[:1] == ["--"]:
+                rest = rest[1:]
+            if not rest:
+                raise StackError("usage: python -m tidemark.stack run -- COMMAND [ARGS...]")
+            return airflow.exec_in_env(s, rest)
+        elif command == "ui":
+            airflow.AirflowUI(s).start()
+        else:
+            print(__doc__, file=sys.stderr)
+            raise StackError(f"unknown command {command!r}")
+    except StackError as exc:
+        print(f"[tidemark stack] ERROR: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

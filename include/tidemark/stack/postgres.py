@@ -1,0 +1,195 @@
+"""A private PostgreSQL cluster in the state directory, run as an unprivileged OS user.
+
+initdb and postgres refuse to run as root, so when we are root the cluster belongs to
+``TIDEMARK_OS_USER`` (created on demand) and every server command runs through ``runuser``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+from tidemark.settings import DATABASES, Settings
+from tidemark.stack.proc import StackError, run, say, tail
+
+_CREATECLUSTER_CONF = Path("/etc/postgresql-common/createcluster.conf")
+
+
+def server_bin_dir() -> Path | None:
+    candidates = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name)
+    )
+    return candidates[-1].parent if candidates else None
+
+
+def ensure_installed() -> Path:
+    found = server_bin_dir()
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise StackError(
+            "PostgreSQL server binaries are missing (no /usr/lib/postgresql/*/bin/pg_ctl). "
+            "Install them once as root: sudo apt-get update && sudo apt-get install -y postgresql"
+        )
+    say("postgres", "server binaries missing: installing Debian's postgresql package")
+    # Only the binaries are wanted: stop the package from creating a system cluster on 5432.
+    _CREATECLUSTER_CONF.parent.mkdir(parents=True, exist_ok=True)
+    if not _CREATECLUSTER_CONF.exists():
+        _CREATECLUSTER_CONF.write_text("create_main_cluster = false\n")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run(["apt-get", "update", "-q"], what="apt-get update", env=env)
+    run(["apt-get", "install", "-y", "-q", "postgresql"], what="apt-get install postgresql", env=env)
+    found = server_bin_dir()
+    if not found:
+        raise StackError("apt-get installed postgresql but no /usr/lib/postgresql/*/bin/pg_ctl exists")
+    return found
+
+
+class Postgres:
+    def __init__(self, settings: Settings):
+        self.s = settings
+        self.data = settings.pg_dir / "data"
+        self.log = settings.logs_dir / "postgres.log"
+        self.as_root = os.geteuid() == 0
+
+    # --- running commands as the cluster owner ---------------------------------------
+    def _as_owner(self, cmd: list[str]) -> list[str]:
+        return ["runuser", "-u", self.s.os_user, "--", *cmd] if self.as_root else cmd
+
+    def _prepare_owner(self) -> None:
+        self.s.pg_dir.mkdir(parents=True, exist_ok=True)
+        self.s.logs_dir.mkdir(parents=True, exist_ok=True)
+        if not self.as_root:
+            return
+        if subprocess.run(["id", "-u", self.s.os_user], capture_output=True).returncode != 0:
+            say("postgres", f"creating unprivileged OS user {self.s.os_user!r} to own the cluster")
+            run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", self.s.os_user],
+                what="useradd",
+            )
+        _grant_traverse(self.s.pg_dir)
+        shutil.chown(self.s.pg_dir, user=self.s.os_user)
+        for path in (self.data, self.log):
+            if path.exists():
+                run(["chown", "-R", self.s.os_user, str(path)], what=f"chown {path}")
+        if not self.log.exists():
+            self.log.touch()
+            shutil.chown(self.log, user=self.s.os_user)
+
+    # --- lifecycle -------------------------------------------------------------------
+    def init(self, bin_dir: Path) -> None:
+        if (self.data / "PG_VERSION").exists():
+            return
+        say("postgres", f"initdb {self.data}")
+        pwfile = self.s.pg_dir / ".pwfile"
+        pwfile.write_text(self.s.pg_password + "\n")
+        try:
+            if self.as_root:
+                shutil.chown(pwfile, user=self.s.os_user)
+            pwfile.chmod(0o600)
+            run(
+                self._as_owner([
+                    str(bin_dir / "initdb"), "-D", str(self.data), "-U", self.s.pg_user,
+                    f"--pwfile={pwfile}", "--auth-host=scram-sha-256", "--auth-local=peer",
+                    "-E", "UTF8", "--no-locale",
+                ]),
+                what="initdb",
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
+        conf = self.data / "postgresql.conf"
+        with open(conf, "a") as fh:
+            fh.write("\n# settings written by tidemark on every start\ninclude_if_exists = 'tidemark.conf'\n")
+
+    def _write_runtime_conf(self) -> None:
+        # Ports come from the environment at each start, so a checkout can move its port.
+        conf = self.data / "tidemark.conf"
+        conf.write_text(
+            f"port = {self.s.pg_port}\n"
+            f"listen_addresses = '{self.s.pg_host}'\n"
+            "unix_socket_directories = ''\n"
+            "max_connections = 200\n"
+            "shared_buffers = 256MB\n"
+            "max_prepared_transactions = 20\n"
+            "log_line_prefix = '%m [%p] %q%u@%d '\n"
+        )
+        if self.as_root:
+            shutil.chown(conf, user=self.s.os_user)
+
+    def is_running(self, bin_dir: Path | None = None) -> bool:
+        bin_dir = bin_dir or server_bin_dir()
+        if bin_dir is None or not (self.data / "PG_VERSION").exists():
+            return False
+        proc = subprocess.run(
+            self._as_owner([str(bin_dir / "pg_ctl"), "status", "-D", str(self.data)]),
+            capture_output=True, text=True,
+        )
+        return proc.returncode == 0
+
+    def start(self) -> None:
+        bin_dir = ensure_installed()
+        self._prepare_owner()
+        self.init(bin_dir)
+        if self.is_running(bin_dir):
+            say("postgres", f"already running on {self.s.pg_host}:{self.s.pg_port}")
+        else:
+            self._write_runtime_conf()
+            say("postgres", f"starting on {self.s.pg_host}:{self.s.pg_port}")
+            try:
+                run(
+                    self._as_owner([
+                        str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60",
+                        "-D", str(self.data), "-l", str(self.log),
+                    ]),
+                    what="pg_ctl start",
+                )
+            except StackError as exc:
+                raise StackError(f"{exc}\nlast lines of {self.log}:\n{tail(self.log)}") from None
+        self.create_databases()
+
+    def create_databases(self) -> None:
+        import psycopg2  # from the venv; imported late so `status` works before bootstrap
+
+        conn = psycopg2.connect(self.s.dsn("postgres"))
+        conn.autocommit = True  # CREATE DATABASE cannot run in a transaction block
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT datname FROM pg_database")
+                existing = {row[0] for row in cur.fetchall()}
+                for name in DATABASES:
+                    if name not in existing:
+                        say("postgres", f"creating database {name}")
+                        cur.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        bin_dir = server_bin_dir()
+        if not self.is_running(bin_dir):
+            say("postgres", "not running")
+            return
+        run(
+            self._as_owner([str(bin_dir / "pg_ctl"), "stop", "-m", "fast", "-w", "-D", str(self.data)]),
+            what="pg_ctl stop",
+        )
+        say("postgres", "stopped")
+
+    def status(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"postgres  {state:8} {self.s.pg_host}:{self.s.pg_port}  data={self.data}  log={self.log}"
+
+
+def _grant_traverse(path: Path) -> None:
+    """The cluster owner must be able to reach the state directory through its parents.
+
+    A checkout under a private directory (mktemp -d, /root) would otherwise stop the server.
+    Only the search (x) bit is added, never read: directory listings stay private.
+    """
+    for parent in reversed(path.resolve().parents):
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            say("postgres", f"adding o+x to {parent} so the cluster owner can reach its data")
+            parent.chmod(mode | stat.S_IXOTH)

@@ -1,0 +1,103 @@
+"""Small process helpers shared by the stack components: pid files, waiting, log tails."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """A stack step failed; the message says what and what to do next."""
+
+
+def say(component: str, message: str) -> None:
+    print(f"[tidemark stack] {component}: {message}", flush=True)
+
+
+def run(cmd: Sequence[str], *, what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    """Run a command to completion; on failure raise with its output so the cause is visible."""
+    proc = subprocess.run(
+        list(cmd), env=env, cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    if proc.returncode != 0:
+        raise StackError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}")
+    return proc.stdout
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def read_pid(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by another user
+    return pid
+
+
+def spawn(cmd: Sequence[str], *, log: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:
+    """Start a long-running process in its own session, detached from our terminal."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+    pid_file.write_text(str(proc.pid))
+    return proc.pid
+
+
+def stop_pid(pid_file: Path, *, grace_s: float = 30.0) -> bool:
+    """SIGTERM the process group, then SIGKILL after the grace period. True if one was running."""
+    pid = read_pid(pid_file)
+    if pid is None:
+        pid_file.unlink(missing_ok=True)
+        return False
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and read_pid(pid_file) is not None:
+        _reap(pid)
+        time.sleep(0.3)
+    if read_pid(pid_file) is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _reap(pid)
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
+def _reap(pid: int) -> None:
+    # When we started the process ourselves in this interpreter, collect it so it is not a zombie.
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def wait_until(check: Callable[[], bool], *, timeout_s: float, what: str, alive: Callable[[], bool], log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not alive():
+            raise StackError(f"{what} exited during start-up; last log lines ({log}):\n{tail(log)}")
+        time.sleep(0.5)
+    raise StackError(f"{what} did not answer within {timeout_s:.0f}s; last log lines ({log}):\n{tail(log)}")
