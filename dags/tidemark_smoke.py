@@ -22,6 +22,7 @@ import pendulum
 from airflow.sdk import Connection, dag, task
 
 from tidemark import smoke
+from tidemark.summary import summary_line
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
 
 SOURCE_CONN = "tidemark_source"
@@ -57,8 +58,7 @@ def tidemark_smoke():
             totals = smoke.seed_source(conn)
         finally:
             conn.close()
-        print(f"seeded {smoke.TABLE}: rows={totals.rows} balance_sum={totals.balance_sum}; "
-              f"topic {smoke.TOPIC} starts at offsets {start}")
+        print(summary_line("source", table=smoke.TABLE, rows=totals.rows, balance_sum=totals.balance_sum))
         return {"totals": totals.to_dict(), "start_offsets": {str(p): o for p, o in start.items()}}
 
     @task
@@ -76,7 +76,8 @@ def tidemark_smoke():
                 f"smoke round trip {smoke.TABLE} -> {smoke.TOPIC} differs: " + "; ".join(problems)
                 + ". Check the extract task's log for the Spark job's row count."
             )
-        print(f"verified {actual.rows} rows, balance_sum={actual.balance_sum}, partitions={partitions}")
+        print(summary_line("kafka", topic=smoke.TOPIC, read_committed_rows=actual.rows,
+                           balance_sum=actual.balance_sum, partitions=len(partitions), matches_source=True))
         return {"rows": actual.rows, "balance_sum": actual.balance_sum, "partitions": partitions}
 
     seeded = seed_source()

@@ -37,6 +37,8 @@ def main(argv: list[str]) -> int:
 
     from pyspark.sql import SparkSession, functions as F
 
+    from tidemark.summary import summary_line
+
     spark = SparkSession.builder.appName(f"tidemark-table-to-topic-{args.table}").getOrCreate()
     try:
         df = (
@@ -64,7 +66,7 @@ def main(argv: list[str]) -> int:
             .option("topic", args.topic)
             .save()
         )
-        print(f"table_to_topic: table={args.table} topic={args.topic} rows={rows}", flush=True)
+        print(summary_line("spark", job="table_to_topic", table=args.table, topic=args.topic, rows=rows), flush=True)
     finally:
         spark.stop()
     return 0

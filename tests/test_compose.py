@@ -1,0 +1,62 @@
+"""docker-compose.yaml: no engine runs here, so check what can be checked without one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tidemark.settings import CONNECTION_IDS, REPO_ROOT, Settings
+
+COMPOSE = REPO_ROOT / "docker-compose.yaml"
+AIRFLOW_SERVICES = {"airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-init"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_has_the_scale_out_services(compose):
+    services = set(compose["services"])
+    assert {"postgres", "kafka", "spark-master", "spark-worker"} | AIRFLOW_SERVICES <= services
+
+
+def test_every_long_running_service_has_a_healthcheck(compose):
+    for name, svc in compose["services"].items():
+        if name == "airflow-init":
+            continue  # one-shot: it exits
+        assert "healthcheck" in svc, f"service {name} has no healthcheck"
+        assert svc["healthcheck"].get("test"), f"service {name}: empty healthcheck"
+
+
+def test_airflow_services_share_one_environment_anchor(compose):
+    envs = [compose["services"][name].get("environment") for name in AIRFLOW_SERVICES]
+    assert all(env is not None for env in envs)
+    first = envs[0]
+    for env in envs[1:]:
+        for key, value in first.items():
+            assert env.get(key) == value
+
+
+def test_connection_names_match_the_local_stack(compose):
+    env = compose["services"]["airflow-scheduler"]["environment"]
+    compose_conns = {k for k in env if k.startswith("AIRFLOW_CONN_")}
+    local_conns = set(Settings.from_env().airflow_connections())
+    assert compose_conns == local_conns
+    assert local_conns == {f"AIRFLOW_CONN_{c.upper()}" for c in CONNECTION_IDS}
+
+
+def test_shared_tidemark_variables_match_the_local_stack(compose):
+    env = compose["services"]["airflow-scheduler"]["environment"]
+    local = Settings.from_env().runtime_env()
+    for key in ("TIDEMARK_KAFKA_BOOTSTRAP", "TIDEMARK_SPARK_MASTER", "AIRFLOW__CORE__LOAD_EXAMPLES",
+                "AIRFLOW__CORE__EXECUTOR", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL"):
+        assert key in env and key in local, key
+
+
+def test_no_secret_is_written_literally(compose):
+    text = COMPOSE.read_text()
+    for match in re.finditer(r'"password":\s*"([^"]*)"', text):
+        assert match.group(1).startswith("${"), f"literal password in compose: {match.group(0)}"

@@ -1,0 +1,34 @@
+import json
+
+import pytest
+
+from tidemark.settings import CONNECTION_IDS, Settings
+
+
+def test_ports_and_paths_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "other"))
+    monkeypatch.setenv("TIDEMARK_PG_PORT", "6543")
+    monkeypatch.setenv("TIDEMARK_KAFKA_PORT", "19092")
+    s = Settings.from_env()
+    assert s.state_dir == (tmp_path / "other").resolve()
+    assert s.pg_port == 6543 and s.kafka_bootstrap == "127.0.0.1:19092"
+    env = s.runtime_env()
+    assert env["AIRFLOW_HOME"] == str(tmp_path / "other" / "airflow")
+    assert ":6543/airflow" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "70000", "-1"])
+def test_a_bad_port_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("TIDEMARK_PG_PORT", value)
+    with pytest.raises(ValueError, match="TIDEMARK_PG_PORT"):
+        Settings.from_env()
+
+
+def test_connections_are_json_with_the_shared_ids(monkeypatch):
+    monkeypatch.setenv("TIDEMARK_PG_PASSWORD", "s3cret")
+    conns = Settings.from_env().airflow_connections()
+    assert set(conns) == {f"AIRFLOW_CONN_{c.upper()}" for c in CONNECTION_IDS}
+    source = json.loads(conns["AIRFLOW_CONN_TIDEMARK_SOURCE"])
+    assert source["conn_type"] == "postgres" and source["schema"] == "tidemark_source"
+    assert source["password"] == "s3cret"
+    assert json.loads(conns["AIRFLOW_CONN_TIDEMARK_SPARK"])["host"] == "local[2]"
