@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
 
 # librdkafka's default partitioner (consistent_random, CRC32) differs from Java's (murmur2).
 # Spark writes with the Java client, so every Python producer must hash keys the same way.
@@ -34,8 +35,35 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float =
     except KafkaException as exc:
         if "TOPIC_ALREADY_EXISTS" not in str(exc):
             raise
+    _wait_for_leaders(admin, topic, timeout_s)
 
 
+# Transient while a new topic's leaders are being elected or metadata is catching up.
+_TRANSIENT = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def _retriable(exc: BaseException) -> bool:
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and (err.code() in _TRANSIENT or err.retriable())
+
+
+def _wait_for_leaders(admin: AdminClient, topic: str, timeout_s: float) -> None:
+    """A created topic is usable only once every partition has a leader."""
+
+    @retry(stop=stop_after_delay(timeout_s), wait=wait_fixed(0.2), reraise=True)
+    def check() -> None:
+        meta = admin.list_topics(topic, timeout=timeout_s).topics[topic]
+        if meta.error is not None or any(p.leader < 0 or p.error for p in meta.partitions.values()):
+            raise TimeoutError(f"topic {topic!r} has partitions without a leader after {timeout_s}s")
+
+    check()
+
+
+@retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(30), wait=wait_fixed(0.5), reraise=True)
 def end_offsets(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
     """High watermark of every partition (for read_committed: the last stable offset)."""
     consumer = Consumer(
