@@ -1,0 +1,121 @@
+"""Pipeline specs: one YAML file per pipeline, validated with pydantic.
+
+A bad file raises ``SpecError`` naming the file and each offending field, so the DAG factory can
+surface it as that file's import error and leave every other pipeline alone. Every SQL
+identifier is checked against a strict pattern here and quoted where SQL is built (``quote``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+_IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+_PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
+
+Identifier = Annotated[str, Field(pattern=_IDENT)]
+
+
+def _qualified(value: str) -> str:
+    parts = value.split(".")
+    if not 1 <= len(parts) <= 2 or not all(_is_ident(p) for p in parts):
+        raise ValueError(f"{value!r} is not a table name (schema.table or table, letters, digits, _)")
+    return value
+
+
+def _is_ident(part: str) -> bool:
+    return re.fullmatch(_IDENT, part) is not None
+
+
+def _schedule(value: str) -> str:
+    if value in _PRESETS:
+        return value
+    from croniter import croniter  # only when a cron string is given
+
+    if not croniter.is_valid(value):
+        raise ValueError(f"{value!r} is neither a cron expression nor one of {sorted(_PRESETS)}")
+    return value
+
+
+def _aware(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("needs an explicit time zone, e.g. 2026-01-01T00:00:00Z")
+    return value
+
+
+TableName = Annotated[str, AfterValidator(_qualified)]
+
+
+class Cursor(BaseModel):
+    """How increments are found: a timestamp (primary key breaks ties) or a strictly increasing id."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["timestamp", "id"]
+    column: Identifier
+
+
+class PipelineSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+    source_conn_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] = "tidemark_source"
+    table: TableName
+    primary_key: Annotated[list[Identifier], Field(min_length=1)]
+    cursor: Cursor
+    safe_lag: Annotated[timedelta, Field(ge=timedelta(0), le=timedelta(days=7))]
+    schedule: Annotated[str, AfterValidator(_schedule)] = "@daily"
+    initial_watermark: Annotated[datetime, AfterValidator(_aware)] = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    target_table: TableName
+    write_mode: Literal["upsert", "append_window_replace"] = "upsert"
+    partitions: Annotated[int, Field(ge=1, le=64)] = 3
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PipelineSpec":
+        if len(set(self.primary_key)) != len(self.primary_key):
+            raise ValueError(f"primary_key lists a column twice: {self.primary_key}")
+        if self.cursor.kind == "id" and self.cursor.column not in self.primary_key:
+            raise ValueError(
+                f"cursor.column {self.cursor.column!r}: an id cursor must be a primary-key column "
+                f"({self.primary_key}), or its values are not unique"
+            )
+        return self
+
+    @property
+    def topic(self) -> str:
+        return f"tidemark.{self.name}"
+
+
+class SpecError(ValueError):
+    """An invalid pipeline spec file; the message names the file and every bad field."""
+
+
+def quote(identifier: str) -> str:
+    """Quote a (possibly schema-qualified) identifier that already passed validation."""
+    parts = identifier.split(".")
+    if not all(_is_ident(p) for p in parts):
+        raise SpecError(f"refusing to quote unvalidated identifier {identifier!r}")
+    return ".".join(f'"{p}"' for p in parts)
+
+
+def load_spec(path: Path) -> PipelineSpec:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a mapping of fields, got {type(raw).__name__}")
+    try:
+        spec = PipelineSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"field '{'.'.join(str(p) for p in err['loc']) or '(spec)'}': {err['msg']}" for err in exc.errors()
+        )
+        raise SpecError(f"{path}: {problems}") from None
+    if spec.name != path.stem:
+        raise SpecError(f"{path}: field 'name': {spec.name!r} must equal the file name {path.stem!r}")
+    return spec

@@ -1,0 +1,82 @@
+"""Pipeline spec validation: good files load, each kind of bad file names its file and field."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tidemark.spec import SpecError, load_spec, quote
+
+GOOD = {
+    "name": "ledger_entries",
+    "table": "core.ledger_entries",
+    "primary_key": ["entry_id"],
+    "cursor": {"kind": "timestamp", "column": "updated_at"},
+    "safe_lag": "PT5M",
+    "target_table": "dw.ledger_entries",
+    "write_mode": "upsert",
+    "partitions": 3,
+}
+
+
+def _write(tmp_path: Path, fields: dict | str, name: str = "ledger_entries") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(fields if isinstance(fields, str) else yaml.safe_dump(fields))
+    return path
+
+
+def test_a_good_spec_loads_with_defaults(tmp_path):
+    spec = load_spec(_write(tmp_path, GOOD))
+    assert spec.safe_lag == timedelta(minutes=5)
+    assert spec.schedule == "@daily" and spec.source_conn_id == "tidemark_source"
+    assert spec.initial_watermark.tzinfo is not None
+    assert spec.topic == "tidemark.ledger_entries"
+
+
+def _with(**changes) -> dict:
+    fields = {**GOOD, **changes}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+INVALID = [
+    ("missing table", _with(table=None), "field 'table'"),
+    ("sql injection in table", _with(table="core.x; DROP TABLE y"), "field 'table'"),
+    ("three-part table name", _with(table="a.b.c"), "field 'table'"),
+    ("quote in key column", _with(primary_key=['id" OR 1=1 --']), "field 'primary_key.0'"),
+    ("empty primary key", _with(primary_key=[]), "field 'primary_key'"),
+    ("unknown cursor kind", _with(cursor={"kind": "lsn", "column": "x"}), "field 'cursor.kind'"),
+    ("negative safe lag", _with(safe_lag="-PT5M"), "field 'safe_lag'"),
+    ("bad schedule", _with(schedule="every night"), "field 'schedule'"),
+    ("naive initial watermark", _with(initial_watermark="2026-01-01T00:00:00"), "field 'initial_watermark'"),
+    ("unknown write mode", _with(write_mode="overwrite"), "field 'write_mode'"),
+    ("zero partitions", _with(partitions=0), "field 'partitions'"),
+    ("misspelt field", _with(partitons=3), "field 'partitons'"),
+    ("id cursor outside key", _with(cursor={"kind": "id", "column": "seq"}), "an id cursor must be a primary-key column"),
+    ("name not the file name", _with(name="other"), "must equal the file name"),
+    ("upper-case name", _with(name="Ledger"), "field 'name'"),
+]
+
+
+@pytest.mark.parametrize("fields, expected", [(f, e) for _, f, e in INVALID], ids=[i[0] for i in INVALID])
+def test_invalid_specs_name_the_file_and_field(tmp_path, fields, expected):
+    path = _write(tmp_path, fields)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert str(path) in str(err.value)
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize("text, expected", [("name: [unclosed", "not valid YAML"), ("- a\n- b\n", "expected a mapping")])
+def test_unreadable_files_are_reported(tmp_path, text, expected):
+    with pytest.raises(SpecError, match=expected):
+        load_spec(_write(tmp_path, text))
+
+
+def test_quote_only_accepts_validated_identifiers():
+    assert quote("core.ledger_entries") == '"core"."ledger_entries"'
+    assert quote("Order") == '"Order"'
+    with pytest.raises(SpecError):
+        quote('x"; DROP TABLE y; --')
