@@ -37,14 +37,18 @@ def main(argv: list[str]) -> int:
 
     from pyspark.sql import SparkSession, functions as F
 
+    from tidemark.spec import quote
     from tidemark.summary import summary_line
+
+    table = quote(args.table)  # validated identifier: nothing else reaches Spark's SQL
+    quote(args.key)
 
     spark = SparkSession.builder.appName(f"tidemark-table-to-topic-{args.table}").getOrCreate()
     try:
         df = (
             spark.read.format("jdbc")
             .option("url", args.jdbc_url)
-            .option("dbtable", args.table)
+            .option("dbtable", table)
             .option("user", args.user)
             .option("password", password)
             .option("driver", "org.postgresql.Driver")
@@ -53,7 +57,7 @@ def main(argv: list[str]) -> int:
         if args.key not in df.columns:
             print(f"table_to_topic: key column {args.key!r} not in {args.table} columns {df.columns}", file=sys.stderr)
             return 2
-        # Decimals as strings keep exact amounts through JSON.
+        # Decimals are JSON numbers with every digit; readers parse them as Decimal, never float.
         out = df.select(
             F.col(args.key).cast("string").alias("key"),
             F.to_json(F.struct(*[F.col(c) for c in df.columns]), {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}).alias("value"),

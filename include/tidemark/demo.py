@@ -27,8 +27,10 @@ def run_dag(dag_id: str, settings: Settings) -> tuple[str, float, list[dict]]:
             ["airflow", "dags", "test", dag_id], stdout=out, stderr=subprocess.STDOUT, cwd=settings.state_dir
         )
     text = log.read_text(errors="replace")
-    found = re.findall(rf"DagRun Finished: dag_id={dag_id},.*?state=(\w+)", text)
-    state = found[-1] if found else f"no run (exit {proc.returncode})"
+    found = re.findall(rf"DagRun Finished: dag_id={re.escape(dag_id)},.*?state=(\w+)", text)
+    state = found[-1] if found else "no run"
+    if proc.returncode != 0:
+        state = f"{state} (airflow exited {proc.returncode})"
     return state, time.monotonic() - t0, parse_summaries(text)
 
 

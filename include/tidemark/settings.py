@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,9 +100,13 @@ class Settings:
 
     def dsn(self, database: str) -> str:
         """libpq key/value DSN (psycopg2); the password never appears in a log line we write."""
+
+        def q(value: str) -> str:  # libpq quoting: any password characters survive
+            return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
         return (
-            f"host={self.pg_host} port={self.pg_port} dbname={database} "
-            f"user={self.pg_user} password={self.pg_password}"
+            f"host={self.pg_host} port={self.pg_port} dbname={q(database)} "
+            f"user={q(self.pg_user)} password={q(self.pg_password)}"
         )
 
     def jdbc_url(self, database: str) -> str:
@@ -162,7 +167,7 @@ class Settings:
             ),
             "AIRFLOW__API__PORT": str(self.airflow_port),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": (
-                f"postgresql+psycopg2://{self.pg_user}:{self.pg_password}"
+                f"postgresql+psycopg2://{quote(self.pg_user, safe='')}:{quote(self.pg_password, safe='')}"
                 f"@{self.pg_host}:{self.pg_port}/{AIRFLOW_DB}"
             ),
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs_dir / "airflow"),

@@ -1,5 +1,7 @@
 """The private PostgreSQL cluster: reachable, the expected databases, not run by root."""
 
+import dataclasses
+
 import psycopg2
 import pytest
 
@@ -29,6 +31,6 @@ def test_server_runs_as_unprivileged_owner_of_state_dir(settings, source_conn):
 
 
 def test_wrong_password_is_refused(settings):
-    bad = settings.dsn("postgres").replace(f"password={settings.pg_password}", "password=not-it")
+    bad = dataclasses.replace(settings, pg_password="not-it").dsn("postgres")
     with pytest.raises(psycopg2.OperationalError, match="password authentication failed"):
         psycopg2.connect(bad)

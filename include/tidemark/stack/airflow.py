@@ -14,15 +14,16 @@ def _env(settings: Settings) -> dict[str, str]:
 
 
 def migrate(settings: Settings) -> None:
-    import airflow
+    from importlib.metadata import version
 
+    airflow_version = version("apache-airflow")
     settings.airflow_home.mkdir(parents=True, exist_ok=True)
     # Migrating an up-to-date database costs seconds of imports: skip when this version did it.
     stamp = settings.airflow_home / ".migrated"
-    marker = f"{airflow.__version__} {settings.pg_port}"
+    marker = f"{airflow_version} {settings.pg_port}"
     if stamp.exists() and stamp.read_text() == marker:
         return
-    say("airflow", f"migrating the metadata database (Airflow {airflow.__version__})")
+    say("airflow", f"migrating the metadata database (Airflow {airflow_version})")
     run(["airflow", "db", "migrate"], what="airflow db migrate", env=_env(settings))
     stamp.write_text(marker)
 

@@ -93,6 +93,11 @@ class Kafka:
             return
         if self.is_running():
             stop_pid(self.pid_file)
+        elif self.answers():
+            raise StackError(
+                f"another Kafka broker already answers on {self.s.kafka_bootstrap} (not this checkout's): "
+                "stop it, or set TIDEMARK_KAFKA_PORT and TIDEMARK_KAFKA_CONTROLLER_PORT"
+            )
         say("kafka", f"starting broker on {self.s.kafka_bootstrap}")
         spawn(self._java("kafka.Kafka", str(self.config)), log=self.log, pid_file=self.pid_file)
         wait_until(self.answers, timeout_s=120, what="Kafka broker", alive=self.is_running, log=self.log)

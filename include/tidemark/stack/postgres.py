@@ -85,11 +85,12 @@ class Postgres:
             return
         say("postgres", f"initdb {self.data}")
         pwfile = self.s.pg_dir / ".pwfile"
-        pwfile.write_text(self.s.pg_password + "\n")
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.s.pg_password + "\n")
         try:
             if self.as_root:
                 shutil.chown(pwfile, user=self.s.os_user)
-            pwfile.chmod(0o600)
             run(
                 self._as_owner([
                     str(bin_dir / "initdb"), "-D", str(self.data), "-U", self.s.pg_user,

@@ -95,7 +95,7 @@ def _reap(pid: int) -> None:
 def wait_until(check: Callable[[], bool], *, timeout_s: float, what: str, alive: Callable[[], bool], log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if check():
+        if alive() and check():
             return
         if not alive():
             raise StackError(f"{what} exited during start-up; last log lines ({log}):\n{tail(log)}")
