@@ -22,15 +22,14 @@ import pendulum
 from airflow.sdk import Connection, dag, task
 
 from tidemark import smoke
+from tidemark.settings import CONN_KAFKA, CONN_SOURCE
 from tidemark.summary import summary_line
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
 
-SOURCE_CONN = "tidemark_source"
-KAFKA_CONN = "tidemark_kafka"
 
 
 def _bootstrap() -> str:
-    return Connection.get(KAFKA_CONN).extra_dejson["bootstrap.servers"]
+    return Connection.get(CONN_KAFKA).extra_dejson["bootstrap.servers"]
 
 
 @dag(
@@ -53,7 +52,7 @@ def tidemark_smoke():
         bootstrap = _bootstrap()
         kafka_io.ensure_topic(bootstrap, smoke.TOPIC, smoke.PARTITIONS)
         start = kafka_io.end_offsets(bootstrap, smoke.TOPIC)
-        conn = PostgresHook(postgres_conn_id=SOURCE_CONN).get_conn()
+        conn = PostgresHook(postgres_conn_id=CONN_SOURCE).get_conn()
         try:
             totals = smoke.seed_source(conn)
         finally:
@@ -84,7 +83,7 @@ def tidemark_smoke():
     extract = SparkJdbcSubmitOperator(
         task_id="extract",
         script="table_to_topic.py",
-        jdbc_conn_id=SOURCE_CONN,
+        jdbc_conn_id=CONN_SOURCE,
         job_args=["--table", smoke.TABLE, "--key", "id", "--topic", smoke.TOPIC,
                   "--bootstrap", "{{ conn.tidemark_kafka.extra_dejson['bootstrap.servers'] }}"],
     )
