@@ -129,3 +129,23 @@ def read_committed(
                 pending.pop(msg.partition(), None)
     finally:
         consumer.close()
+
+
+def send_dead_letters(bootstrap: str, dlq_topic: str, source_topic: str, rejects: list[dict]) -> None:
+    """Publish rejected records with their reason (after the sink committed their rejection)."""
+    from confluent_kafka import Producer
+
+    ensure_topic(bootstrap, dlq_topic, partitions=1)
+    producer = Producer(producer_config(bootstrap))
+    for r in rejects:
+        payload = r.get("payload")
+        producer.produce(
+            dlq_topic,
+            value=payload.encode() if isinstance(payload, str) else payload,
+            headers=[
+                ("tidemark.reason", r["reason"].encode()),
+                ("tidemark.source", f"{source_topic}/{r['partition']}@{r['offset']}".encode()),
+            ],
+        )
+    if producer.flush(30) != 0:
+        raise RuntimeError(f"could not deliver {len(rejects)} dead letter(s) to {dlq_topic}")

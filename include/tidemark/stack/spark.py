@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from pathlib import Path
 
 from tidemark.settings import REPO_ROOT, Settings
 from tidemark.stack.maven import artifact_name, resolve
-from tidemark.stack.proc import StackError, say
+from tidemark.stack.proc import StackError, run, say
 
 POM = REPO_ROOT / "stack" / "spark" / "pom.xml"
+UDF_SOURCES = REPO_ROOT / "stack" / "spark" / "udf"
+UDF_JAR = "tidemark-udf.jar"
 
 
 def pyspark_jars_dir() -> Path:
@@ -20,6 +24,7 @@ def pyspark_jars_dir() -> Path:
 def prepare(settings: Settings) -> list[Path]:
     shipped = frozenset(artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar"))
     jars = resolve(POM, settings.spark_jars_dir, skip_names=shipped)
+    jars = [*[j for j in jars if j.name != UDF_JAR], build_udf_jar(settings)]
     names = " ".join(j.name for j in jars)
     for needed in ("spark-sql-kafka-0-10", "postgresql-"):
         if needed not in names:
@@ -35,3 +40,40 @@ def status(settings: Settings) -> str:
 
 def describe(settings: Settings) -> None:
     say("spark", f"local mode {settings.spark_master}, {len(settings.spark_jars())} connector jars ready")
+
+
+def build_udf_jar(settings: Settings) -> Path:
+    """Compile Tidemark's Spark UDFs (one Java file each) against the jars Spark already has."""
+    sources = sorted(UDF_SOURCES.rglob("*.java"))
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources)).hexdigest()
+    jar = settings.spark_jars_dir / UDF_JAR
+    stamp = settings.spark_jars_dir / ".udf-built"
+    if jar.exists() and stamp.exists() and stamp.read_text() == digest:
+        return jar
+    classes = settings.state_dir / "spark" / "udf-classes"
+    shutil.rmtree(classes, ignore_errors=True)
+    classpath = f"{pyspark_jars_dir()}/*:{settings.spark_jars_dir}/*"
+    run(["javac", "--release", "17", "-nowarn", "-cp", classpath, "-d", str(classes), *map(str, sources)],
+        what="javac (Spark UDFs)")
+    run(["jar", "cf", str(jar), "-C", str(classes), "."], what="jar (Spark UDFs)")
+    stamp.write_text(digest)
+    return jar
+
+
+def submit(settings: Settings, script: str, args: list[str], *, secret: str, timeout_s: float = 600.0):
+    """spark-submit a job from spark_jobs/ in local mode as the DAGs do (tests, benchmarks).
+
+    ``secret`` reaches the job only as TIDEMARK_JDBC_PASSWORD. Returns the CompletedProcess
+    (stdout and stderr captured) without raising, so callers can assert on failures too.
+    """
+    import os
+    import subprocess
+
+    env = {**os.environ, **settings.runtime_env(), "TIDEMARK_JDBC_PASSWORD": secret}
+    cmd = [
+        str(settings.venv / "bin" / "spark-submit"), "--master", settings.spark_master,
+        "--jars", ",".join(str(j) for j in settings.spark_jars()),
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
+        str(REPO_ROOT / "spark_jobs" / script), *args,
+    ]
+    return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=timeout_s)

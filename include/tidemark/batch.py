@@ -1,0 +1,133 @@
+"""The orchestration-side steps of a nightly batch: plan, BEGIN, END, and the commit check.
+
+Each step takes plain psycopg2 connections and a Kafka bootstrap string, so Airflow tasks, tests
+and the benchmark run exactly the same code. Every log line names the pipeline, batch id,
+attempt, window and counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tidemark import control, ledger
+from tidemark.control import PartitionTotals
+from tidemark.kafka_io import ensure_topic
+from tidemark.spec import PipelineSpec
+from tidemark.window import Window, plan_window, read_source_clock
+
+log = logging.getLogger("tidemark.batch")
+
+
+@dataclass(frozen=True)
+class Plan:
+    batch_id: str
+    window: Window
+    reused: bool
+
+    def to_xcom(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused}
+
+    @classmethod
+    def from_xcom(cls, raw: dict[str, Any]) -> "Plan":
+        return cls(raw["batch_id"], Window.from_json(raw["window"]), bool(raw.get("reused")))
+
+
+def plan(
+    spec: PipelineSpec, source_conn, warehouse_conn, *, run_id: str,
+    interval: tuple[datetime, datetime] | None = None, bootstrap: str | None = None,
+) -> Plan:
+    """Decide the window on the source's clock and record it; a retried run re-uses its window."""
+    with warehouse_conn, warehouse_conn.cursor() as wh:
+        ledger.ensure_control_schema(wh)
+    with source_conn, source_conn.cursor() as src, warehouse_conn, warehouse_conn.cursor() as wh:
+        ledger.ensure_target(src, wh, spec)
+        clock = read_source_clock(src)
+        id_high = ledger.id_high(src, spec) if spec.cursor.kind == "id" else None
+        committed = ledger.committed_watermark(wh, spec.name)
+        window = plan_window(spec, clock, committed, interval=interval, id_high=id_high)
+        planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window)
+    if bootstrap:
+        ensure_topic(bootstrap, spec.topic, spec.partitions)
+    held = (
+        f"; oldest open source transaction started {clock.oldest_open_xact.isoformat()}"
+        if clock.oldest_open_xact and clock.oldest_open_xact - spec.safe_lag < clock.now - spec.safe_lag else ""
+    )
+    log.info(
+        "pipeline=%s batch=%s window=%s %s (source clock %s, safe lag %s%s, committed watermark %s)",
+        spec.name, planned.batch_id, planned.window, "re-used from an earlier try" if planned.reused else "planned",
+        clock.now.isoformat(), spec.safe_lag, held, committed,
+    )
+    return Plan(planned.batch_id, planned.window, planned.reused)
+
+
+def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan) -> int:
+    """Open the next attempt in the ledger and send BEGIN to every partition."""
+    with warehouse_conn, warehouse_conn.cursor() as wh:
+        attempt = ledger.open_attempt(wh, batch.batch_id)
+    msgs = control.messages(
+        "BEGIN", pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
+        window=batch.window.to_json(), partitions=spec.partitions,
+    )
+    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+    log.info("pipeline=%s batch=%s attempt=%s window=%s BEGIN sent to %s partitions of %s",
+             spec.name, batch.batch_id, attempt, batch.window, spec.partitions, spec.topic)
+    return attempt
+
+
+def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt: int, report: dict[str, Any]) -> int:
+    """Seal the attempt with the extract's totals and send END to every partition."""
+    totals = control.loads_totals(report["totals"])
+    if sorted(totals) != list(range(spec.partitions)):
+        raise control.ProtocolError(
+            f"pipeline={spec.name} batch={batch.batch_id} attempt={attempt}: extract report covers partitions "
+            f"{sorted(totals)}, topic has {spec.partitions}"
+        )
+    with warehouse_conn, warehouse_conn.cursor() as wh:
+        ledger.seal_attempt(wh, batch.batch_id, attempt, totals)
+    msgs = control.messages(
+        "END", pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
+        window=batch.window.to_json(), partitions=spec.partitions, totals=totals,
+    )
+    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+    rows = sum(t.rows for t in totals.values())
+    log.info("pipeline=%s batch=%s attempt=%s window=%s END sent: rows=%s per partition %s",
+             spec.name, batch.batch_id, attempt, batch.window, rows, {p: t.rows for p, t in totals.items()})
+    return rows
+
+
+def abort(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, reason: str) -> None:
+    msgs = control.messages(
+        "ABORT", pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
+        window=batch.window.to_json(), partitions=spec.partitions, reason=reason,
+    )
+    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+    log.warning("pipeline=%s batch=%s attempt=%s ABORT sent: %s", spec.name, batch.batch_id, attempt, reason)
+
+
+class BatchFailed(RuntimeError):
+    """The sink refused or discarded the attempt; the message says what to do next."""
+
+
+def commit_state(spec: PipelineSpec, warehouse_conn, batch_id: str, attempt: int) -> bool:
+    """True once committed; raises BatchFailed if the attempt can no longer commit."""
+    with warehouse_conn, warehouse_conn.cursor() as wh:
+        status = ledger.attempt_status(wh, batch_id, attempt)
+    tag = f"pipeline={spec.name} batch={batch_id} attempt={attempt}"
+    if status.state == "committed":
+        return True
+    if status.state in ("refused", "aborted", "superseded"):
+        raise BatchFailed(f"{tag}: {status.state}: {status.message}")
+    log.info("%s: %s, END received on %s of %s partitions; waiting for the sink",
+             tag, status.state or "not yet seen by the sink", status.ends_received, status.partitions or spec.partitions)
+    return False
+
+
+def summary(warehouse_conn, batch_id: str) -> dict[str, Any]:
+    with warehouse_conn, warehouse_conn.cursor() as wh:
+        return ledger.batch_summary(wh, batch_id)
+
+
+__all__ = ["Plan", "plan", "begin", "end", "abort", "commit_state", "summary", "BatchFailed", "PartitionTotals"]

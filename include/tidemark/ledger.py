@@ -1,0 +1,186 @@
+"""The batch ledger and watermarks in the warehouse's control schema (DB-API cursors, psycopg2).
+
+The orchestration side writes here (plan, attempts, extract totals); the sink writes the outcome
+(committed, refused, superseded) in the same transaction as the data it applies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tidemark.control import PartitionTotals, dumps_totals
+from tidemark.spec import PipelineSpec, quote
+from tidemark.window import Bound, Window
+
+CONTROL_SCHEMA_LOCK = 7_411_000  # advisory lock: concurrent first runs create the schema once
+
+
+def ensure_control_schema(cur) -> None:
+    cur.execute("SELECT pg_advisory_xact_lock(%s)", (CONTROL_SCHEMA_LOCK,))
+    cur.execute((Path(__file__).parent / "sql" / "control_schema.sql").read_text())
+
+
+def batch_id_for(pipeline: str, run_id: str) -> str:
+    """One batch per pipeline and DAG run: re-running the run re-uses its window."""
+    return f"{pipeline}:{run_id}"
+
+
+def committed_watermark(cur, pipeline: str) -> Bound | None:
+    cur.execute("SELECT bound FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))
+    row = cur.fetchone()
+    return Bound.from_json(row[0]) if row else None
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    batch_id: str
+    window: Window
+    reused: bool  # the run was planned before (a retry or a cleared run): same window
+
+
+def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window) -> PlannedBatch:
+    """Store the batch's window, or return the window stored by an earlier try of the same run."""
+    cur.execute(
+        """INSERT INTO tidemark_control.batches
+               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned')
+           ON CONFLICT (batch_id) DO NOTHING""",
+        (batch_id, spec.name, run_id, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
+         window.backfill, spec.partitions),
+    )
+    if cur.rowcount == 1:
+        return PlannedBatch(batch_id, window, reused=False)
+    cur.execute(
+        "SELECT window_lo, window_hi, backfill FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,)
+    )
+    lo, hi, backfill = cur.fetchone()
+    return PlannedBatch(batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), reused=True)
+
+
+def open_attempt(cur, batch_id: str) -> int:
+    """The next attempt number for the batch, recorded as open (it fences all older ones)."""
+    cur.execute(
+        """UPDATE tidemark_control.batches SET attempt = attempt + 1, state = 'open',
+                  updated_at = clock_timestamp()
+            WHERE batch_id = %s RETURNING attempt""",
+        (batch_id,),
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise LookupError(f"batch {batch_id} was never planned")
+    attempt = row[0]
+    cur.execute(
+        """UPDATE tidemark_control.batch_attempts SET state = 'superseded', finished_at = clock_timestamp(),
+                  message = coalesce(message, '') || format('superseded by attempt %%s', %s::int)
+            WHERE batch_id = %s AND attempt < %s AND state IN ('open', 'sealed')""",
+        (attempt, batch_id, attempt),
+    )
+    cur.execute(
+        "INSERT INTO tidemark_control.batch_attempts (batch_id, attempt, state) VALUES (%s, %s, 'open') "
+        "ON CONFLICT DO NOTHING",
+        (batch_id, attempt),
+    )
+    return attempt
+
+
+def seal_attempt(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:
+    cur.execute(
+        """UPDATE tidemark_control.batch_attempts
+              SET state = CASE WHEN state = 'open' THEN 'sealed' ELSE state END,
+                  extract_totals = %s, sealed_at = clock_timestamp(), rows = %s, checksum = %s
+            WHERE batch_id = %s AND attempt = %s""",
+        (dumps_totals(totals), sum(t.rows for t in totals.values()), sum(t.checksum for t in totals.values()),
+         batch_id, attempt),
+    )
+    cur.execute(
+        "UPDATE tidemark_control.batches SET state = 'sealed', updated_at = clock_timestamp() "
+        "WHERE batch_id = %s AND attempt = %s AND state = 'open'",
+        (batch_id, attempt),
+    )
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    state: str | None  # None: the ledger has no such attempt
+    rows: int | None
+    message: str | None
+    ends_received: int
+    partitions: int | None
+
+
+def attempt_status(cur, batch_id: str, attempt: int) -> AttemptStatus:
+    cur.execute(
+        """SELECT a.state, a.rows, a.message, b.partitions,
+                  (SELECT count(*) FROM tidemark_control.batch_ends e
+                    WHERE e.batch_id = a.batch_id AND e.attempt = a.attempt)
+             FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b USING (batch_id)
+            WHERE a.batch_id = %s AND a.attempt = %s""",
+        (batch_id, attempt),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return AttemptStatus(None, None, None, 0, None)
+    state, rows, message, partitions, ends = row
+    return AttemptStatus(state, rows, message, ends, partitions)
+
+
+def batch_summary(cur, batch_id: str) -> dict[str, Any]:
+    cur.execute(
+        """SELECT b.pipeline, b.state, b.committed_attempt, b.rows, b.checksum::text, b.window_lo, b.window_hi,
+                  b.backfill, w.bound
+             FROM tidemark_control.batches b
+             LEFT JOIN tidemark_control.watermarks w ON w.pipeline = b.pipeline
+            WHERE b.batch_id = %s""",
+        (batch_id,),
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise LookupError(f"batch {batch_id} is not in the ledger")
+    pipeline, state, attempt, rows, checksum, lo, hi, backfill, bound = row
+    return {
+        "pipeline": pipeline, "batch_id": batch_id, "state": state, "attempt": attempt, "rows": rows,
+        "checksum": checksum, "window": str(Window(Bound.from_json(lo), Bound.from_json(hi), backfill)),
+        "watermark": str(Bound.from_json(bound)) if bound else None,
+    }
+
+
+# --- source side -----------------------------------------------------------------------------
+
+def source_columns(cur, table: str) -> list[tuple[str, str, bool]]:
+    """(name, SQL type, not null) of a source table, in column order."""
+    cur.execute(
+        """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+             FROM pg_attribute a
+            WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+            ORDER BY a.attnum""",
+        (quote(table),),
+    )
+    return cur.fetchall()
+
+
+def ensure_target(source_cur, warehouse_cur, spec: PipelineSpec) -> bool:
+    """Create the target table from the source table's columns if it does not exist yet."""
+    warehouse_cur.execute("SELECT to_regclass(%s)", (quote(spec.target_table),))
+    if warehouse_cur.fetchone()[0] is not None:
+        return False
+    columns = source_columns(source_cur, spec.table)
+    names = {c[0] for c in columns}
+    missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in names]
+    if missing:
+        raise LookupError(f"pipeline {spec.name}: source table {spec.table} has no column(s) {missing}")
+    ddl = ",\n  ".join(
+        f"{quote(name)} {sql_type}{' NOT NULL' if not_null else ''}" for name, sql_type, not_null in columns
+    )
+    pk = ", ".join(quote(c) for c in spec.primary_key)
+    if "." in spec.target_table:
+        warehouse_cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(spec.target_table.split('.')[0])}")
+    warehouse_cur.execute(f"CREATE TABLE IF NOT EXISTS {quote(spec.target_table)} (\n  {ddl},\n  PRIMARY KEY ({pk}))")
+    return True
+
+
+def id_high(cur, spec: PipelineSpec) -> int | None:
+    cur.execute(f"SELECT max({quote(spec.cursor.column)}) FROM {quote(spec.table)}")
+    return cur.fetchone()[0]

@@ -1,0 +1,436 @@
+"""The two-phase batch sink: stage records, apply a batch only when it is complete and verified.
+
+``BatchSink.apply`` takes one micro-batch of records read from the pipeline topic (a pyarrow
+table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
+
+1. checks the sink still holds the newest fencing token (a zombie sink can never commit);
+2. handles BEGIN and ABORT in offset order (a newer attempt supersedes older ones);
+3. stages the data records of open attempts (COPY) and rejects records of unknown batches;
+4. records END messages; for every attempt whose END has arrived on all partitions, compares
+   per-partition row counts and checksums with what was staged, then either applies the batch
+   (merge into the target, ledger, watermark) or refuses it with expected and actual numbers;
+5. stores the next offset of every partition it read.
+
+A crash anywhere rolls the whole micro-batch back, and the next start resumes from the stored
+offsets, so every record has exactly one effect. No reader sees part of a batch: the target is
+only touched by step 4, inside the same transaction as the ledger row that says "committed".
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.control import HEADER_CONTROL, ControlMessage, ProtocolError, decode
+from tidemark.spec import PipelineSpec, quote
+from tidemark.window import Bound, Window, predicate
+
+log = logging.getLogger("tidemark.sink")
+
+STAGE_COLUMNS = ("batch_id", "attempt", "partition", "kafka_offset", "row_hash", "key", "value")
+
+
+class FencedError(RuntimeError):
+    """Another sink instance took over this consumer; this one must stop without committing."""
+
+
+@dataclass
+class MicroBatchReport:
+    staged: int = 0
+    discarded: int = 0  # records of superseded, aborted or already committed attempts
+    rejected: int = 0  # unusable records and control messages (also in sink_rejects)
+    committed: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+
+
+class BatchSink:
+    def __init__(self, conn, spec: PipelineSpec, *, consumer: str | None = None, topic: str | None = None):
+        self.conn = conn  # psycopg2 connection owned by the caller
+        self.spec = spec
+        self.topic = topic or spec.topic
+        self.consumer = consumer or f"batch-sink.{spec.name}"
+        self.fence: int | None = None
+        self._columns: list[str] | None = None
+
+    # --- start-up --------------------------------------------------------------------------
+    def acquire_fence(self) -> int:
+        """Take the next fencing token; any older instance fails on its next commit."""
+        holder = f"{socket.gethostname()}:{os.getpid()}"
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute(
+                """INSERT INTO tidemark_control.sink_fences (consumer, fence, holder) VALUES (%s, 1, %s)
+                   ON CONFLICT (consumer) DO UPDATE
+                      SET fence = sink_fences.fence + 1, holder = EXCLUDED.holder, acquired_at = clock_timestamp()
+                   RETURNING fence""",
+                (self.consumer, holder),
+            )
+            self.fence = cur.fetchone()[0]
+        log.info("sink %s: took fencing token %s for topic %s", self.consumer, self.fence, self.topic)
+        return self.fence
+
+    def starting_offsets(self) -> dict[int, int]:
+        """Next offset per partition as committed with the data (-2 = earliest: never read)."""
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT partition, next_offset FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
+                (self.consumer, self.topic),
+            )
+            stored = dict(cur.fetchall())
+        return {p: stored.get(p, -2) for p in range(self.spec.partitions)}
+
+    # --- one micro-batch ---------------------------------------------------------------------
+    def apply(self, table) -> MicroBatchReport:
+        """Apply one micro-batch (a pyarrow table with partition, offset, key, value, control,
+        batch_id, attempt, row_hash) in one transaction."""
+        import pyarrow.compute as pc
+
+        report = MicroBatchReport()
+        if table.num_rows == 0:
+            return report
+        table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
+        is_control = pc.is_valid(table["control"])
+        controls = table.filter(is_control).to_pylist()
+        data = table.filter(pc.invert(is_control))
+        with self.conn, self.conn.cursor() as cur:
+            self._check_fence(cur)
+            ends: list[tuple[dict[str, Any], ControlMessage]] = []
+            for rec in controls:
+                msg = self._decode(cur, rec, report)
+                if msg is None:
+                    continue
+                if msg.kind == "BEGIN":
+                    self._begin(cur, msg)
+                elif msg.kind == "ABORT":
+                    self._abort(cur, msg)
+                else:
+                    ends.append((rec, msg))
+            if data.num_rows:
+                self._stage(cur, data, report)
+            complete: list[tuple[str, int]] = []
+            for rec, msg in ends:
+                if self._end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
+                    complete.append((msg.batch_id, msg.attempt))
+            for batch_id, attempt in complete:
+                self._verify_and_apply(cur, batch_id, attempt, report)
+            self._record_rejects(cur, report)
+            self._store_offsets(cur, table)
+        return report
+
+    def _check_fence(self, cur) -> None:
+        cur.execute("SELECT fence FROM tidemark_control.sink_fences WHERE consumer = %s FOR UPDATE", (self.consumer,))
+        row = cur.fetchone()
+        if self.fence is None or row is None or row[0] != self.fence:
+            raise FencedError(
+                f"sink {self.consumer}: fencing token {self.fence} is no longer current "
+                f"(now {row[0] if row else None}); another instance took over, stopping without commit"
+            )
+
+    def _reject(self, report: MicroBatchReport, rec: dict[str, Any], reason: str) -> None:
+        report.rejected += 1
+        report.rejects.append({
+            "partition": rec["partition"], "offset": rec["offset"], "batch_id": rec.get("batch_id"),
+            "attempt": _int_or_none(rec.get("attempt")), "reason": reason, "payload": rec.get("value"),
+        })
+        log.error("pipeline=%s %s (partition %s offset %s)", self.spec.name, reason, rec["partition"], rec["offset"])
+
+    def _decode(self, cur, rec: dict[str, Any], report: MicroBatchReport) -> ControlMessage | None:
+        try:
+            msg = decode(rec["value"])
+        except ProtocolError as exc:
+            self._reject(report, rec, f"{rec['control']} message rejected: {exc}")
+            return None
+        if msg.kind != rec["control"] or msg.partition != rec["partition"] or msg.pipeline != self.spec.name:
+            self._reject(
+                report, rec,
+                f"{msg.kind} for batch {msg.batch_id} rejected: header {rec['control']}, pipeline {msg.pipeline}, "
+                f"partition field {msg.partition} do not match this topic's pipeline {self.spec.name} / partition",
+            )
+            return None
+        if msg.partitions != self.spec.partitions:
+            self._reject(report, rec, f"{msg.describe()} rejected: {msg.partitions} partitions, topic has {self.spec.partitions}")
+            return None
+        return msg
+
+    def _begin(self, cur, msg: ControlMessage) -> None:
+        window = Window.from_json(msg.window)
+        cur.execute(
+            """INSERT INTO tidemark_control.batches
+                   (batch_id, pipeline, window_lo, window_hi, backfill, partitions, state, attempt)
+               VALUES (%s, %s, %s, %s, %s, %s, 'open', %s)
+               ON CONFLICT (batch_id) DO UPDATE SET attempt = greatest(batches.attempt, EXCLUDED.attempt),
+                   state = CASE WHEN EXCLUDED.attempt >= batches.attempt THEN 'open' ELSE batches.state END,
+                   updated_at = clock_timestamp()""",
+            (msg.batch_id, msg.pipeline, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
+             window.backfill, msg.partitions, msg.attempt),
+        )
+        cur.execute(
+            "INSERT INTO tidemark_control.batch_attempts (batch_id, attempt, state) VALUES (%s, %s, 'open') "
+            "ON CONFLICT DO NOTHING",
+            (msg.batch_id, msg.attempt),
+        )
+        cur.execute(
+            """UPDATE tidemark_control.batch_attempts SET state = 'superseded', finished_at = clock_timestamp(),
+                      message = format('superseded by attempt %%s', %s::int)
+                WHERE batch_id = %s AND attempt < %s AND state IN ('open', 'sealed') RETURNING attempt""",
+            (msg.attempt, msg.batch_id, msg.attempt),
+        )
+        for (old,) in cur.fetchall():
+            log.warning("pipeline=%s batch=%s attempt=%s superseded by attempt %s: its staged records are discarded",
+                        msg.pipeline, msg.batch_id, old, msg.attempt)
+        cur.execute(
+            "DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt < %s", (msg.batch_id, msg.attempt)
+        )
+
+    def _abort(self, cur, msg: ControlMessage) -> None:
+        cur.execute(
+            """UPDATE tidemark_control.batch_attempts SET state = 'aborted', finished_at = clock_timestamp(),
+                      message = %s WHERE batch_id = %s AND attempt = %s AND state IN ('open', 'sealed')""",
+            (f"aborted by producer: {msg.reason or 'no reason given'}", msg.batch_id, msg.attempt),
+        )
+        if cur.rowcount:
+            cur.execute("DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt = %s", (msg.batch_id, msg.attempt))
+            cur.execute(
+                "UPDATE tidemark_control.batches SET state = 'aborted', message = %s, updated_at = clock_timestamp() "
+                "WHERE batch_id = %s AND attempt = %s",
+                (f"attempt {msg.attempt} aborted: {msg.reason}", msg.batch_id, msg.attempt),
+            )
+            log.warning("pipeline=%s batch=%s attempt=%s ABORT received (%s): staged records discarded",
+                        msg.pipeline, msg.batch_id, msg.attempt, msg.reason)
+
+    def _stage(self, cur, data, report: MicroBatchReport) -> None:
+        """COPY records in, then drop those of attempts that are not open, rejecting unknown ones."""
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        staged = pa.table({
+            "batch_id": data["batch_id"], "attempt": data["attempt"], "partition": data["partition"],
+            "kafka_offset": data["offset"], "row_hash": data["row_hash"], "key": data["key"], "value": data["value"],
+        })
+        buf = io.BytesIO()
+        pacsv.write_csv(staged, buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+        buf.seek(0)
+        cur.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS incoming (LIKE tidemark_control.staged) ON COMMIT DELETE ROWS;"
+            "ALTER TABLE incoming ALTER COLUMN batch_id DROP NOT NULL, ALTER COLUMN attempt DROP NOT NULL"
+        )
+        cur.copy_expert(f"COPY incoming ({', '.join(STAGE_COLUMNS)}) FROM STDIN WITH (FORMAT csv)", buf)
+        # Only records of an attempt that is open (or sealed, awaiting its END) are staged.
+        cur.execute(
+            """INSERT INTO tidemark_control.staged SELECT i.* FROM incoming i
+                 JOIN tidemark_control.batch_attempts a USING (batch_id, attempt) WHERE a.state IN ('open', 'sealed')"""
+        )
+        staged_now = cur.rowcount
+        report.staged += staged_now
+        cur.execute(
+            """SELECT i.batch_id, i.attempt, i.partition, i.kafka_offset, i.value FROM incoming i
+                WHERE NOT EXISTS (SELECT 1 FROM tidemark_control.batch_attempts a
+                                   WHERE a.batch_id = i.batch_id AND a.attempt = i.attempt)"""
+        )
+        unknown = cur.fetchall()
+        for batch_id, attempt, partition, offset, value in unknown:
+            rec = {"partition": partition, "offset": offset, "batch_id": batch_id, "attempt": attempt, "value": value}
+            why = ("record without valid batch headers" if batch_id is None or attempt is None
+                   else f"record for unknown batch {batch_id} attempt {attempt} (no BEGIN seen)")
+            self._reject(report, rec, why)
+        discarded = data.num_rows - staged_now - len(unknown)
+        report.discarded += discarded
+        if discarded:
+            log.info("pipeline=%s %s record(s) of superseded, aborted or finished attempts discarded",
+                     self.spec.name, discarded)
+
+    def _end(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> bool:
+        """Record an END; True when the attempt now has END on every partition and is open."""
+        cur.execute(
+            "SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
+            (msg.batch_id, msg.attempt),
+        )
+        row = cur.fetchone()
+        if row is None:
+            self._reject(report, rec, f"END for unknown batch {msg.batch_id} attempt {msg.attempt}: no BEGIN was seen; ignored")
+            return False
+        state = row[0]
+        if state not in ("open", "sealed"):
+            verb = "replayed END for a committed batch: no-op" if state == "committed" else f"END for a {state} attempt: ignored"
+            log.info("pipeline=%s batch=%s attempt=%s p%s %s", msg.pipeline, msg.batch_id, msg.attempt, msg.partition, verb)
+            return False
+        assert msg.totals is not None
+        cur.execute(
+            """INSERT INTO tidemark_control.batch_ends (batch_id, attempt, partition, rows, checksum, kafka_offset)
+               VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+            (msg.batch_id, msg.attempt, msg.partition, msg.totals.rows, msg.totals.checksum, rec["offset"]),
+        )
+        if cur.rowcount == 0:
+            cur.execute(
+                "SELECT rows, checksum FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s AND partition = %s",
+                (msg.batch_id, msg.attempt, msg.partition),
+            )
+            rows, checksum = cur.fetchone()
+            if (rows, int(checksum)) != (msg.totals.rows, msg.totals.checksum):
+                self._refuse(cur, msg.batch_id, msg.attempt, report,
+                             f"conflicting END on partition {msg.partition}: first said rows={rows} checksum={checksum}, "
+                             f"now rows={msg.totals.rows} checksum={msg.totals.checksum}")
+                return False
+            log.info("pipeline=%s batch=%s attempt=%s p%s duplicate END (same totals): no-op",
+                     msg.pipeline, msg.batch_id, msg.attempt, msg.partition)
+        cur.execute(
+            "SELECT count(*) FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s",
+            (msg.batch_id, msg.attempt),
+        )
+        return cur.fetchone()[0] == msg.partitions
+
+    def _refuse(self, cur, batch_id: str, attempt: int, report: MicroBatchReport, why: str) -> None:
+        message = (f"batch {batch_id} attempt {attempt} REFUSED: {why}. Nothing was applied. Next: check the "
+                   f"extract log for this attempt, then clear the DAG run from its 'begin' task to load a new attempt.")
+        cur.execute(
+            """UPDATE tidemark_control.batch_attempts SET state = 'refused', message = %s, finished_at = clock_timestamp()
+                WHERE batch_id = %s AND attempt = %s""",
+            (message, batch_id, attempt),
+        )
+        cur.execute(
+            "UPDATE tidemark_control.batches SET state = 'refused', message = %s, updated_at = clock_timestamp() "
+            "WHERE batch_id = %s AND attempt = %s",
+            (message, batch_id, attempt),
+        )
+        cur.execute("DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+        report.refused.append(f"{batch_id}#{attempt}")
+        log.error("pipeline=%s %s", self.spec.name, message)
+
+    def _verify_and_apply(self, cur, batch_id: str, attempt: int, report: MicroBatchReport) -> None:
+        cur.execute(
+            "SELECT partition, rows, checksum FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s",
+            (batch_id, attempt),
+        )
+        expected = {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
+        cur.execute(
+            """SELECT partition, count(*), coalesce(sum(row_hash::numeric), 0) FROM tidemark_control.staged
+                WHERE batch_id = %s AND attempt = %s GROUP BY partition""",
+            (batch_id, attempt),
+        )
+        actual = {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
+        wrong = [
+            f"partition {p}: END says rows={exp[0]} checksum={exp[1]}, staged rows={act[0]} checksum={act[1]}"
+            for p, exp in sorted(expected.items())
+            if (act := actual.get(p, (0, 0))) != exp
+        ]
+        if wrong:
+            self._refuse(cur, batch_id, attempt, report, "count/checksum mismatch: " + "; ".join(wrong))
+            return
+        cur.execute(
+            "SELECT window_lo, window_hi, backfill FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,)
+        )
+        lo, hi, backfill = cur.fetchone()
+        window = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
+        rows = sum(r for r, _ in expected.values())
+        checksum = sum(c for _, c in expected.values())
+        applied = self._merge(cur, batch_id, attempt, window)
+        cur.execute(
+            """UPDATE tidemark_control.batch_attempts SET state = 'committed', rows = %s, checksum = %s,
+                      finished_at = clock_timestamp() WHERE batch_id = %s AND attempt = %s""",
+            (rows, checksum, batch_id, attempt),
+        )
+        cur.execute(
+            """UPDATE tidemark_control.batches SET state = 'committed', committed_attempt = %s, rows = %s,
+                      checksum = %s, message = NULL, committed_at = clock_timestamp(), updated_at = clock_timestamp()
+                WHERE batch_id = %s""",
+            (attempt, rows, checksum, batch_id),
+        )
+        moved = self._advance_watermark(cur, batch_id, window)
+        cur.execute("DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+        report.committed.append(f"{batch_id}#{attempt}")
+        log.info(
+            "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s) checksum=%s watermark %s",
+            self.spec.name, batch_id, attempt, window, rows, applied, checksum,
+            f"-> {window.hi}" if moved else "unchanged (backfill or older window)",
+        )
+
+    def target_columns(self, cur) -> list[str]:
+        if self._columns is None:
+            schema, _, name = self.spec.target_table.rpartition(".")
+            cur.execute(
+                """SELECT column_name FROM information_schema.columns
+                    WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position""",
+                (schema or "public", name),
+            )
+            self._columns = [r[0] for r in cur.fetchall()]
+            if not self._columns:
+                raise LookupError(f"pipeline {self.spec.name}: target table {self.spec.target_table} does not exist")
+        return self._columns
+
+    def _merge(self, cur, batch_id: str, attempt: int, window: Window) -> int:
+        spec = self.spec
+        target = quote(spec.target_table)
+        cols = [quote(c) for c in self.target_columns(cur)]
+        pk = ", ".join(quote(c) for c in spec.primary_key)
+        cursor_col = quote(spec.cursor.column)
+        if spec.write_mode == "append_window_replace":
+            cur.execute(f"DELETE FROM {target} WHERE {predicate(spec, window)}")
+        non_key = [c for c in cols if c.strip('"') not in spec.primary_key]
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in non_key)
+        conflict = (
+            f"DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}" if updates else "DO NOTHING"
+        )
+        # The newest version of each key wins; an older version never replaces a newer one.
+        cur.execute(
+            f"""INSERT INTO {target} ({', '.join(cols)})
+                SELECT {', '.join(cols)} FROM (
+                    SELECT DISTINCT ON ({pk}) r.*
+                      FROM tidemark_control.staged s,
+                           LATERAL jsonb_populate_record(NULL::{target}, s.value::jsonb) r
+                     WHERE s.batch_id = %s AND s.attempt = %s
+                     ORDER BY {pk}, r.{cursor_col} DESC) latest
+                ON CONFLICT ({pk}) {conflict}""",
+            (batch_id, attempt),
+        )
+        return cur.rowcount
+
+    def _advance_watermark(self, cur, batch_id: str, window: Window) -> bool:
+        """Move the watermark to the window's end, never backwards, never across a gap."""
+        if window.backfill:
+            return False
+        hi = window.hi
+        ts = hi.cursor if self.spec.cursor.kind == "timestamp" else None
+        ident = hi.cursor if self.spec.cursor.kind == "id" else None
+        cur.execute(
+            """INSERT INTO tidemark_control.watermarks (pipeline, bound, cursor_ts, cursor_id, batch_id)
+               VALUES (%s, %s, %s, %s, %s)
+               ON CONFLICT (pipeline) DO UPDATE SET bound = EXCLUDED.bound, cursor_ts = EXCLUDED.cursor_ts,
+                   cursor_id = EXCLUDED.cursor_id, batch_id = EXCLUDED.batch_id, updated_at = clock_timestamp()
+                WHERE coalesce(watermarks.cursor_ts < EXCLUDED.cursor_ts, watermarks.cursor_id < EXCLUDED.cursor_id)""",
+            (self.spec.name, json.dumps(hi.to_json()), ts, ident, batch_id),
+        )
+        return cur.rowcount == 1
+
+    def _record_rejects(self, cur, report: MicroBatchReport) -> None:
+        for r in report.rejects:
+            cur.execute(
+                """INSERT INTO tidemark_control.sink_rejects
+                       (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+                (self.consumer, self.topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"], r["payload"]),
+            )
+
+    def _store_offsets(self, cur, table) -> None:
+        import pyarrow.compute as pc
+
+        for p in pc.unique(table["partition"]).to_pylist():
+            last = pc.max(table.filter(pc.equal(table["partition"], p))["offset"]).as_py()
+            cur.execute(
+                """INSERT INTO tidemark_control.sink_offsets (consumer, topic, partition, next_offset, fence)
+                   VALUES (%s, %s, %s, %s, %s)
+                   ON CONFLICT (consumer, topic, partition) DO UPDATE
+                      SET next_offset = EXCLUDED.next_offset, fence = EXCLUDED.fence, updated_at = clock_timestamp()""",
+                (self.consumer, self.topic, p, last + 1, self.fence),
+            )
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

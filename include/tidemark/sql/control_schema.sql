@@ -1,0 +1,108 @@
+-- Tidemark's control schema, in the warehouse database so that data, offsets, watermarks and the
+-- batch ledger commit in one transaction. Idempotent: applied before every plan and sink start.
+CREATE SCHEMA IF NOT EXISTS tidemark_control;
+
+-- Committed watermark per pipeline: everything up to and including `bound` is loaded.
+CREATE TABLE IF NOT EXISTS tidemark_control.watermarks (
+    pipeline    text PRIMARY KEY,
+    bound       jsonb NOT NULL,                 -- {"cursor": ..., "pk": [...] | null}
+    cursor_ts   timestamptz,                    -- the cursor, typed, for ordering
+    cursor_id   bigint,
+    batch_id    text NOT NULL,                  -- the batch that moved it last
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- The batch ledger: one row per batch (a window of one pipeline) ...
+CREATE TABLE IF NOT EXISTS tidemark_control.batches (
+    batch_id           text PRIMARY KEY,
+    pipeline           text NOT NULL,
+    run_id             text,
+    window_lo          jsonb NOT NULL,
+    window_hi          jsonb NOT NULL,
+    backfill           boolean NOT NULL DEFAULT false,
+    partitions         integer NOT NULL,
+    state              text NOT NULL CHECK (state IN
+                         ('planned', 'open', 'sealed', 'committed', 'refused', 'aborted')),
+    attempt            integer NOT NULL DEFAULT 0,  -- the latest attempt
+    committed_attempt  integer,
+    rows               bigint,
+    checksum           numeric,
+    message            text,
+    planned_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    committed_at       timestamptz,
+    updated_at         timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS batches_pipeline ON tidemark_control.batches (pipeline, planned_at);
+
+-- ... and one row per attempt. A newer attempt supersedes (fences) every older one.
+CREATE TABLE IF NOT EXISTS tidemark_control.batch_attempts (
+    batch_id        text NOT NULL REFERENCES tidemark_control.batches,
+    attempt         integer NOT NULL,
+    state           text NOT NULL CHECK (state IN
+                      ('open', 'sealed', 'committed', 'refused', 'aborted', 'superseded')),
+    extract_totals  jsonb,                      -- per partition, as the extract counted
+    rows            bigint,
+    checksum        numeric,
+    message         text,
+    begun_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    sealed_at       timestamptz,
+    finished_at     timestamptz,
+    PRIMARY KEY (batch_id, attempt)
+);
+
+-- END messages as the sink received them, one per partition.
+CREATE TABLE IF NOT EXISTS tidemark_control.batch_ends (
+    batch_id     text NOT NULL,
+    attempt      integer NOT NULL,
+    partition    integer NOT NULL,
+    rows         bigint NOT NULL,
+    checksum     numeric NOT NULL,
+    kafka_offset bigint NOT NULL,
+    received_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (batch_id, attempt, partition)
+);
+
+-- Records of open attempts, staged until the attempt is complete and verified.
+CREATE TABLE IF NOT EXISTS tidemark_control.staged (
+    batch_id      text NOT NULL,
+    attempt       integer NOT NULL,
+    partition     integer NOT NULL,
+    kafka_offset  bigint NOT NULL,
+    row_hash      bigint NOT NULL,              -- xxhash64(key, value), as the extract hashed it
+    key           text,
+    value         text
+);
+CREATE INDEX IF NOT EXISTS staged_attempt ON tidemark_control.staged (batch_id, attempt);
+
+-- Sink fencing: each start takes the next token; only the holder of the latest may commit.
+CREATE TABLE IF NOT EXISTS tidemark_control.sink_fences (
+    consumer     text PRIMARY KEY,
+    fence        bigint NOT NULL,
+    holder       text,
+    acquired_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Where each sink resumes: the database, not Spark's checkpoint, is the source of truth.
+CREATE TABLE IF NOT EXISTS tidemark_control.sink_offsets (
+    consumer     text NOT NULL,
+    topic        text NOT NULL,
+    partition    integer NOT NULL,
+    next_offset  bigint NOT NULL,
+    fence        bigint NOT NULL,
+    updated_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (consumer, topic, partition)
+);
+
+-- Records and control messages the sink could not use, with the reason (also sent to the DLQ).
+CREATE TABLE IF NOT EXISTS tidemark_control.sink_rejects (
+    id            bigserial PRIMARY KEY,
+    consumer      text NOT NULL,
+    topic         text NOT NULL,
+    partition     integer NOT NULL,
+    kafka_offset  bigint NOT NULL,
+    batch_id      text,
+    attempt       integer,
+    reason        text NOT NULL,
+    payload       text,
+    rejected_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);

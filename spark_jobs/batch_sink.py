@@ -1,0 +1,108 @@
+"""The batch sink: apply committed batches from a pipeline topic to the warehouse, two-phase.
+
+A Spark Structured Streaming query over the pipeline topic (read_committed). Each micro-batch is
+handed to ``tidemark.sink.BatchSink``, which stages records and applies a batch only once END
+has arrived on every partition and counts and checksums match, in one PostgreSQL transaction
+together with the ledger, the watermark and the consumer offsets. The query starts from the
+offsets stored in the warehouse (not from a Spark checkpoint), after taking a fencing token.
+
+``--available-now`` processes what is on the topic and stops (the nightly DAG runs it so);
+without it the query runs until stopped (the streaming supervisor's mode).
+
+  spark-submit spark_jobs/batch_sink.py --jdbc-url jdbc:postgresql://127.0.0.1:55432/wh \
+      --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \
+      --bootstrap 127.0.0.1:59092 --available-now
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from tidemark.sparkjob import jdbc_args
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    jdbc_args(p)
+    p.add_argument("--spec", required=True, type=Path)
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--available-now", action="store_true", help="process what is there, then stop")
+    p.add_argument("--max-records-per-trigger", type=int, default=200_000,
+                   help="bounds the sink's memory: at most this many records per micro-batch")
+    p.add_argument("--dead-letter-topic", default="tidemark.dlq")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    from pyspark.sql import functions as F
+
+    from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
+    from tidemark.kafka_io import send_dead_letters
+    from tidemark.ledger import ensure_control_schema
+    from tidemark.sink import BatchSink
+    from tidemark.sparkjob import connect, password, session
+    from tidemark.spec import load_spec
+    from tidemark.summary import summary_line
+
+    spec = load_spec(args.spec)
+    conn = connect(args.jdbc_url, args.user, password(args))
+    with conn, conn.cursor() as cur:
+        ensure_control_schema(cur)
+    sink = BatchSink(conn, spec)
+    sink.acquire_fence()
+    starting = sink.starting_offsets()
+    totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": []}
+
+    def header(name: str):
+        return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
+
+    def apply(batch_df, epoch_id: int) -> None:
+        report = sink.apply(batch_df.toArrow())
+        for key in ("staged", "discarded", "rejected"):
+            totals[key] += getattr(report, key)
+        totals["committed"] += report.committed
+        totals["refused"] += report.refused
+        if report.rejects:
+            send_dead_letters(args.bootstrap, args.dead_letter_topic, spec.topic, report.rejects)
+
+    spark = session(f"tidemark-batch-sink-{spec.name}")
+    try:
+        stream = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("assign", json.dumps({spec.topic: list(range(spec.partitions))}))
+            .option("startingOffsets", json.dumps({spec.topic: {str(p): o for p, o in starting.items()}}))
+            .option("kafka.isolation.level", "read_committed")
+            .option("includeHeaders", "true")
+            .option("maxOffsetsPerTrigger", args.max_records_per_trigger)
+            .load()
+        )
+        key, value = F.col("key").cast("string"), F.col("value").cast("string")
+        records = stream.select(
+            F.col("partition"), F.col("offset"), key.alias("key"), value.alias("value"),
+            header(HEADER_CONTROL).alias("control"), header(HEADER_BATCH).alias("batch_id"),
+            header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
+            F.xxhash64(key, value).alias("row_hash"),
+        )
+        with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
+            writer = records.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)
+            writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="2 seconds")
+            writer.start().awaitTermination()
+        print(summary_line("sink", pipeline=spec.name, **totals), flush=True)
+    finally:
+        spark.stop()
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    from tidemark.sparkjob import run
+
+    sys.exit(run(main, sys.argv[1:], "batch_sink"))

@@ -1,0 +1,150 @@
+"""Extract one batch window from the source to the pipeline topic, with its END totals.
+
+Reads ``lo < (cursor, pk) and cursor <= hi`` over JDBC in parallel cursor ranges, writes each row
+as JSON keyed by primary key to the partition Kafka's murmur2 partitioner gives the key, tagged
+with the batch id and attempt in headers, and in the same pass counts rows and sums 64-bit row
+hashes per partition. The totals go to ``--report`` (JSON) for the END step. Any inconsistency
+(rows outside the window, Kafka offsets that moved by other amounts than counted) exits 3.
+
+  spark-submit spark_jobs/extract_window.py --jdbc-url jdbc:postgresql://127.0.0.1:55432/src \
+      --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \
+      --batch-id B --attempt 1 --window '{"lo": ..., "hi": ...}' --bootstrap 127.0.0.1:59092 \
+      --report /tmp/report.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from tidemark.sparkjob import jdbc_args
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    jdbc_args(p)
+    p.add_argument("--spec", required=True, type=Path, help="the pipeline's YAML spec")
+    p.add_argument("--batch-id", required=True)
+    p.add_argument("--attempt", required=True, type=int)
+    p.add_argument("--window", required=True, help="the planned window as JSON")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--report", required=True, type=Path, help="where to write the per-partition totals")
+    p.add_argument("--read-partitions", type=int, default=4, help="parallel JDBC range reads")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType
+
+    from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
+    from tidemark.kafka_io import end_offsets
+    from tidemark.sparkjob import JSON_OPTIONS, JobError, password, session
+    from tidemark.spec import load_spec, quote
+    from tidemark.summary import summary_line
+    from tidemark.window import Window, predicate, split_predicates
+
+    spec = load_spec(args.spec)
+    window = Window.from_json(args.window)
+    secret = password(args)
+    tag = f"pipeline={spec.name} batch={args.batch_id} attempt={args.attempt} window={window}"
+    started = time.monotonic()
+    # One task failure fails the job: a retried Kafka write would duplicate records of this attempt.
+    spark = session(f"tidemark-extract-{spec.name}", **{"spark.task.maxFailures": 1})
+    try:
+        spark.udf.registerJavaFunction("kafka_partition", "tidemark.KafkaPartition", IntegerType())
+        props = {"user": args.user, "password": secret, "driver": "org.postgresql.Driver", "fetchsize": "20000"}
+        table, cursor = quote(spec.table), quote(spec.cursor.column)
+        span = spark.read.jdbc(
+            args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi FROM {table} "
+            f"WHERE {predicate(spec, window)}) AS span", properties=props,
+        ).first()
+        edges = _edges(span["lo"], span["hi"], args.read_partitions)
+        df = spark.read.jdbc(args.jdbc_url, table, predicates=split_predicates(spec, window, edges), properties=props)
+        missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in df.columns]
+        if missing:
+            raise JobError(f"{tag}: source table {spec.table} has no column(s) {missing}")
+        pk = [F.col(c) for c in spec.primary_key]
+        key = pk[0].cast("string") if len(pk) == 1 else F.to_json(F.struct(*pk))
+        records = df.select(
+            key.alias("key"), F.to_json(F.struct(*[F.col(c) for c in df.columns]), JSON_OPTIONS).alias("value"),
+            F.col(spec.cursor.column).alias("_cursor"),
+        ).select(
+            "key", "value", "_cursor",
+            F.expr(f"kafka_partition(key, {spec.partitions})").alias("partition"),
+            F.xxhash64("key", "value").alias("row_hash"),
+        )
+        # Read the source once: the totals and the Kafka write see the very same rows.
+        records = records.persist(StorageLevel.DISK_ONLY)
+        metrics = [F.min("_cursor").alias("min_cursor"), F.max("_cursor").alias("max_cursor")]
+        for p in range(spec.partitions):
+            hit = F.col("partition") == p
+            metrics += [
+                F.count(F.when(hit, 1)).alias(f"rows_{p}"),
+                F.sum(F.when(hit, F.col("row_hash").cast("decimal(38,0)"))).alias(f"sum_{p}"),
+            ]
+        m = records.agg(*metrics).first()
+        headers = F.array(
+            F.struct(F.lit(HEADER_BATCH).alias("key"), F.lit(args.batch_id).cast("binary").alias("value")),
+            F.struct(F.lit(HEADER_ATTEMPT).alias("key"), F.lit(str(args.attempt)).cast("binary").alias("value")),
+        )
+        before = end_offsets(args.bootstrap, spec.topic)
+        (
+            records.select("key", "value", "partition", headers.alias("headers"))
+            .write.format("kafka")
+            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("kafka.enable.idempotence", "true")
+            .option("kafka.acks", "all")
+            .option("topic", spec.topic)
+            .save()
+        )
+        records.unpersist()
+        after = end_offsets(args.bootstrap, spec.topic)
+        report = {str(p): {"rows": int(m[f"rows_{p}"]), "checksum": int(m[f"sum_{p}"] or 0)} for p in range(spec.partitions)}
+        rows = sum(t["rows"] for t in report.values())
+        lo_c, hi_c = m["min_cursor"], m["max_cursor"]
+        if rows and not _inside(window, lo_c, hi_c):
+            raise JobError(f"{tag}: read cursor values {lo_c}..{hi_c} outside the window; nothing is sealed")
+        moved = {p: after.get(p, 0) - before.get(p, 0) for p in range(spec.partitions)}
+        wrong = {p: (report[str(p)]["rows"], moved[p]) for p in moved if moved[p] != report[str(p)]["rows"]}
+        if wrong:
+            raise JobError(
+                f"{tag}: Kafka offsets moved by other amounts than rows written (partition: counted, moved) {wrong}; "
+                "another writer on the topic or a retried write; this attempt must not be sealed"
+            )
+        args.report.write_text(json.dumps({"totals": report, "rows": rows, "seconds": round(time.monotonic() - started, 3)}))
+        print(summary_line("extract", pipeline=spec.name, batch_id=args.batch_id, attempt=args.attempt,
+                           window=str(window), rows=rows,
+                           partitions={p: t["rows"] for p, t in report.items()}), flush=True)
+    finally:
+        spark.stop()
+    return 0
+
+
+def _edges(lo, hi, parts: int) -> list:
+    """Evenly spaced cut points between the window's smallest and largest cursor values."""
+    if lo is None or hi is None or parts < 2 or lo == hi:
+        return []
+    return [lo + (hi - lo) * i / parts for i in range(1, parts)] if not isinstance(lo, int) else [
+        lo + (hi - lo) * i // parts for i in range(1, parts)
+    ]
+
+
+def _inside(window, lo, hi) -> bool:
+    from datetime import timezone
+
+    def norm(v):
+        return v.replace(tzinfo=timezone.utc) if hasattr(v, "tzinfo") and v.tzinfo is None else v
+
+    return norm(lo) >= window.lo.cursor and norm(hi) <= window.hi.cursor
+
+
+if __name__ == "__main__":
+    from tidemark.sparkjob import run
+
+    sys.exit(run(main, sys.argv[1:], "extract_window"))
