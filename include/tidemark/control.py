@@ -54,6 +54,12 @@ class ControlMessage(BaseModel):
             raise ValueError("END needs totals and batch_rows")
         if self.kind != "END" and self.totals is not None:
             raise ValueError(f"{self.kind} carries no totals")
+        from tidemark.window import Window
+
+        try:
+            Window.from_json(self.window)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"window is not a window ({{lo, hi}} bounds): {exc!r}") from None
         return self
 
     def encode(self) -> bytes:

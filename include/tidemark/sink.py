@@ -26,6 +26,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg2
+
 from tidemark.control import HEADER_CONTROL, ControlMessage, ProtocolError, decode
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Bound, Window, predicate
@@ -131,11 +133,14 @@ class BatchSink:
                 f"(now {row[0] if row else None}); another instance took over, stopping without commit"
             )
 
-    def _reject(self, report: MicroBatchReport, rec: dict[str, Any], reason: str) -> None:
+    def _reject(self, report: MicroBatchReport, rec: dict[str, Any], reason: str,
+                msg: ControlMessage | None = None) -> None:
         report.rejected += 1
         report.rejects.append({
-            "partition": rec["partition"], "offset": rec["offset"], "batch_id": rec.get("batch_id"),
-            "attempt": _int_or_none(rec.get("attempt")), "reason": reason, "payload": rec.get("value"),
+            "partition": rec["partition"], "offset": rec["offset"],
+            "batch_id": msg.batch_id if msg else rec.get("batch_id"),
+            "attempt": msg.attempt if msg else _int_or_none(rec.get("attempt")),
+            "reason": reason, "payload": rec.get("value"),
         })
         log.error("pipeline=%s %s (partition %s offset %s)", self.spec.name, reason, rec["partition"], rec["offset"])
 
@@ -164,7 +169,9 @@ class BatchSink:
                    (batch_id, pipeline, window_lo, window_hi, backfill, partitions, state, attempt)
                VALUES (%s, %s, %s, %s, %s, %s, 'open', %s)
                ON CONFLICT (batch_id) DO UPDATE SET attempt = greatest(batches.attempt, EXCLUDED.attempt),
-                   state = CASE WHEN EXCLUDED.attempt >= batches.attempt THEN 'open' ELSE batches.state END,
+                   state = CASE WHEN EXCLUDED.attempt > batches.attempt
+                                     OR (EXCLUDED.attempt = batches.attempt AND batches.state = 'planned')
+                                THEN 'open' ELSE batches.state END,
                    updated_at = clock_timestamp()""",
             (msg.batch_id, msg.pipeline, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
              window.backfill, msg.partitions, msg.attempt),
@@ -252,7 +259,7 @@ class BatchSink:
         )
         row = cur.fetchone()
         if row is None:
-            self._reject(report, rec, f"END for unknown batch {msg.batch_id} attempt {msg.attempt}: no BEGIN was seen; ignored")
+            self._reject(report, rec, f"END for unknown batch {msg.batch_id} attempt {msg.attempt}: no BEGIN was seen; ignored", msg)
             return False
         state = row[0]
         if state not in ("open", "sealed"):
@@ -328,7 +335,14 @@ class BatchSink:
         window = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
-        applied = self._merge(cur, batch_id, attempt, window)
+        cur.execute("SAVEPOINT merge")
+        try:
+            applied = self._merge(cur, batch_id, attempt, window)
+        except psycopg2.DataError as exc:  # a value the target cannot take: refuse, do not crash-loop
+            cur.execute("ROLLBACK TO SAVEPOINT merge")
+            self._refuse(cur, batch_id, attempt, report,
+                         f"the target {self.spec.target_table} rejected a record: {str(exc).strip()}")
+            return
         cur.execute(
             """UPDATE tidemark_control.batch_attempts SET state = 'committed', rows = %s, checksum = %s,
                       finished_at = clock_timestamp() WHERE batch_id = %s AND attempt = %s""",

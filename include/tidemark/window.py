@@ -30,6 +30,10 @@ class Bound:
     cursor: datetime | int
     pk: tuple[Any, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.cursor, datetime):
+            object.__setattr__(self, "cursor", _aware(self.cursor))
+
     def to_json(self) -> dict[str, Any]:
         value = self.cursor.isoformat() if isinstance(self.cursor, datetime) else self.cursor
         return {"cursor": value, "pk": list(self.pk) if self.pk is not None else None}
@@ -121,6 +125,11 @@ class SourceClock:
     now: datetime
     oldest_open_xact: datetime | None
 
+    def __post_init__(self) -> None:  # naive values are UTC, like everything else here
+        object.__setattr__(self, "now", _aware(self.now))
+        if self.oldest_open_xact is not None:
+            object.__setattr__(self, "oldest_open_xact", _aware(self.oldest_open_xact))
+
     def safe_bound(self, safe_lag: timedelta) -> datetime:
         hi = self.now - safe_lag
         if self.oldest_open_xact is not None:
@@ -181,4 +190,4 @@ def plan_window(
         hi = max(min(end - MICROSECOND, safe), lo.cursor)
         return Window(lo, Bound(hi), backfill=True)
     lo = committed or Bound(spec.initial_watermark)
-    return Window(lo, Bound(max(safe, lo.cursor)))
+    return Window(lo, Bound(max(safe, lo.cursor)))  # type: ignore[type-var]

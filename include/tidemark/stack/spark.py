@@ -60,14 +60,12 @@ def build_udf_jar(settings: Settings) -> Path:
     return jar
 
 
-def submit(settings: Settings, script: str, args: list[str], *, secret: str, timeout_s: float = 600.0):
-    """spark-submit a job from spark_jobs/ in local mode as the DAGs do (tests, benchmarks).
+def submit_command(settings: Settings, script: str, args: list[str], *, secret: str) -> tuple[list[str], dict[str, str]]:
+    """The spark-submit command line and environment for a job from spark_jobs/ in local mode.
 
-    ``secret`` reaches the job only as TIDEMARK_JDBC_PASSWORD. Returns the CompletedProcess
-    (stdout and stderr captured) without raising, so callers can assert on failures too.
+    ``secret`` reaches the job only as the environment variable TIDEMARK_JDBC_PASSWORD.
     """
     import os
-    import subprocess
 
     env = {**os.environ, **settings.runtime_env(), "TIDEMARK_JDBC_PASSWORD": secret}
     cmd = [
@@ -76,4 +74,12 @@ def submit(settings: Settings, script: str, args: list[str], *, secret: str, tim
         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
         str(REPO_ROOT / "spark_jobs" / script), *args,
     ]
+    return cmd, env
+
+
+def submit(settings: Settings, script: str, args: list[str], *, secret: str, timeout_s: float = 600.0):
+    """Run a job as the DAGs do (tests, benchmarks); returns the CompletedProcess, never raises."""
+    import subprocess
+
+    cmd, env = submit_command(settings, script, args, secret=secret)
     return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=timeout_s)

@@ -1,0 +1,672 @@
+"""The demo source: a small core-banking schema in the source database, and writers for it.
+
+The nightly pipelines need a source that behaves like a real one: double-entry ledger entries
+appended concurrently, balances updated in place, reference rows edited now and then, and
+transactions that stamp their rows early but commit late. Everything here is psycopg2 and SQL,
+no Airflow, so DAGs, tests and benchmarks drive exactly the same writers.
+
+Invariants every writer keeps (``check_books`` verifies them):
+
+* each ``txn_id`` has entries in one currency summing to zero (amounts signed, debits negative);
+* ``daily_balances.movements`` is the sum of that account's entries for that business date,
+  ``opening + movements = closing``, and ``opening`` is the previous day's ``closing`` (0 first).
+
+Rows are stamped with the database's ``now()`` (the transaction start), never a client clock,
+because that is exactly the clock the window planner reasons about.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+import psycopg2
+import psycopg2.extensions
+
+from tidemark.spec import quote
+
+SCHEMA = "bank"
+CURRENCIES = ("EUR", "USD", "GBP")
+UPDATE_PROBABILITY = 0.2  # per post_transfers call: also edit one customer or account row
+MAX_AMOUNT_CENTS = 500_000
+
+_FIRST = ("Ada", "Bram", "Chloe", "Dario", "Elif", "Femi", "Greta", "Hugo", "Ines", "Jonas",
+          "Kaja", "Luca", "Mira", "Noah", "Olga", "Pavel", "Rosa", "Sami", "Tess", "Uwe")
+_LAST = ("Andersen", "Bianchi", "Costa", "Dubois", "Eriksen", "Fischer", "Garcia", "Horvat",
+         "Ivanova", "Jansen", "Kowalski", "Larsen", "Moreau", "Novak", "O'Brien", "Peeters")
+_COUNTRIES = ("DE", "FR", "NL", "GB", "US", "IE", "ES", "IT", "CH", "SE")
+
+Connection = psycopg2.extensions.connection
+
+# One statement per entry: idempotent, and safe to run while writers are active.
+_DDL = (
+    f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
+    f"CREATE SEQUENCE IF NOT EXISTS {SCHEMA}.customer_id_seq",
+    f"CREATE SEQUENCE IF NOT EXISTS {SCHEMA}.account_id_seq",
+    f"CREATE SEQUENCE IF NOT EXISTS {SCHEMA}.entry_id_seq",
+    f"""CREATE TABLE IF NOT EXISTS {SCHEMA}.customers (
+        customer_id bigint PRIMARY KEY DEFAULT nextval('{SCHEMA}.customer_id_seq'),
+        name        text NOT NULL,
+        country     char(2) NOT NULL,
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {SCHEMA}.accounts (
+        account_id  bigint PRIMARY KEY DEFAULT nextval('{SCHEMA}.account_id_seq'),
+        customer_id bigint NOT NULL REFERENCES {SCHEMA}.customers,
+        currency    char(3) NOT NULL,
+        status      text NOT NULL CHECK (status IN ('open', 'frozen', 'closed')),
+        opened_at   timestamptz NOT NULL,
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    )""",
+    # append-only; balance per txn_id cannot be a row constraint, check_books verifies it
+    f"""CREATE TABLE IF NOT EXISTS {SCHEMA}.ledger_entries (
+        entry_id      bigint PRIMARY KEY DEFAULT nextval('{SCHEMA}.entry_id_seq'),
+        txn_id        uuid NOT NULL,
+        account_id    bigint NOT NULL REFERENCES {SCHEMA}.accounts,
+        business_date date NOT NULL,
+        amount        numeric(18, 2) NOT NULL,
+        currency      char(3) NOT NULL,
+        side          text NOT NULL CHECK (side IN ('debit', 'credit')),
+        created_at    timestamptz NOT NULL DEFAULT now(),
+        CONSTRAINT ledger_entries_signed CHECK (amount <> 0 AND (side = 'debit') = (amount < 0))
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {SCHEMA}.daily_balances (
+        account_id    bigint NOT NULL REFERENCES {SCHEMA}.accounts,
+        business_date date NOT NULL,
+        opening       numeric(18, 2) NOT NULL,
+        movements     numeric(18, 2) NOT NULL,
+        closing       numeric(18, 2) NOT NULL,
+        currency      char(3) NOT NULL,
+        updated_at    timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (account_id, business_date)
+    )""",
+    f"ALTER SEQUENCE {SCHEMA}.customer_id_seq OWNED BY {SCHEMA}.customers.customer_id",
+    f"ALTER SEQUENCE {SCHEMA}.account_id_seq OWNED BY {SCHEMA}.accounts.account_id",
+    f"ALTER SEQUENCE {SCHEMA}.entry_id_seq OWNED BY {SCHEMA}.ledger_entries.entry_id",
+    # (cursor, primary key): window reads filter on the cursor and order/tie-break on the key
+    f"CREATE INDEX IF NOT EXISTS customers_updated_at ON {SCHEMA}.customers (updated_at, customer_id)",
+    f"CREATE INDEX IF NOT EXISTS accounts_updated_at ON {SCHEMA}.accounts (updated_at, account_id)",
+    f"CREATE INDEX IF NOT EXISTS ledger_entries_created_at ON {SCHEMA}.ledger_entries (created_at, entry_id)",
+    f"""CREATE INDEX IF NOT EXISTS daily_balances_updated_at
+        ON {SCHEMA}.daily_balances (updated_at, account_id, business_date)""",
+)
+
+
+@contextmanager
+def _transaction(conn: Connection) -> Iterator[Any]:
+    """One transaction on ``conn`` (even an autocommit one): commit on success, else roll back."""
+    autocommit = conn.autocommit
+    if autocommit:
+        conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            yield cur
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        if autocommit:
+            conn.autocommit = True
+
+
+@contextmanager
+def _reading(conn: Connection) -> Iterator[Any]:
+    """A cursor for reads; ends the read transaction only if it was ours to begin with.
+
+    An idle-in-transaction session would hold back the window planner (oldest open
+    transaction), while ending a caller's own transaction would discard its work.
+    """
+    ours = conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    try:
+        with conn.cursor() as cur:
+            yield cur
+    finally:
+        if ours and not conn.autocommit:
+            conn.rollback()
+
+
+# --- schema and seed ----------------------------------------------------------------------------
+def create_schema(conn: Connection) -> None:
+    """Create schema ``bank`` if missing; never touches existing rows (safe to call every run)."""
+    with _transaction(conn) as cur:
+        # concurrent first calls would otherwise race on the catalogs
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.bank.create_schema'))")
+        for statement in _DDL:
+            cur.execute(statement)
+
+
+def drop_schema(conn: Connection) -> None:
+    """Drop schema ``bank`` and everything in it (tests and benchmarks start from nothing)."""
+    with _transaction(conn) as cur:
+        cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+
+
+def reset(conn: Connection) -> None:
+    drop_schema(conn)
+    create_schema(conn)
+
+
+def seed(conn: Connection, *, customers: int = 50, accounts_per_customer: int = 2, seed: int = 0) -> dict[str, int]:
+    """Deterministic customers and accounts (ids 1..n); re-running adds only what is missing.
+
+    Customer ``i`` and its accounts depend only on ``seed`` and ``i``, so a larger seed extends a
+    smaller one instead of reshuffling it. Returns the row counts of both tables afterwards.
+    """
+    rng = random.Random(seed)
+    customer_rows, account_rows = [], []
+    epoch = datetime(2015, 1, 1, tzinfo=timezone.utc)
+    for customer_id in range(1, customers + 1):
+        name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+        customer_rows.append((customer_id, name, rng.choice(_COUNTRIES)))
+        for j in range(accounts_per_customer):
+            account_id = (customer_id - 1) * accounts_per_customer + j + 1
+            opened = epoch + timedelta(days=rng.randrange(3650), seconds=rng.randrange(86_400))
+            account_rows.append((account_id, customer_id, rng.choice(CURRENCIES), "open", opened))
+    with _transaction(conn) as cur:
+        cur.execute(
+            f"""INSERT INTO {SCHEMA}.customers (customer_id, name, country)
+                SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[])
+                ON CONFLICT (customer_id) DO NOTHING""",
+            _columns(customer_rows, 3),
+        )
+        cur.execute(
+            f"""INSERT INTO {SCHEMA}.accounts (account_id, customer_id, currency, status, opened_at)
+                SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::timestamptz[])
+                ON CONFLICT (account_id) DO NOTHING""",
+            _columns(account_rows, 5),
+        )
+        # explicit ids bypassed the sequences: move them past what is there
+        for table, column, seq in (("customers", "customer_id", "customer_id_seq"),
+                                   ("accounts", "account_id", "account_id_seq")):
+            cur.execute(f"SELECT setval('{SCHEMA}.{seq}', greatest((SELECT max({column}) FROM {SCHEMA}.{table}), 1))")
+        cur.execute(f"SELECT (SELECT count(*) FROM {SCHEMA}.customers), (SELECT count(*) FROM {SCHEMA}.accounts)")
+        n_customers, n_accounts = cur.fetchone()
+    return {"customers": n_customers, "accounts": n_accounts}
+
+
+def _columns(rows: list[tuple], width: int) -> list[list]:
+    return [[row[i] for row in rows] for i in range(width)]
+
+
+# --- postings -----------------------------------------------------------------------------------
+class _Entry(NamedTuple):
+    txn_id: str
+    account_id: int
+    amount: Decimal
+    currency: str
+    side: str
+
+
+def _business_day(cur, business_date: date | None) -> date:
+    if business_date is not None:
+        return business_date
+    cur.execute("SELECT current_date")  # the source's calendar, like every other timestamp here
+    return cur.fetchone()[0]
+
+
+def _open_accounts(cur) -> dict[str, list[int]]:
+    """Open accounts per currency, only currencies where a transfer is possible (two accounts)."""
+    cur.execute(
+        f"""SELECT currency, array_agg(account_id ORDER BY account_id) FROM {SCHEMA}.accounts
+            WHERE status = 'open' GROUP BY currency HAVING count(*) >= 2 ORDER BY currency"""
+    )
+    return {currency.strip(): ids for currency, ids in cur.fetchall()}
+
+
+def _transfers(rng: random.Random, accounts: dict[str, list[int]], n: int) -> list[_Entry]:
+    if n and not accounts:
+        raise RuntimeError(f"no currency has two open accounts in {SCHEMA}.accounts: call seed() first")
+    currencies = sorted(accounts)
+    entries: list[_Entry] = []
+    for _ in range(n):
+        currency = rng.choice(currencies)
+        debit, credit = rng.sample(accounts[currency], 2)
+        amount = Decimal(rng.randint(1, MAX_AMOUNT_CENTS)).scaleb(-2)  # exact cents, never a float
+        txn_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        entries.append(_Entry(txn_id, debit, -amount, currency, "debit"))
+        entries.append(_Entry(txn_id, credit, amount, currency, "credit"))
+    return entries
+
+
+def _insert_entries(cur, entries: list[_Entry], day: date) -> list[int]:
+    if not entries:
+        return []
+    cur.execute(
+        f"""INSERT INTO {SCHEMA}.ledger_entries (txn_id, account_id, business_date, amount, currency, side)
+            SELECT t, a, %s, m, c, s
+            FROM unnest(%s::uuid[], %s::bigint[], %s::numeric[], %s::text[], %s::text[]) AS v(t, a, m, c, s)
+            RETURNING entry_id""",
+        (day, *_columns(entries, 5)),
+    )
+    return [row[0] for row in cur.fetchall()]
+
+
+# Applies per-account deltas of one business date from a relation ``d(account_id, delta,
+# currency)``: upsert that day's row (opening = the previous day's closing), then carry the delta
+# into later days' opening/closing so back-dated postings keep the chain consistent. Rows are
+# locked in account_id order so concurrent writers cannot deadlock on each other.
+_BALANCES_UPSERT = f"""
+    INSERT INTO {SCHEMA}.daily_balances AS b (account_id, business_date, opening, movements, closing, currency)
+    SELECT d.account_id, %(day)s, coalesce(p.closing, 0), d.delta, coalesce(p.closing, 0) + d.delta, d.currency
+    FROM {{deltas}} LEFT JOIN LATERAL (
+        SELECT q.closing FROM {SCHEMA}.daily_balances q
+        WHERE q.account_id = d.account_id AND q.business_date < %(day)s
+        ORDER BY q.business_date DESC LIMIT 1) p ON true
+    ORDER BY d.account_id
+    ON CONFLICT (account_id, business_date) DO UPDATE
+       SET movements = b.movements + excluded.movements, closing = b.closing + excluded.movements,
+           updated_at = now()"""
+_BALANCES_FORWARD = f"""
+    UPDATE {SCHEMA}.daily_balances AS b
+       SET opening = b.opening + d.delta, closing = b.closing + d.delta, updated_at = now()
+    FROM {{deltas}} WHERE b.account_id = d.account_id AND b.business_date > %(day)s"""
+_UNNEST_DELTAS = "unnest(%(ids)s::bigint[], %(deltas)s::numeric[], %(curs)s::text[]) AS d(account_id, delta, currency)"
+
+
+def _apply_balances(cur, day: date, entries: list[_Entry]) -> None:
+    deltas: dict[int, tuple[Decimal, str]] = {}
+    for e in entries:
+        total, _ = deltas.get(e.account_id, (Decimal(0), e.currency))
+        deltas[e.account_id] = (total + e.amount, e.currency)
+    if not deltas:
+        return
+    ids = sorted(deltas)
+    params = {"day": day, "ids": ids, "deltas": [deltas[i][0] for i in ids], "curs": [deltas[i][1] for i in ids]}
+    cur.execute(_BALANCES_UPSERT.format(deltas=_UNNEST_DELTAS), params)
+    cur.execute(_BALANCES_FORWARD.format(deltas=_UNNEST_DELTAS), params)
+
+
+def _edit_reference_row(cur, rng: random.Random, accounts: dict[str, list[int]]) -> None:
+    """Rename a customer, or freeze/unfreeze an account: the upsert pipelines' changes."""
+    if not accounts:
+        return
+    account_id = rng.choice(rng.choice(list(accounts.values())))
+    roll = rng.random()
+    if roll < 0.5:
+        cur.execute(
+            f"""UPDATE {SCHEMA}.customers SET name = %s, updated_at = now()
+                WHERE customer_id = (SELECT customer_id FROM {SCHEMA}.accounts WHERE account_id = %s)""",
+            (f"{rng.choice(_FIRST)} {rng.choice(_LAST)}", account_id),
+        )
+    elif roll < 0.7:
+        cur.execute(
+            f"UPDATE {SCHEMA}.accounts SET status = 'frozen', updated_at = now() WHERE account_id = %s",
+            (account_id,),
+        )
+    else:  # unfreeze more often than freeze, so the number of frozen accounts stays small
+        cur.execute(
+            f"""UPDATE {SCHEMA}.accounts SET status = 'open', updated_at = now()
+                WHERE account_id = (SELECT account_id FROM {SCHEMA}.accounts WHERE status = 'frozen'
+                                    ORDER BY updated_at, account_id LIMIT 1 FOR UPDATE SKIP LOCKED)"""
+        )
+
+
+def post_transfers(conn: Connection, n: int, *, rng: random.Random, business_date: date | None = None) -> list[int]:
+    """Post ``n`` balanced transfers and their balance updates in one transaction, and commit.
+
+    Every row is stamped with the same ``now()``. ``business_date`` defaults to the source's
+    ``current_date``. With probability ``UPDATE_PROBABILITY`` one customer or account row is
+    edited too. Returns the entry ids written (two per transfer).
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    with _transaction(conn) as cur:
+        day = _business_day(cur, business_date)
+        accounts = _open_accounts(cur)
+        entries = _transfers(rng, accounts, n)
+        ids = _insert_entries(cur, entries, day)
+        _apply_balances(cur, day, entries)
+        if rng.random() < UPDATE_PROBABILITY:
+            _edit_reference_row(cur, rng, accounts)
+    return ids
+
+
+# Generates ``rows`` entries as ``rows / 2`` balanced pairs entirely inside PostgreSQL. Pair p
+# uses currency k = p mod ncur and two distinct accounts of that currency from a flat array (a
+# slice per currency at ``offsets[k]``); amounts are exact cents derived from p; txn_id is the
+# md5 of a per-call token and p, so both entries of a pair share it and calls never collide.
+_GENERATE = f"""
+WITH gen AS (
+    SELECT mod(g, 2) AS s, g / 2 + %(base)s AS p, (mod(g / 2 + %(base)s, %(ncur)s) + 1)::int AS k
+    FROM generate_series(0::bigint, %(rows)s::bigint - 1) AS g
+), pick AS (
+    SELECT s, p, k, (%(counts)s::int[])[k] AS n, (%(offsets)s::int[])[k] AS off,
+           mod(p * 7919, (%(counts)s::int[])[k]) AS h
+    FROM gen
+), ins AS (
+    INSERT INTO {SCHEMA}.ledger_entries (txn_id, account_id, business_date, amount, currency, side)
+    SELECT md5(%(token)s || p::text)::uuid,
+           (%(ids)s::bigint[])[(off + 1 + CASE WHEN s = 0 THEN h ELSE mod(h + 1 + mod(p, n - 1), n) END)::int],
+           %(day)s,
+           (CASE WHEN s = 0 THEN -1 ELSE 1 END) * (1 + mod(p * 104729, {MAX_AMOUNT_CENTS})) * 0.01,
+           (%(curs)s::text[])[k],
+           CASE WHEN s = 0 THEN 'debit' ELSE 'credit' END
+    FROM pick
+    RETURNING entry_id, account_id, amount, currency
+), d AS (
+    SELECT account_id, sum(amount) AS delta, min(currency) AS currency FROM ins GROUP BY account_id
+), up AS ({_BALANCES_UPSERT.format(deltas="d")}
+    RETURNING 1
+), fwd AS ({_BALANCES_FORWARD.format(deltas="d")}
+    RETURNING 1
+)
+SELECT {{result}} FROM ins"""
+
+
+def _generate(cur, rows: int, day: date, *, token: str, base: int, accounts: dict[str, list[int]], result: str) -> list:
+    currencies = sorted(accounts)
+    ids, offsets = [], []
+    for currency in currencies:
+        offsets.append(len(ids))
+        ids.extend(accounts[currency])
+    # JIT compilation costs more than it saves on this statement
+    cur.execute("SET LOCAL jit = off")
+    # The account_id foreign keys would run one SELECT ... FOR KEY SHARE per row (a third of the
+    # statement's time). Every row references one of these ~100 accounts, so take exactly those
+    # locks once, here, and -- where the role may (superuser) -- skip the per-row triggers for
+    # this transaction only. The guarantee is the same: each key exists and cannot be deleted or
+    # changed before commit. Without the right, the triggers simply run.
+    cur.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM {SCHEMA}.accounts WHERE account_id = ANY(%s) FOR KEY SHARE) x", (ids,)
+    )
+    if cur.fetchone()[0] != len(ids):
+        raise RuntimeError("accounts disappeared while generating ledger entries")
+    cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+    if cur.fetchone()[0]:
+        cur.execute("SET LOCAL session_replication_role = replica")
+    cur.execute(
+        _GENERATE.format(result=result),
+        {"rows": rows, "base": base, "token": token, "day": day, "ncur": len(currencies), "ids": ids,
+         "offsets": offsets, "counts": [len(accounts[c]) for c in currencies], "curs": currencies},
+    )
+    return cur.fetchall()
+
+
+def _even(rows: int, what: str) -> None:
+    if rows < 0 or rows % 2:
+        raise ValueError(f"{what} must be a non-negative even number (entries come in balanced pairs), got {rows}")
+
+
+def bulk_ledger(conn: Connection, rows: int, *, business_date: date, chunk: int = 200_000) -> int:
+    """Append ``rows`` entries (balanced pairs) fast: one INSERT ... SELECT per chunk.
+
+    Each chunk is its own transaction, so all of a chunk's rows share one ``created_at`` (large
+    ties on the cursor, as a real bulk load produces) and balances stay consistent per chunk.
+    Returns the number of entries written.
+    """
+    _even(rows, "rows")
+    chunk = max(2, chunk - chunk % 2)
+    token, written = uuid.uuid4().hex, 0
+    while written < rows:
+        size = min(chunk, rows - written)
+        with _transaction(conn) as cur:
+            accounts = _open_accounts(cur)
+            if not accounts:
+                raise RuntimeError(f"no currency has two open accounts in {SCHEMA}.accounts: call seed() first")
+            [(count,)] = _generate(cur, size, business_date, token=token, base=written // 2,
+                                   accounts=accounts, result="count(*)")
+        written += count
+    return written
+
+
+def many_at_one_timestamp(conn: Connection, n: int, *, business_date: date | None = None) -> list[int]:
+    """Insert ``n`` entries (balanced pairs) in ONE transaction, so all share one ``created_at``.
+
+    Exercises the primary-key tie-break of timestamp cursors. Returns the entry ids.
+    """
+    _even(n, "n")
+    if n == 0:
+        return []
+    with _transaction(conn) as cur:
+        day = _business_day(cur, business_date)
+        accounts = _open_accounts(cur)
+        if not accounts:
+            raise RuntimeError(f"no currency has two open accounts in {SCHEMA}.accounts: call seed() first")
+        rows = _generate(cur, n, day, token=uuid.uuid4().hex, base=0, accounts=accounts, result="entry_id")
+    return sorted(row[0] for row in rows)
+
+
+# --- late commits -------------------------------------------------------------------------------
+class HeldTransaction:
+    """A transaction that inserted ledger entries and stays open, on its own thread and connection.
+
+    Its rows carry ``created_at = started_at`` (the transaction start) but only become visible at
+    commit, ``seconds`` later: the late-committing rows a timestamp cursor loses unless the
+    window stops before the oldest open transaction. Use as a context manager (the exit waits
+    for the commit) or call ``wait()``.
+    """
+
+    def __init__(self, dsn: str, seconds: float, *, rows: int, business_date: date | None, seed: int | None):
+        _even(rows, "rows")
+        self.seconds = seconds
+        self.entry_ids: list[int] = []
+        self.started_at: datetime | None = None
+        self.pid: int | None = None
+        self.committed = False
+        self._dsn, self._rows, self._day, self._rng = dsn, rows, business_date, random.Random(seed)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="bank-hold-open", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            conn = psycopg2.connect(self._dsn, application_name="tidemark-bank-hold-open")
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._error = exc
+            self._ready.set()
+            return
+        try:
+            with _transaction(conn) as cur:
+                cur.execute("SELECT now(), pg_backend_pid()")
+                self.started_at, self.pid = cur.fetchone()
+                opened = time.monotonic()
+                day = _business_day(cur, self._day)
+                entries = _transfers(self._rng, _open_accounts(cur), self._rows // 2)
+                self.entry_ids = _insert_entries(cur, entries, day)
+                self._ready.set()
+                time.sleep(max(0.0, self.seconds - (time.monotonic() - opened)))
+                # balances last: their row locks are held for milliseconds, not `seconds`
+                _apply_balances(cur, day, entries)
+            self.committed = True
+        except BaseException as exc:  # noqa: BLE001
+            self._error = exc
+        finally:
+            self._ready.set()
+            conn.close()
+
+    def start(self) -> "HeldTransaction":
+        """Start, and return once the rows are inserted (not yet committed)."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    def wait(self, timeout: float | None = None) -> list[int]:
+        """Wait for the commit; the entry ids written."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"held transaction (pid {self.pid}) still open after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        return self.entry_ids
+
+    def __enter__(self) -> "HeldTransaction":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.wait()
+
+
+def hold_open(dsn: str, seconds: float, *, rows: int = 10, business_date: date | None = None,
+              seed: int | None = None) -> HeldTransaction:
+    """Open a transaction, insert ``rows`` entries, keep it open ``seconds``, then commit.
+
+    Returns as soon as the rows are inserted; ``.entry_ids`` are known then, ``.wait()``
+    returns them after the commit. ``with hold_open(dsn, 10) as held: ...`` runs the block
+    while the transaction is open.
+    """
+    return HeldTransaction(dsn, seconds, rows=rows, business_date=business_date, seed=seed).start()
+
+
+# --- concurrent writers -------------------------------------------------------------------------
+class Simulator:
+    """Concurrent writer threads, each with its own connection, posting small batches of transfers.
+
+    Deadlocks and serialization failures are retried (counted in ``retries``); any other error
+    stops that writer and is raised by ``stop()``.
+    """
+
+    def __init__(self, dsn: str, *, writers: int = 3, seed: int = 0, max_transfers: int = 5, pause: float = 0.01):
+        if writers < 1:
+            raise ValueError(f"writers must be >= 1, got {writers}")
+        self._dsn, self._writers, self._seed = dsn, writers, seed
+        self._max_transfers, self._pause = max_transfers, pause
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+        self._stats = {"transactions": 0, "transfers": 0, "entries": 0, "retries": 0}
+        self._started = 0.0
+        self.stats: dict[str, Any] = {}  # filled by stop(), also when used as a context manager
+
+    def start(self) -> "Simulator":
+        if self._threads:
+            raise RuntimeError("simulator already started")
+        self._started = time.monotonic()
+        for i in range(self._writers):
+            thread = threading.Thread(target=self._write, args=(i,), name=f"bank-writer-{i}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        return self
+
+    def _write(self, index: int) -> None:
+        rng = random.Random(self._seed * 1_000 + index)
+        try:
+            conn = psycopg2.connect(self._dsn, application_name=f"tidemark-bank-writer-{index}")
+        except BaseException as exc:  # noqa: BLE001
+            with self._lock:
+                self._errors.append(exc)
+            return
+        try:
+            while not self._stop.is_set():
+                n = rng.randint(1, self._max_transfers)
+                try:
+                    ids = post_transfers(conn, n, rng=rng)
+                except psycopg2.extensions.TransactionRollbackError:
+                    with self._lock:
+                        self._stats["retries"] += 1
+                    continue
+                with self._lock:
+                    self._stats["transactions"] += 1
+                    self._stats["transfers"] += n
+                    self._stats["entries"] += len(ids)
+                self._stop.wait(self._pause)
+        except BaseException as exc:  # noqa: BLE001
+            with self._lock:
+                self._errors.append(exc)
+        finally:
+            conn.close()
+
+    def stop(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Stop every writer; what was committed: transactions, transfers, entries, retries."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            raise TimeoutError(f"writers still running after {timeout}s: {alive}")
+        if self._errors:
+            raise RuntimeError(f"{len(self._errors)} writer(s) failed: {self._errors[0]!r}") from self._errors[0]
+        with self._lock:
+            elapsed = round(time.monotonic() - self._started, 3)
+            self.stats = {**self._stats, "writers": self._writers, "seconds": elapsed}
+        return self.stats
+
+    def __enter__(self) -> "Simulator":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+# --- control totals and invariants --------------------------------------------------------------
+class Totals(NamedTuple):
+    rows: int
+    amounts: dict[str, Decimal]  # per currency
+
+
+# What is summed per currency: absolute values, because double entry makes the signed sums net to
+# zero (every txn_id, and every day's closings across accounts), so a lost or duplicated pair, or
+# a missed update of both sides of a transfer, would leave a signed total unchanged.
+_SUMMED = {"ledger_entries": "abs(amount)", "daily_balances": "abs(closing)"}
+
+
+def source_totals(conn: Connection, table: str = "ledger_entries", *, where: str | None = None) -> Totals:
+    """Row count and exact amount per currency of ``table``, to compare a source with a target.
+
+    ``table`` is ``ledger_entries`` / ``daily_balances`` (schema ``bank``) or a qualified name of
+    a table with the same columns (e.g. the warehouse copy). ``where`` is an optional SQL
+    condition such as ``tidemark.window.predicate(spec, window)``. Other tables: count only.
+    """
+    qualified = table if "." in table else f"{SCHEMA}.{table}"
+    expression = _SUMMED.get(qualified.rsplit(".", 1)[1])
+    condition = f"WHERE {where}" if where else ""
+    with _reading(conn) as cur:
+        if expression is None:
+            cur.execute(f"SELECT count(*) FROM {quote(qualified)} {condition}")
+            return Totals(cur.fetchone()[0], {})
+        cur.execute(
+            f"SELECT currency, count(*), sum({expression}) FROM {quote(qualified)} {condition} GROUP BY currency"
+        )
+        rows = cur.fetchall()
+    return Totals(sum(r[1] for r in rows), {r[0].strip(): r[2] for r in sorted(rows)})
+
+
+_CHECKS = (
+    ("transactions not balanced per currency", f"""
+        SELECT txn_id::text || ' ' || currency || ' sums to ' || sum(amount) FROM {SCHEMA}.ledger_entries
+        GROUP BY txn_id, currency HAVING sum(amount) <> 0 OR count(*) < 2"""),
+    ("entries without their account or in another currency", f"""
+        SELECT 'entry ' || e.entry_id FROM {SCHEMA}.ledger_entries e LEFT JOIN {SCHEMA}.accounts a USING (account_id)
+        WHERE a.currency IS DISTINCT FROM e.currency"""),
+    ("balances with opening + movements <> closing", f"""
+        SELECT account_id || '@' || business_date FROM {SCHEMA}.daily_balances
+        WHERE opening + movements <> closing"""),
+    ("balances whose movements differ from their entries", f"""
+        SELECT account_id || '@' || business_date || ': ' || coalesce(b.movements::text, 'no row')
+               || ' vs entries ' || coalesce(e.total::text, 'none')
+        FROM {SCHEMA}.daily_balances b
+        FULL JOIN (SELECT account_id, business_date, sum(amount) AS total FROM {SCHEMA}.ledger_entries
+                   GROUP BY account_id, business_date) e USING (account_id, business_date)
+        WHERE b.movements IS DISTINCT FROM e.total"""),
+    ("balances whose opening is not the previous closing", f"""
+        SELECT account_id || '@' || business_date FROM (
+            SELECT *, lag(closing) OVER (PARTITION BY account_id ORDER BY business_date) AS previous
+            FROM {SCHEMA}.daily_balances) x
+        WHERE opening <> coalesce(previous, 0)"""),
+)
+
+
+def check_books(conn: Connection, *, examples: int = 3) -> list[str]:
+    """Every broken invariant of the demo books, with a few examples each; empty when sound.
+
+    Reads whole tables: meant for tests and the demo, not for millions of rows in a hot path.
+    """
+    problems = []
+    with _reading(conn) as cur:
+        for title, sql in _CHECKS:
+            cur.execute(f"SELECT count(*) OVER (), x.* FROM ({sql}) x LIMIT %s", (examples,))
+            found = cur.fetchall()
+            if found:
+                problems.append(f"{found[0][0]} {title}, e.g. {', '.join(row[1] for row in found)}")
+    return problems

@@ -1,0 +1,152 @@
+"""Helpers for batch tests: a throwaway pipeline (spec file, source table, topic) and its steps.
+
+The steps are the same code the DAG runs: tidemark.batch for plan/BEGIN/END and spark-submit
+of spark_jobs/extract_window.py and spark_jobs/batch_sink.py.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg2
+
+from tidemark import batch
+from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark.spec import PipelineSpec, load_spec
+from tidemark.stack.spark import submit
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    spec: PipelineSpec
+    path: Path
+
+    @property
+    def source_table(self) -> str:
+        return self.spec.table
+
+    def src(self):
+        return psycopg2.connect(self.settings.dsn(SOURCE_DB))
+
+    def wh(self):
+        return psycopg2.connect(self.settings.dsn(WAREHOUSE_DB))
+
+    # --- steps -----------------------------------------------------------------------------
+    def plan(self, run_id: str, interval=None) -> batch.Plan:
+        src, wh = self.src(), self.wh()
+        try:
+            return batch.plan(self.spec, src, wh, run_id=run_id, interval=interval,
+                              bootstrap=self.settings.kafka_bootstrap)
+        finally:
+            src.close()
+            wh.close()
+
+    def begin(self, plan: batch.Plan) -> int:
+        wh = self.wh()
+        try:
+            return batch.begin(self.spec, wh, self.settings.kafka_bootstrap, plan)
+        finally:
+            wh.close()
+
+    def extract_args(self, plan: batch.Plan, attempt: int, report: Path) -> list[str]:
+        s = self.settings
+        return [
+            "--jdbc-url", s.jdbc_url(SOURCE_DB), "--user", s.pg_user, "--password-env", "TIDEMARK_JDBC_PASSWORD",
+            "--spec", str(self.path), "--batch-id", plan.batch_id, "--attempt", str(attempt),
+            "--window", json.dumps(plan.window.to_json()), "--bootstrap", s.kafka_bootstrap, "--report", str(report),
+        ]
+
+    def extract(self, plan: batch.Plan, attempt: int) -> dict:
+        report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")
+        proc = submit(self.settings, "extract_window.py", self.extract_args(plan, attempt, report),
+                      secret=self.settings.pg_password)
+        assert proc.returncode == 0, f"extract failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        return json.loads(report.read_text())
+
+    def end(self, plan: batch.Plan, attempt: int, report: dict) -> None:
+        wh = self.wh()
+        try:
+            batch.end(self.spec, wh, self.settings.kafka_bootstrap, plan, attempt, report)
+        finally:
+            wh.close()
+
+    def sink(self) -> dict:
+        s = self.settings
+        proc = submit(s, "batch_sink.py", [
+            "--jdbc-url", s.jdbc_url(WAREHOUSE_DB), "--user", s.pg_user, "--password-env", "TIDEMARK_JDBC_PASSWORD",
+            "--spec", str(self.path), "--bootstrap", s.kafka_bootstrap, "--available-now",
+        ], secret=s.pg_password)
+        assert proc.returncode == 0, f"sink failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+        from tidemark.summary import parse_summaries
+
+        return parse_summaries(proc.stdout)[-1]
+
+    def run(self, run_id: str, interval=None) -> tuple[batch.Plan, int]:
+        """One whole batch, plan to commit; asserts it committed."""
+        plan = self.plan(run_id, interval)
+        attempt = self.begin(plan)
+        self.end(plan, attempt, self.extract(plan, attempt))
+        self.sink()
+        assert self.state(plan.batch_id, attempt) == "committed", self.ledger(plan.batch_id)
+        return plan, attempt
+
+    # --- inspection ------------------------------------------------------------------------
+    def state(self, batch_id: str, attempt: int) -> str | None:
+        rows = self.query_wh(
+            "SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
+            (batch_id, attempt),
+        )
+        return rows[0][0] if rows else None
+
+    def ledger(self, batch_id: str) -> list[tuple]:
+        return self.query_wh(
+            "SELECT attempt, state, rows, message FROM tidemark_control.batch_attempts WHERE batch_id = %s ORDER BY attempt",
+            (batch_id,),
+        )
+
+    def watermark(self):
+        rows = self.query_wh("SELECT bound FROM tidemark_control.watermarks WHERE pipeline = %s", (self.spec.name,))
+        return rows[0][0] if rows else None
+
+    def query_wh(self, sql: str, params=()) -> list[tuple]:
+        conn = self.wh()
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def rows(self, side: str, columns: str) -> dict:
+        conn = self.src() if side == "source" else self.wh()
+        table = self.spec.table if side == "source" else self.spec.target_table
+        key = ", ".join(self.spec.primary_key)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(f"SELECT {key}, {columns} FROM {table} ORDER BY {key}")
+                return {r[0]: r[1:] for r in cur.fetchall()}
+        finally:
+            conn.close()
+
+
+def make_pipeline(settings: Settings, tmp_path: Path, source_ddl: str, **fields) -> Pipeline:
+    """A fresh pipeline named it_<random>: source table `<name>_src`, target `<name>_tgt`."""
+    name = f"it_{uuid.uuid4().hex[:10]}"
+    spec = {
+        "name": name, "table": f"public.{name}_src", "primary_key": ["id"],
+        "cursor": {"kind": "timestamp", "column": "updated_at"}, "safe_lag": "PT0S",
+        "target_table": f"public.{name}_tgt", "partitions": 3, **fields,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(source_ddl.format(table=spec["table"]))
+    finally:
+        conn.close()
+    return Pipeline(settings, load_spec(path), path)

@@ -1,0 +1,173 @@
+"""Faults around the batch protocol: a killed extract, bad END messages, backfills and re-runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psycopg2
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from tidemark import control
+from tidemark.batch import BatchFailed, commit_state
+from tidemark.kafka_io import end_offsets
+from tidemark.stack.spark import submit_command
+
+from batchkit import make_pipeline
+
+DDL = """
+CREATE TABLE {table} (
+    id bigint PRIMARY KEY,
+    amount numeric(18,2) NOT NULL,
+    currency char(3) NOT NULL DEFAULT 'EUR',
+    updated_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+def insert(pipe, first: int, last: int, stamp: str = "now()") -> None:
+    conn = pipe.src()
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {pipe.source_table} (id, amount, updated_at) "
+            f"SELECT g, g * 0.37, {stamp} FROM generate_series(%s, %s) g", (first, last))
+    conn.close()
+
+
+def target_count(pipe) -> int:
+    return pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}")[0][0]
+
+
+def test_killed_extract_leaves_nothing_and_the_retry_applies_once(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, DDL)
+    insert(pipe, 1, 400_000)
+    plan = pipe.plan("run-kill")
+    attempt1 = pipe.begin(plan)
+    cmd, env = submit_command(settings, "extract_window.py", pipe.extract_args(plan, attempt1, tmp_path / "r1.json"),
+                              secret=settings.pg_password)
+    before = sum(end_offsets(settings.kafka_bootstrap, pipe.spec.topic).values())
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while sum(end_offsets(settings.kafka_bootstrap, pipe.spec.topic).values()) < before + 1000:
+            assert proc.poll() is None, "extract finished before it could be killed"
+            assert time.monotonic() < deadline, "extract never started writing"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    written = sum(end_offsets(settings.kafka_bootstrap, pipe.spec.topic).values()) - before
+    assert 1000 <= written < 400_000, f"kill came too late to test anything: {written} records written"
+
+    pipe.sink()  # the partial attempt is staged but never applied: there is no END
+    assert target_count(pipe) == 0
+    assert pipe.state(plan.batch_id, attempt1) == "open"
+
+    attempt2 = pipe.begin(plan)  # what the extract task's retry does
+    pipe.end(plan, attempt2, pipe.extract(plan, attempt2))
+    summary = pipe.sink()
+    assert pipe.state(plan.batch_id, attempt2) == "committed"
+    assert pipe.state(plan.batch_id, attempt1) == "superseded"
+    assert target_count(pipe) == 400_000
+    assert summary["staged"] == 400_000
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged WHERE batch_id = %s", (plan.batch_id,))[0][0] == 0
+    source_sum = pipe.rows("source", "amount")
+    assert sum(v[0] for v in source_sum.values()) == pipe.query_wh(
+        f"SELECT sum(amount) FROM {pipe.spec.target_table}")[0][0]
+
+
+def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, DDL)
+    bootstrap = settings.kafka_bootstrap
+    insert(pipe, 1, 300)
+    a = pipe.plan("run-a")
+    a1 = pipe.begin(a)
+    report_a = pipe.extract(a, a1)
+    pipe.end(a, a1, report_a)
+    pipe.end(a, a1, report_a)  # duplicated END: same totals, a no-op
+
+    insert(pipe, 1001, 1100)
+    b = pipe.plan("run-b")
+    b1 = pipe.begin(b)
+    report_b = pipe.extract(b, b1)
+    report_b["totals"]["0"]["rows"] += 1  # wrong count on partition 0
+    report_b["totals"]["1"]["checksum"] += 12345  # wrong checksum on partition 1
+    pipe.end(b, b1, report_b)
+
+    d = pipe.plan("run-d")
+    d1 = pipe.begin(d)  # BEGIN without END
+
+    ghost = control.messages("END", pipeline=pipe.spec.name, batch_id="ghost-batch", attempt=1, window=a.window.to_json(),
+                             partitions=3, totals={p: control.PartitionTotals(rows=1, checksum=1) for p in range(3)})
+    control.send(bootstrap, pipe.spec.topic, ghost, transactional_id="test-ghost")
+
+    pipe.sink()
+    assert pipe.state(a.batch_id, a1) == "committed"
+    assert target_count(pipe) == 300  # only batch A; B refused, D still open
+    wh = pipe.wh()
+    with pytest.raises(BatchFailed) as refused:
+        commit_state(pipe.spec, wh, b.batch_id, b1)
+    text = str(refused.value)
+    assert "REFUSED" in text and "partition 0: END says rows=" in text and "partition 1:" in text
+    exp_rows = report_b["totals"]["0"]["rows"]
+    assert f"rows={exp_rows}" in text and f"staged rows={exp_rows - 1}" in text
+    assert "clear the DAG run" in text  # says what to do next
+    assert commit_state(pipe.spec, wh, d.batch_id, d1) is False  # waiting: BEGIN seen, no END
+    assert pipe.state(d.batch_id, d1) == "open"
+    rejects = pipe.query_wh("SELECT batch_id, reason FROM tidemark_control.sink_rejects WHERE topic = %s", (pipe.spec.topic,))
+    assert [r[0] for r in rejects] == ["ghost-batch"] * 3
+    assert all("END for unknown batch ghost-batch" in r[1] for r in rejects)
+    dead = _read_dead_letters(bootstrap, pipe.spec.topic)
+    assert len(dead) == 3 and all(b"unknown batch ghost-batch" in reason for reason in dead)
+
+    committed_at = pipe.query_wh("SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,))
+    pipe.end(a, a1, report_a)  # replayed END of a committed batch
+    pipe.sink()
+    assert pipe.query_wh("SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,)) == committed_at
+    assert target_count(pipe) == 300
+    wh.close()
+
+
+def _read_dead_letters(bootstrap: str, source_topic: str) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-dlq", "enable.partition.eof": True,
+                         "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition("tidemark.dlq", 0, 0)])
+    reasons = []
+    try:
+        while True:
+            msg = consumer.poll(10)
+            assert msg is not None, "DLQ read stalled"
+            if msg.error():
+                break
+            headers = dict(msg.headers() or [])
+            if headers.get("tidemark.source", b"").startswith(source_topic.encode() + b"/"):
+                reasons.append(headers["tidemark.reason"])
+    finally:
+        consumer.close()
+    return reasons
+
+
+def test_backfill_reloads_an_interval_without_moving_the_watermark(settings, tmp_path):
+    from datetime import datetime, timezone
+
+    pipe = make_pipeline(settings, tmp_path, DDL)
+    for day, first in ((1, 1), (2, 1001), (3, 2001)):
+        insert(pipe, first, first + 999, stamp=f"'2026-03-0{day}T12:00:00Z'::timestamptz + g * interval '1 ms'")
+    pipe.run("nightly-1")
+    watermark = pipe.watermark()
+    assert target_count(pipe) == 3000
+    with psycopg2.connect(settings.dsn("tidemark_warehouse")) as conn, conn.cursor() as cur:
+        cur.execute(f"DELETE FROM {pipe.spec.target_table} WHERE id BETWEEN 1001 AND 2000")  # day 2 lost downstream
+    conn.close()
+    interval = (datetime(2026, 3, 2, tzinfo=timezone.utc), datetime(2026, 3, 3, tzinfo=timezone.utc))
+    plan, _ = pipe.run("backfill-1", interval=interval)
+    assert plan.window.backfill and str(plan.window) == (
+        "backfill (2026-03-01T23:59:59.999999+00:00, 2026-03-02T23:59:59.999999+00:00]")
+    assert target_count(pipe) == 3000
+    assert pipe.watermark() == watermark, "a backfill moved the watermark"
+    snapshot = pipe.rows("target", "amount, updated_at")
+    pipe.run("backfill-2", interval=interval)  # the same interval again: nothing changes
+    assert pipe.rows("target", "amount, updated_at") == snapshot == pipe.rows("source", "amount, updated_at")
+    assert pipe.watermark() == watermark
