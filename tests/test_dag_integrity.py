@@ -89,3 +89,29 @@ def test_a_broken_dag_file_fails_alone(tmp_path):
     assert [Path(p).name for p in bag.import_errors] == ["broken_pipeline.py"]
     assert "field table is required" in next(iter(bag.import_errors.values()))
     assert set(bag.dags) >= {dag_id for p in DAG_FILES for dag_id in _dagbag(p).dags}
+
+
+def test_an_invalid_spec_breaks_only_its_own_dag(tmp_path, monkeypatch):
+    """A bad pipeline file becomes a paused stand-in DAG that fails with the message naming the
+    file and field, and an import warning; every valid pipeline still loads."""
+    import shutil
+
+    for spec in (REPO_ROOT / "include" / "pipelines").glob("*.yaml"):
+        shutil.copy(spec, tmp_path / spec.name)
+    (tmp_path / "broken_one.yaml").write_text(
+        "name: broken_one\ntable: \"bank.x; DROP TABLE y\"\nprimary_key: [id]\n"
+        "cursor: {kind: timestamp, column: updated_at}\nsafe_lag: PT1S\ntarget_table: batch.x\n"
+    )
+    monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
+    bag = _dagbag(DAGS_DIR / "tidemark_batch.py")
+    assert bag.import_errors == {}
+    valid = {f"tidemark_batch_{p.stem}" for p in tmp_path.glob("bank_*.yaml")}
+    assert valid <= set(bag.dags), f"valid pipelines missing: {valid - set(bag.dags)}"
+    for dag_id in valid:
+        assert [t.task_id for t in bag.dags[dag_id].tasks] == [
+            "plan", "begin", "extract", "end", "sink", "wait_committed", "publish"]
+    broken = bag.dags["tidemark_batch_broken_one"]
+    assert "invalid-spec" in broken.tags and [t.task_id for t in broken.tasks] == ["invalid_spec"]
+    assert "broken_one.yaml: field 'table'" in broken.doc_md and "not a table name" in broken.doc_md
+    warned = " ".join(" ".join(w) for w in bag.captured_warnings.values())
+    assert "broken_one.yaml: field 'table'" in warned

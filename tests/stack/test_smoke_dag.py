@@ -10,7 +10,7 @@ pytestmark = pytest.mark.stack
 def test_smoke_dag_round_trips_the_source_through_spark_and_kafka(settings):
     state, _, steps = run_dag("tidemark_smoke", settings)
     by_step = {s["step"]: s for s in steps}
-    assert state == "success", f"see {settings.logs_dir / 'demo.log'}"
+    assert state == "success", f"see {settings.logs_dir / 'demo-tidemark_smoke.log'}"
     assert set(by_step) == {"source", "spark", "kafka"}
     assert by_step["source"]["rows"] == by_step["spark"]["rows"] == by_step["kafka"]["read_committed_rows"] == 1000
     assert by_step["source"]["balance_sum"] == by_step["kafka"]["balance_sum"]
