@@ -16,7 +16,7 @@ from tidemark import control, ledger
 from tidemark.control import PartitionTotals
 from tidemark.kafka_io import ensure_topic
 from tidemark.spec import PipelineSpec
-from tidemark.window import Window, plan_window, read_source_clock
+from tidemark.window import MICROSECOND, Window, plan_window, read_source_clock
 
 log = logging.getLogger("tidemark.batch")
 
@@ -51,9 +51,9 @@ def plan(
         planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window)
     if bootstrap:
         ensure_topic(bootstrap, spec.topic, spec.partitions)
-    held = (
-        f"; oldest open source transaction started {clock.oldest_open_xact.isoformat()}"
-        if clock.oldest_open_xact and clock.oldest_open_xact - spec.safe_lag < clock.now - spec.safe_lag else ""
+    held = (  # say so only when an open transaction, not the safe lag, set the window's end
+        f"; held back by a source transaction open since {clock.oldest_open_xact.isoformat()}"
+        if clock.oldest_open_xact and clock.oldest_open_xact - MICROSECOND < clock.now - spec.safe_lag else ""
     )
     log.info(
         "pipeline=%s batch=%s window=%s %s (source clock %s, safe lag %s%s, committed watermark %s)",
