@@ -63,15 +63,20 @@ def plan(
     return Plan(planned.batch_id, planned.window, planned.reused)
 
 
+def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, **extra: Any) -> None:
+    """One control message per partition, in one Kafka transaction of the pipeline's producer."""
+    msgs = control.messages(
+        kind, pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
+        window=batch.window.to_json(), partitions=spec.partitions, **extra,
+    )
+    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+
+
 def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan) -> int:
     """Open the next attempt in the ledger and send BEGIN to every partition."""
     with warehouse_conn, warehouse_conn.cursor() as wh:
         attempt = ledger.open_attempt(wh, batch.batch_id)
-    msgs = control.messages(
-        "BEGIN", pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
-        window=batch.window.to_json(), partitions=spec.partitions,
-    )
-    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+    _broadcast("BEGIN", spec, bootstrap, batch, attempt)
     log.info("pipeline=%s batch=%s attempt=%s window=%s BEGIN sent to %s partitions of %s",
              spec.name, batch.batch_id, attempt, batch.window, spec.partitions, spec.topic)
     return attempt
@@ -87,11 +92,7 @@ def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt
         )
     with warehouse_conn, warehouse_conn.cursor() as wh:
         ledger.seal_attempt(wh, batch.batch_id, attempt, totals)
-    msgs = control.messages(
-        "END", pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
-        window=batch.window.to_json(), partitions=spec.partitions, totals=totals,
-    )
-    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+    _broadcast("END", spec, bootstrap, batch, attempt, totals=totals)
     rows = sum(t.rows for t in totals.values())
     log.info("pipeline=%s batch=%s attempt=%s window=%s END sent: rows=%s per partition %s",
              spec.name, batch.batch_id, attempt, batch.window, rows, {p: t.rows for p, t in totals.items()})
@@ -99,11 +100,7 @@ def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt
 
 
 def abort(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, reason: str) -> None:
-    msgs = control.messages(
-        "ABORT", pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
-        window=batch.window.to_json(), partitions=spec.partitions, reason=reason,
-    )
-    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+    _broadcast("ABORT", spec, bootstrap, batch, attempt, reason=reason)
     log.warning("pipeline=%s batch=%s attempt=%s ABORT sent: %s", spec.name, batch.batch_id, attempt, reason)
 
 

@@ -72,18 +72,27 @@ def open_attempt(cur, batch_id: str) -> int:
     if row is None:
         raise LookupError(f"batch {batch_id} was never planned")
     attempt = row[0]
-    cur.execute(
-        """UPDATE tidemark_control.batch_attempts SET state = 'superseded', finished_at = clock_timestamp(),
-                  message = coalesce(message, '') || format('superseded by attempt %%s', %s::int)
-            WHERE batch_id = %s AND attempt < %s AND state IN ('open', 'sealed')""",
-        (attempt, batch_id, attempt),
-    )
+    record_attempt(cur, batch_id, attempt)
+    return attempt
+
+
+def record_attempt(cur, batch_id: str, attempt: int) -> list[int]:
+    """Record ``attempt`` as open and supersede every older open or sealed attempt (returned).
+
+    Used by the orchestration side when it opens an attempt and by the sink when BEGIN arrives.
+    """
     cur.execute(
         "INSERT INTO tidemark_control.batch_attempts (batch_id, attempt, state) VALUES (%s, %s, 'open') "
         "ON CONFLICT DO NOTHING",
         (batch_id, attempt),
     )
-    return attempt
+    cur.execute(
+        """UPDATE tidemark_control.batch_attempts SET state = 'superseded', finished_at = clock_timestamp(),
+                  message = coalesce(message, '') || format('superseded by attempt %%s', %s::int)
+            WHERE batch_id = %s AND attempt < %s AND state IN ('open', 'sealed') RETURNING attempt""",
+        (attempt, batch_id, attempt),
+    )
+    return [old for (old,) in cur.fetchall()]
 
 
 def seal_attempt(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import psycopg2
 
 from tidemark.control import HEADER_CONTROL, ControlMessage, ProtocolError, decode
+from tidemark.ledger import record_attempt
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Bound, Window, predicate
 
@@ -176,18 +177,7 @@ class BatchSink:
             (msg.batch_id, msg.pipeline, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
              window.backfill, msg.partitions, msg.attempt),
         )
-        cur.execute(
-            "INSERT INTO tidemark_control.batch_attempts (batch_id, attempt, state) VALUES (%s, %s, 'open') "
-            "ON CONFLICT DO NOTHING",
-            (msg.batch_id, msg.attempt),
-        )
-        cur.execute(
-            """UPDATE tidemark_control.batch_attempts SET state = 'superseded', finished_at = clock_timestamp(),
-                      message = format('superseded by attempt %%s', %s::int)
-                WHERE batch_id = %s AND attempt < %s AND state IN ('open', 'sealed') RETURNING attempt""",
-            (msg.attempt, msg.batch_id, msg.attempt),
-        )
-        for (old,) in cur.fetchall():
+        for old in record_attempt(cur, msg.batch_id, msg.attempt):
             log.warning("pipeline=%s batch=%s attempt=%s superseded by attempt %s: its staged records are discarded",
                         msg.pipeline, msg.batch_id, old, msg.attempt)
         cur.execute(

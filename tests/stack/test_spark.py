@@ -16,16 +16,14 @@ pytestmark = pytest.mark.stack
 JOB = REPO_ROOT / "spark_jobs" / "table_to_topic.py"
 
 
-def _submit(settings, topic: str, *extra: str) -> subprocess.CompletedProcess:
-    jars = ",".join(str(j) for j in settings.spark_jars())
-    cmd = [
-        "spark-submit", "--master", settings.spark_master, "--jars", jars,
-        str(JOB), "--jdbc-url", settings.jdbc_url(SOURCE_DB), "--user", settings.pg_user,
-        "--password-env", "TEST_JDBC_PASSWORD", "--table", smoke.TABLE, "--key", "id",
-        "--topic", topic, "--bootstrap", settings.kafka_bootstrap, *extra,
-    ]
-    env = {**os.environ, "TEST_JDBC_PASSWORD": settings.pg_password}
-    return subprocess.run(cmd, env=env, cwd=settings.state_dir, capture_output=True, text=True, timeout=600)
+def _submit(settings, topic: str) -> subprocess.CompletedProcess:
+    from tidemark.stack.spark import submit
+
+    return submit(settings, JOB.name, [
+        "--jdbc-url", settings.jdbc_url(SOURCE_DB), "--user", settings.pg_user,
+        "--password-env", "TIDEMARK_JDBC_PASSWORD", "--table", smoke.TABLE, "--key", "id",
+        "--topic", topic, "--bootstrap", settings.kafka_bootstrap,
+    ], secret=settings.pg_password)
 
 
 @pytest.fixture(scope="module")
