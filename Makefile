@@ -1,6 +1,7 @@
 # Tidemark: two commands on a fresh machine.
 #   make demo   installs what is missing, starts the stack, runs the demo end to end
 #   make test   installs what is missing, starts the stack, runs the test suite
+#   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
 SHELL := /bin/bash
 ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
 STATE := $(or $(TIDEMARK_STATE_DIR),$(ROOT)/.state)
@@ -9,8 +10,9 @@ export PYTHONPATH := $(ROOT)/include
 PY := $(STATE)/venv/bin/python
 STACK := $(PY) -m tidemark.stack
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: help bootstrap up down status logs ui demo test clean
+.PHONY: help bootstrap up down status logs ui demo test bench clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -38,6 +40,9 @@ demo: up
 
 test: up
 	@$(STACK) run -- $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: up
+	@$(STACK) run -- $(PY) bench/batch_load.py $(BENCH_ARGS)
 
 clean: down
 	rm -rf $(STATE)

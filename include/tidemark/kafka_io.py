@@ -38,6 +38,17 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float =
     _wait_for_leaders(admin, topic, timeout_s)
 
 
+def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
+    """Delete a topic and its data (benchmarks clean up the gigabytes they write); absent is fine."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
+    futures = admin.delete_topics([topic], operation_timeout=timeout_s)
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if "UNKNOWN_TOPIC_OR_PART" not in str(exc):
+            raise
+
+
 # Transient while a new topic's leaders are being elected or metadata is catching up.
 _TRANSIENT = {
     KafkaError.NOT_LEADER_FOR_PARTITION,

@@ -15,7 +15,7 @@ import pytest
 
 from tidemark.settings import SOURCE_DB
 
-from batchkit import make_pipeline
+from tidemark.stack.batchrun import make_pipeline
 
 DDL = """
 CREATE TABLE {table} (

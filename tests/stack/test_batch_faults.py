@@ -16,7 +16,7 @@ from tidemark.batch import BatchFailed, commit_state
 from tidemark.kafka_io import end_offsets
 from tidemark.stack.spark import submit_command
 
-from batchkit import make_pipeline
+from tidemark.stack.batchrun import make_pipeline
 
 DDL = """
 CREATE TABLE {table} (

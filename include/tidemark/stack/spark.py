@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 from tidemark.settings import REPO_ROOT, Settings
@@ -60,13 +63,12 @@ def build_udf_jar(settings: Settings) -> Path:
     return jar
 
 
-def submit_command(settings: Settings, script: str, args: list[str], *, secret: str) -> tuple[list[str], dict[str, str]]:
-    """The spark-submit command line and environment for a job from spark_jobs/ in local mode.
+def submit_command(settings: Settings, script: str | Path, args: list[str], *, secret: str) -> tuple[list[str], dict[str, str]]:
+    """The spark-submit command line and environment for a job in local mode.
 
-    ``secret`` reaches the job only as the environment variable TIDEMARK_JDBC_PASSWORD.
+    ``script`` is a file name in spark_jobs/ or a path. ``secret`` reaches the job only as the
+    environment variable TIDEMARK_JDBC_PASSWORD.
     """
-    import os
-
     env = {**os.environ, **settings.runtime_env(), "TIDEMARK_JDBC_PASSWORD": secret}
     cmd = [
         str(settings.venv / "bin" / "spark-submit"), "--master", settings.spark_master,
@@ -77,9 +79,57 @@ def submit_command(settings: Settings, script: str, args: list[str], *, secret: 
     return cmd, env
 
 
-def submit(settings: Settings, script: str, args: list[str], *, secret: str, timeout_s: float = 600.0):
-    """Run a job as the DAGs do (tests, benchmarks); returns the CompletedProcess, never raises."""
-    import subprocess
+class Submitted(subprocess.CompletedProcess):
+    """A finished job: its output, when it was launched (epoch s) and its process tree's peak RSS."""
+
+    started_at: float = 0.0
+    peak_rss_bytes: int = 0
+
+
+def submit(settings: Settings, script: str | Path, args: list[str], *, secret: str, timeout_s: float = 600.0,
+           sample_s: float = 0.2) -> Submitted:
+    """Run a job as the DAGs do (tests, benchmarks); never raises on a non-zero exit.
+
+    While it runs, the resident memory of its whole process tree (JVM and Python workers) is
+    sampled every ``sample_s`` seconds; the peak is on the result.
+    """
+    import threading
+    import time
 
     cmd, env = submit_command(settings, script, args, secret=secret)
-    return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=timeout_s)
+    started_at = time.time()
+    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(sample_s):
+            peak[0] = max(peak[0], session_rss_bytes(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\nspark-submit {script}: killed after {timeout_s:.0f} s"
+    finally:
+        done.set()
+        sampler.join()
+    result = Submitted(cmd, proc.returncode, out, err)
+    result.started_at, result.peak_rss_bytes = started_at, peak[0]
+    return result
+
+
+def session_rss_bytes(session_id: int) -> int:
+    """Resident memory of every process in a session (a job started with start_new_session)."""
+    page, total = os.sysconf("SC_PAGE_SIZE"), 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[3]) == session_id:  # fields after the name: state ppid pgrp session ... rss at [21]
+            total += int(fields[21]) * page
+    return total

@@ -1,14 +1,15 @@
-"""Helpers for batch tests: a throwaway pipeline (spec file, source table, topic) and its steps.
+"""One pipeline's batch steps run locally, for tests and benchmarks.
 
 The steps are the same code the DAG runs: tidemark.batch for plan/BEGIN/END and spark-submit
-of spark_jobs/extract_window.py and spark_jobs/batch_sink.py.
+of spark_jobs/extract_window.py and spark_jobs/batch_sink.py. ``make_pipeline`` makes a
+throwaway pipeline (spec file, source table, topic).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg2
@@ -16,7 +17,7 @@ import psycopg2
 from tidemark import batch
 from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
-from tidemark.stack.spark import submit
+from tidemark.stack.spark import Submitted, submit
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Pipeline:
     settings: Settings
     spec: PipelineSpec
     path: Path
+    jobs: list[Submitted] = field(default_factory=list)  # every spark-submit, in order (timings, memory)
 
     @property
     def source_table(self) -> str:
@@ -62,8 +64,7 @@ class Pipeline:
 
     def extract(self, plan: batch.Plan, attempt: int) -> dict:
         report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")
-        proc = submit(self.settings, "extract_window.py", self.extract_args(plan, attempt, report),
-                      secret=self.settings.pg_password)
+        proc = self._submit("extract_window.py", self.extract_args(plan, attempt, report))
         assert proc.returncode == 0, f"extract failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         return json.loads(report.read_text())
 
@@ -76,14 +77,19 @@ class Pipeline:
 
     def sink(self) -> dict:
         s = self.settings
-        proc = submit(s, "batch_sink.py", [
+        proc = self._submit("batch_sink.py", [
             "--jdbc-url", s.jdbc_url(WAREHOUSE_DB), "--user", s.pg_user, "--password-env", "TIDEMARK_JDBC_PASSWORD",
             "--spec", str(self.path), "--bootstrap", s.kafka_bootstrap, "--available-now",
-        ], secret=s.pg_password)
+        ])
         assert proc.returncode == 0, f"sink failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
         from tidemark.summary import parse_summaries
 
         return parse_summaries(proc.stdout)[-1]
+
+    def _submit(self, script: str, args: list[str]) -> Submitted:
+        proc = submit(self.settings, script, args, secret=self.settings.pg_password)
+        self.jobs.append(proc)
+        return proc
 
     def run(self, run_id: str, interval=None) -> tuple[batch.Plan, int]:
         """One whole batch, plan to commit; asserts it committed."""
