@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=2_000_000, help="ledger rows in the timed batch (even)")
     p.add_argument("--memory-rows", default="1000000,4000000",
                    help="comma-separated batch sizes at which to measure the sink's peak memory ('' skips)")
+    p.add_argument("--no-baselines", action="store_true", help="time Tidemark only (to profile it)")
     p.add_argument("--partitions", type=int, default=3, help="Kafka partitions of the benchmark pipeline")
     args = p.parse_args(argv)
     memory_rows = [int(n) for n in args.memory_rows.split(",") if n.strip()]
@@ -74,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         bank.seed(src)
         _load_source(src, args.rows)
         result = {"rows": args.rows, **_tidemark(pipe, src, wh, args.rows)}
-        window = result.pop("window")
-        where = predicate(pipe.spec, window)
-        result["copy_s"] = _copy_pipe(settings, _empty_target(src, wh, "copy"), where)
-        _check(src, wh, "copy", where, args.rows)
-        result.update(_spark_jdbc(settings, _empty_target(src, wh, "spark_jdbc"), where))
-        _check(src, wh, "spark_jdbc", where, args.rows)
-        result["ratio_vs_copy"] = round(result["tidemark_s"] / result["copy_s"], 2)
-        result["ratio_vs_spark_jdbc"] = round(result["tidemark_s"] / result["spark_jdbc_s"], 2)
+        where = predicate(pipe.spec, result.pop("window"))
+        if not args.no_baselines:
+            result["copy_s"] = _copy_pipe(settings, _empty_target(src, wh, "copy"), where)
+            _check(src, wh, "copy", where, args.rows)
+            result.update(_spark_jdbc(settings, _empty_target(src, wh, "spark_jdbc"), where))
+            _check(src, wh, "spark_jdbc", where, args.rows)
+            result["ratio_vs_copy"] = round(result["tidemark_s"] / result["copy_s"], 2)
+            result["ratio_vs_spark_jdbc"] = round(result["tidemark_s"] / result["spark_jdbc_s"], 2)
         result["sink_peak_mb"] = {str(args.rows): result.pop("sink_peak_mb")}
         for n in memory_rows:
             _load_source(src, n)
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes = sorted(result["sink_peak_mb"], key=int)
             result["sink_memory_growth"] = round(result["sink_peak_mb"][sizes[-1]] / result["sink_peak_mb"][sizes[0]], 2)
     finally:
+        _save_logs(settings, pipe)
         _clean(settings, src, wh, pipe)
         src.close()
         wh.close()
@@ -245,6 +247,14 @@ def _check(src, wh, contender: str, where: str, rows: int) -> None:
     actual = bank.source_totals(wh, f"{SCHEMAS[contender]}.ledger_entries", where=where)
     if expected != actual or expected.rows < rows:
         raise BenchError(f"{contender}: target {actual} differs from source window {expected} ({rows} rows loaded)")
+
+
+def _save_logs(settings: Settings, pipe: Pipeline) -> None:
+    """Each Spark job's output, to see where the time went."""
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    for i, job in enumerate(pipe.jobs):
+        script = next(Path(a).stem for a in job.args if a.endswith(".py"))
+        (settings.logs_dir / f"bench-{i:02d}-{script}.log").write_text(f"{job.stdout}\n{job.stderr}")
 
 
 def _clean(settings: Settings, src, wh, pipe: Pipeline) -> None:

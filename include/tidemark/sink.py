@@ -5,7 +5,8 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
 
 1. checks the sink still holds the newest fencing token (a zombie sink can never commit);
 2. handles BEGIN and ABORT in offset order (a newer attempt supersedes older ones);
-3. stages the data records of open attempts (COPY) and rejects records of unknown batches;
+3. stages the data records of open attempts (COPY into the attempt's own table, plus running
+   per-partition counts and checksums) and rejects records of unknown batches;
 4. records END messages; for every attempt whose END has arrived on all partitions, compares
    per-partition row counts and checksums with what was staged, then either applies the batch
    (merge into the target, ledger, watermark) or refuses it with expected and actual numbers;
@@ -18,11 +19,13 @@ only touched by step 4, inside the same transaction as the ledger row that says 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +38,12 @@ from tidemark.window import Bound, Window, predicate
 
 log = logging.getLogger("tidemark.sink")
 
-STAGE_COLUMNS = ("batch_id", "attempt", "partition", "kafka_offset", "row_hash", "key", "value")
+STAGE_SCHEMA = "tidemark_stage"
+
+
+def stage_table(batch_id: str, attempt: int) -> str:
+    """The table holding one attempt's records until it is applied: a name fit for any batch id."""
+    return f"{STAGE_SCHEMA}.s_{hashlib.sha1(f'{batch_id}#{attempt}'.encode()).hexdigest()[:24]}"
 
 
 class FencedError(RuntimeError):
@@ -96,6 +104,7 @@ class BatchSink:
         report = MicroBatchReport()
         if table.num_rows == 0:
             return report
+        started = time.monotonic()
         table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
         is_control = pc.is_valid(table["control"])
         controls = table.filter(is_control).to_pylist()
@@ -123,6 +132,10 @@ class BatchSink:
                 self._verify_and_apply(cur, batch_id, attempt, report)
             self._record_rejects(cur, report)
             self._store_offsets(cur, table)
+        log.info("pipeline=%s micro-batch of %s records (%s control): staged %s, discarded %s, rejected %s, "
+                 "committed %s, refused %s in %.1f s", self.spec.name, table.num_rows, len(controls), report.staged,
+                 report.discarded, report.rejected, report.committed or "-", report.refused or "-",
+                 time.monotonic() - started)
         return report
 
     def _check_fence(self, cur) -> None:
@@ -180,9 +193,8 @@ class BatchSink:
         for old in record_attempt(cur, msg.batch_id, msg.attempt):
             log.warning("pipeline=%s batch=%s attempt=%s superseded by attempt %s: its staged records are discarded",
                         msg.pipeline, msg.batch_id, old, msg.attempt)
-        cur.execute(
-            "DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt < %s", (msg.batch_id, msg.attempt)
-        )
+        for older in range(1, msg.attempt):
+            self._drop_stage(cur, msg.batch_id, older)
 
     def _abort(self, cur, msg: ControlMessage) -> None:
         cur.execute(
@@ -191,7 +203,7 @@ class BatchSink:
             (f"aborted by producer: {msg.reason or 'no reason given'}", msg.batch_id, msg.attempt),
         )
         if cur.rowcount:
-            cur.execute("DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt = %s", (msg.batch_id, msg.attempt))
+            self._drop_stage(cur, msg.batch_id, msg.attempt)
             cur.execute(
                 "UPDATE tidemark_control.batches SET state = 'aborted', message = %s, updated_at = clock_timestamp() "
                 "WHERE batch_id = %s AND attempt = %s",
@@ -201,45 +213,65 @@ class BatchSink:
                         msg.pipeline, msg.batch_id, msg.attempt, msg.reason)
 
     def _stage(self, cur, data, report: MicroBatchReport) -> None:
-        """COPY records in, then drop those of attempts that are not open, rejecting unknown ones."""
+        """COPY the records of open attempts into their stage tables, adding to their running totals;
+        discard those of finished attempts; reject those of unknown batches."""
+        import pyarrow.compute as pc
+
+        attempts = data.group_by(["batch_id", "attempt"]).aggregate([]).to_pylist()
+        for a in attempts:
+            batch_id, attempt = a["batch_id"], a["attempt"]
+            if batch_id is None or attempt is None:
+                mine = data.filter(pc.or_(pc.is_null(data["batch_id"]), pc.is_null(data["attempt"])))
+                state, why = None, "record without valid batch headers"
+            else:
+                mine = data.filter(pc.and_(pc.equal(data["batch_id"], batch_id), pc.equal(data["attempt"], attempt)))
+                cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
+                            (batch_id, attempt))
+                row = cur.fetchone()
+                state = row[0] if row else None
+                why = f"record for unknown batch {batch_id} attempt {attempt} (no BEGIN seen)"
+            if state in ("open", "sealed"):
+                self._copy_in(cur, batch_id, attempt, mine)
+                report.staged += mine.num_rows
+            elif state is None:
+                for rec in mine.select(["partition", "offset", "batch_id", "attempt", "value"]).to_pylist():
+                    self._reject(report, rec, why)
+            else:
+                report.discarded += mine.num_rows
+                log.info("pipeline=%s batch=%s attempt=%s: %s record(s) of a %s attempt discarded",
+                         self.spec.name, batch_id, attempt, mine.num_rows, state)
+
+    def _copy_in(self, cur, batch_id: str, attempt: int, records) -> None:
         import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
-        staged = pa.table({
-            "batch_id": data["batch_id"], "attempt": data["attempt"], "partition": data["partition"],
-            "kafka_offset": data["offset"], "row_hash": data["row_hash"], "key": data["key"], "value": data["value"],
-        })
+        stage = quote(stage_table(batch_id, attempt))
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text)")
         buf = io.BytesIO()
-        pacsv.write_csv(staged, buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+        pacsv.write_csv(pa.table({"value": records["value"]}), buf,
+                        pacsv.WriteOptions(include_header=False, quoting_style="needed"))
         buf.seek(0)
-        cur.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS incoming (LIKE tidemark_control.staged) ON COMMIT DELETE ROWS;"
-            "ALTER TABLE incoming ALTER COLUMN batch_id DROP NOT NULL, ALTER COLUMN attempt DROP NOT NULL"
-        )
-        cur.copy_expert(f"COPY incoming ({', '.join(STAGE_COLUMNS)}) FROM STDIN WITH (FORMAT csv)", buf)
-        # Only records of an attempt that is open (or sealed, awaiting its END) are staged.
-        cur.execute(
-            """INSERT INTO tidemark_control.staged SELECT i.* FROM incoming i
-                 JOIN tidemark_control.batch_attempts a USING (batch_id, attempt) WHERE a.state IN ('open', 'sealed')"""
-        )
-        staged_now = cur.rowcount
-        report.staged += staged_now
-        cur.execute(
-            """SELECT i.batch_id, i.attempt, i.partition, i.kafka_offset, i.value FROM incoming i
-                WHERE NOT EXISTS (SELECT 1 FROM tidemark_control.batch_attempts a
-                                   WHERE a.batch_id = i.batch_id AND a.attempt = i.attempt)"""
-        )
-        unknown = cur.fetchall()
-        for batch_id, attempt, partition, offset, value in unknown:
-            rec = {"partition": partition, "offset": offset, "batch_id": batch_id, "attempt": attempt, "value": value}
-            why = ("record without valid batch headers" if batch_id is None or attempt is None
-                   else f"record for unknown batch {batch_id} attempt {attempt} (no BEGIN seen)")
-            self._reject(report, rec, why)
-        discarded = data.num_rows - staged_now - len(unknown)
-        report.discarded += discarded
-        if discarded:
-            log.info("pipeline=%s %s record(s) of superseded, aborted or finished attempts discarded",
-                     self.spec.name, discarded)
+        cur.copy_expert(f"COPY {stage} (value) FROM STDIN WITH (FORMAT csv)", buf)
+        # Exact sums of 64-bit hashes from int64 arithmetic: high and low 32-bit halves apart.
+        halves = pa.table({
+            "partition": records["partition"],
+            "high": pc.shift_right(records["row_hash"], 32),
+            "low": pc.bit_wise_and(records["row_hash"], pa.scalar(0xFFFFFFFF, pa.int64())),
+        })
+        totals = halves.group_by("partition").aggregate([("high", "count"), ("high", "sum"), ("low", "sum")])
+        for t in totals.to_pylist():
+            cur.execute(
+                """INSERT INTO tidemark_control.staged_totals (batch_id, attempt, partition, rows, checksum)
+                   VALUES (%s, %s, %s, %s, %s)
+                   ON CONFLICT (batch_id, attempt, partition) DO UPDATE
+                      SET rows = staged_totals.rows + EXCLUDED.rows, checksum = staged_totals.checksum + EXCLUDED.checksum""",
+                (batch_id, attempt, t["partition"], t["high_count"], (t["high_sum"] << 32) + t["low_sum"]),
+            )
+
+    def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
+        cur.execute(f"DROP TABLE IF EXISTS {quote(stage_table(batch_id, attempt))}")
+        cur.execute("DELETE FROM tidemark_control.staged_totals WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
 
     def _end(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> bool:
         """Record an END; True when the attempt now has END on every partition and is open."""
@@ -294,7 +326,7 @@ class BatchSink:
             "WHERE batch_id = %s AND attempt = %s",
             (message, batch_id, attempt),
         )
-        cur.execute("DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+        self._drop_stage(cur, batch_id, attempt)
         report.refused.append(f"{batch_id}#{attempt}")
         log.error("pipeline=%s %s", self.spec.name, message)
 
@@ -305,8 +337,7 @@ class BatchSink:
         )
         expected = {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
         cur.execute(
-            """SELECT partition, count(*), coalesce(sum(row_hash::numeric), 0) FROM tidemark_control.staged
-                WHERE batch_id = %s AND attempt = %s GROUP BY partition""",
+            "SELECT partition, rows, checksum FROM tidemark_control.staged_totals WHERE batch_id = %s AND attempt = %s",
             (batch_id, attempt),
         )
         actual = {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
@@ -326,9 +357,10 @@ class BatchSink:
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
         cur.execute("SAVEPOINT merge")
+        merge_started = time.monotonic()
         try:
             applied = self._merge(cur, batch_id, attempt, window)
-        except psycopg2.DataError as exc:  # a value the target cannot take: refuse, do not crash-loop
+        except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
             self._refuse(cur, batch_id, attempt, report,
                          f"the target {self.spec.target_table} rejected a record: {str(exc).strip()}")
@@ -345,11 +377,12 @@ class BatchSink:
             (attempt, rows, checksum, batch_id),
         )
         moved = self._advance_watermark(cur, batch_id, window)
-        cur.execute("DELETE FROM tidemark_control.staged WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+        self._drop_stage(cur, batch_id, attempt)
         report.committed.append(f"{batch_id}#{attempt}")
         log.info(
-            "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s) checksum=%s watermark %s",
-            self.spec.name, batch_id, attempt, window, rows, applied, checksum,
+            "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s in %.1f s) "
+            "checksum=%s watermark %s", self.spec.name, batch_id, attempt, window, rows, applied,
+            time.monotonic() - merge_started, checksum,
             f"-> {window.hi}" if moved else "unchanged (backfill or older window)",
         )
 
@@ -369,27 +402,28 @@ class BatchSink:
     def _merge(self, cur, batch_id: str, attempt: int, window: Window) -> int:
         spec = self.spec
         target = quote(spec.target_table)
-        cols = [quote(c) for c in self.target_columns(cur)]
+        cols = ", ".join(quote(c) for c in self.target_columns(cur))
         pk = ", ".join(quote(c) for c in spec.primary_key)
         cursor_col = quote(spec.cursor.column)
+        # json, not jsonb: parsing straight into the record is about twice as fast
+        records = (f"SELECT r.* FROM {quote(stage_table(batch_id, attempt))} s, "
+                   f"LATERAL json_populate_record(NULL::{target}, s.value::json) r")
         if spec.write_mode == "append_window_replace":
+            # The window's rows are replaced whole. A key that is already there (outside the window,
+            # or twice in the batch) is not append-only data: the insert fails and the batch is refused.
             cur.execute(f"DELETE FROM {target} WHERE {predicate(spec, window)}")
-        non_key = [c for c in cols if c.strip('"') not in spec.primary_key]
+            cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
+            return cur.rowcount
+        non_key = [quote(c) for c in self.target_columns(cur) if c not in spec.primary_key]
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in non_key)
         conflict = (
             f"DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}" if updates else "DO NOTHING"
         )
         # The newest version of each key wins; an older version never replaces a newer one.
         cur.execute(
-            f"""INSERT INTO {target} ({', '.join(cols)})
-                SELECT {', '.join(cols)} FROM (
-                    SELECT DISTINCT ON ({pk}) r.*
-                      FROM tidemark_control.staged s,
-                           LATERAL jsonb_populate_record(NULL::{target}, s.value::jsonb) r
-                     WHERE s.batch_id = %s AND s.attempt = %s
-                     ORDER BY {pk}, r.{cursor_col} DESC) latest
-                ON CONFLICT ({pk}) {conflict}""",
-            (batch_id, attempt),
+            f"""INSERT INTO {target} ({cols})
+                SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) * FROM ({records}) batch ORDER BY {pk}, {cursor_col} DESC) latest
+                ON CONFLICT ({pk}) {conflict}"""
         )
         return cur.rowcount
 

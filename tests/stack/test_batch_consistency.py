@@ -14,7 +14,6 @@ import psycopg2
 import pytest
 
 from tidemark.settings import SOURCE_DB
-
 from tidemark.stack.batchrun import make_pipeline
 
 DDL = """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from tidemark.demo import run_dag
-
 from tidemark.stack.batchrun import make_pipeline
 
 DDL = "CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"

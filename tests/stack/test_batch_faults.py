@@ -14,9 +14,9 @@ from confluent_kafka import Consumer, TopicPartition
 from tidemark import control
 from tidemark.batch import BatchFailed, commit_state
 from tidemark.kafka_io import end_offsets
-from tidemark.stack.spark import submit_command
-
+from tidemark.sink import stage_table
 from tidemark.stack.batchrun import make_pipeline
+from tidemark.stack.spark import submit_command
 
 DDL = """
 CREATE TABLE {table} (
@@ -72,7 +72,9 @@ def test_killed_extract_leaves_nothing_and_the_retry_applies_once(settings, tmp_
     assert pipe.state(plan.batch_id, attempt1) == "superseded"
     assert target_count(pipe) == 400_000
     assert summary["staged"] == 400_000
-    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged WHERE batch_id = %s", (plan.batch_id,))[0][0] == 0
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged_totals WHERE batch_id = %s", (plan.batch_id,))[0][0] == 0
+    for attempt in (attempt1, attempt2):  # both attempts' stage tables are gone
+        assert pipe.query_wh("SELECT to_regclass(%s)", (stage_table(plan.batch_id, attempt),))[0][0] is None
     source_sum = pipe.rows("source", "amount")
     assert sum(v[0] for v in source_sum.values()) == pipe.query_wh(
         f"SELECT sum(amount) FROM {pipe.spec.target_table}")[0][0]

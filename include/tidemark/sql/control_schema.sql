@@ -62,17 +62,17 @@ CREATE TABLE IF NOT EXISTS tidemark_control.batch_ends (
     PRIMARY KEY (batch_id, attempt, partition)
 );
 
--- Records of open attempts, staged until the attempt is complete and verified.
-CREATE TABLE IF NOT EXISTS tidemark_control.staged (
-    batch_id      text NOT NULL,
-    attempt       integer NOT NULL,
-    partition     integer NOT NULL,
-    kafka_offset  bigint NOT NULL,
-    row_hash      bigint NOT NULL,              -- xxhash64(key, value), as the extract hashed it
-    key           text,
-    value         text
+-- Records of open attempts wait in one table per attempt, tidemark_stage.s_<hash> (value text),
+-- dropped once the attempt is applied, refused, aborted or superseded. Their running totals:
+CREATE SCHEMA IF NOT EXISTS tidemark_stage;
+CREATE TABLE IF NOT EXISTS tidemark_control.staged_totals (
+    batch_id   text NOT NULL,
+    attempt    integer NOT NULL,
+    partition  integer NOT NULL,
+    rows       bigint NOT NULL,
+    checksum   numeric NOT NULL,               -- sum of xxhash64(key, value), as the extract hashed it
+    PRIMARY KEY (batch_id, attempt, partition)
 );
-CREATE INDEX IF NOT EXISTS staged_attempt ON tidemark_control.staged (batch_id, attempt);
 
 -- Sink fencing: each start takes the next token; only the holder of the latest may commit.
 CREATE TABLE IF NOT EXISTS tidemark_control.sink_fences (
