@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -35,17 +37,18 @@ from pathlib import Path
 import psycopg2
 
 from tidemark import bank
-from tidemark.kafka_io import delete_topic
+from tidemark.kafka_io import delete_topic, ensure_topic
 from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.ledger import ensure_target
 from tidemark.spec import PipelineSpec, load_spec, quote
 from tidemark.stack.batchrun import Pipeline
-from tidemark.stack.spark import Submitted, submit
+from tidemark.stack.spark import Submitted, session_rss_bytes, submit, submit_command
 from tidemark.summary import parse_summaries
 from tidemark.window import predicate
 
 BENCH = Path(__file__).resolve().parent
-SCHEMAS = {"tidemark": "bench_tidemark", "copy": "bench_copy", "spark_jdbc": "bench_spark_jdbc"}
+SCHEMAS = {"tidemark": "bench_tidemark", "standing": "bench_tidemark_standing", "copy": "bench_copy",
+           "spark_jdbc": "bench_spark_jdbc"}
 MB = 1024 * 1024
 
 
@@ -69,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = Settings.from_env()
     src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
-    pipe = _pipeline(settings, args.partitions)
+    pipe = _pipeline(settings, args.partitions, "tidemark")
+    standing = _pipeline(settings, args.partitions, "standing")
     try:
         _reset(src, wh)
         bank.seed(src)
         _load_source(src, args.rows)
         result = {"rows": args.rows, **_tidemark(pipe, src, wh, args.rows)}
         where = predicate(pipe.spec, result.pop("window"))
+        result.update(_standing_sink(settings, standing, src, wh, args.rows))
         if not args.no_baselines:
             result["copy_s"] = _copy_pipe(settings, _empty_target(src, wh, "copy"), where)
             _check(src, wh, "copy", where, args.rows)
@@ -83,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             _check(src, wh, "spark_jdbc", where, args.rows)
             result["ratio_vs_copy"] = round(result["tidemark_s"] / result["copy_s"], 2)
             result["ratio_vs_spark_jdbc"] = round(result["tidemark_s"] / result["spark_jdbc_s"], 2)
+            result["standing_sink_ratio_vs_copy"] = round(result["tidemark_standing_sink_s"] / result["copy_s"], 2)
+            result["standing_sink_ratio_vs_spark_jdbc"] = round(
+                result["tidemark_standing_sink_s"] / result["spark_jdbc_s"], 2)
         result["sink_peak_mb"] = {str(args.rows): result.pop("sink_peak_mb")}
         for n in memory_rows:
             _load_source(src, n)
@@ -95,20 +103,20 @@ def main(argv: list[str] | None = None) -> int:
             result["sink_memory_growth"] = round(result["sink_peak_mb"][sizes[-1]] / result["sink_peak_mb"][sizes[0]], 2)
     finally:
         _save_logs(settings, pipe)
-        _clean(settings, src, wh, pipe)
+        _clean(settings, src, wh, pipe, standing)
         src.close()
         wh.close()
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0
 
 
-def _pipeline(settings: Settings, partitions: int) -> Pipeline:
+def _pipeline(settings: Settings, partitions: int, contender: str) -> Pipeline:
     """A fresh pipeline over the demo ledger (its own name, so its own topic and watermark)."""
     name = f"bench_ledger_{uuid.uuid4().hex[:8]}"
     spec = {
         "name": name, "table": f"{bank.SCHEMA}.ledger_entries", "primary_key": ["entry_id"],
         "cursor": {"kind": "timestamp", "column": "created_at"}, "safe_lag": "PT0S",
-        "target_table": f"{SCHEMAS['tidemark']}.ledger_entries", "write_mode": "append_window_replace",
+        "target_table": f"{SCHEMAS[contender]}.ledger_entries", "write_mode": "append_window_replace",
         "partitions": partitions,
     }
     path = settings.state_dir / "bench" / f"{name}.yaml"
@@ -178,6 +186,53 @@ def _tidemark(pipe: Pipeline, src, wh, rows: int) -> dict:
         "sink_peak_mb": round(sink.peak_rss_bytes / MB),
         "extract_peak_mb": round(extract.peak_rss_bytes / MB),
     }
+
+
+def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> dict:
+    """The same batch with the sink already running, as the streaming supervisor will keep it: the
+    sink stages records while the extract writes them, and only the merge follows END."""
+    ensure_topic(settings.kafka_bootstrap, pipe.spec.topic, pipe.spec.partitions)
+    log_path = settings.logs_dir / "bench-standing-sink.log"
+    cmd, env = submit_command(settings, "batch_sink.py", pipe.sink_args(available_now=False), secret=settings.pg_password)
+    with open(log_path, "w") as log_file:
+        sink = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], session_rss_bytes(sink.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(s.get("step") == "sink-started" for s in parse_summaries(log_path.read_text(errors="replace"))):
+            if sink.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"the standing sink did not start; see {log_path}")
+            time.sleep(0.2)
+        t0 = time.time()
+        plan = pipe.plan("bench-standing")
+        attempt = pipe.begin(plan)
+        pipe.end(plan, attempt, pipe.extract(plan, attempt))
+        while (state := pipe.state(plan.batch_id, attempt)) not in ("committed", "refused"):
+            if sink.poll() is not None or time.time() - t0 > 1800:
+                raise BenchError(f"standing sink: batch {plan.batch_id} still {state}; see {log_path}")
+            time.sleep(0.1)
+        t1 = time.time()
+    finally:
+        os.killpg(sink.pid, signal.SIGTERM)  # its state is in the warehouse: stopping it loses nothing
+        sink.wait(60)
+        done.set()
+        sampler.join()
+    if state != "committed":
+        raise BenchError(f"standing sink: batch {plan.batch_id} {state}: {pipe.ledger(plan.batch_id)}")
+    _check(src, wh, "standing", predicate(pipe.spec, plan.window), rows)
+    extract = pipe.jobs[-1]
+    startup = _ready_at(extract) - extract.started_at
+    seconds = (t1 - t0) - startup
+    say(f"tidemark with a standing sink: {rows} rows committed in {seconds:.1f} s + {startup:.1f} s extract JVM start-up; "
+        f"sink peak memory {peak[0] / MB:.0f} MB")
+    return {"tidemark_standing_sink_s": round(seconds, 2), "standing_sink_peak_mb": round(peak[0] / MB)}
 
 
 def _empty_target(src, wh, contender: str) -> str:
@@ -257,12 +312,13 @@ def _save_logs(settings: Settings, pipe: Pipeline) -> None:
         (settings.logs_dir / f"bench-{i:02d}-{script}.log").write_text(f"{job.stdout}\n{job.stderr}")
 
 
-def _clean(settings: Settings, src, wh, pipe: Pipeline) -> None:
+def _clean(settings: Settings, src, wh, *pipes: Pipeline) -> None:
     src.rollback()
     wh.rollback()
     _reset(src, wh)
-    delete_topic(settings.kafka_bootstrap, pipe.spec.topic)
-    pipe.path.unlink(missing_ok=True)
+    for pipe in pipes:
+        delete_topic(settings.kafka_bootstrap, pipe.spec.topic)
+        pipe.path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,9 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
             writer = records.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)
             writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="2 seconds")
-            writer.start().awaitTermination()
+            query = writer.start()
+            print(summary_line("sink-started", pipeline=spec.name, offsets=starting), flush=True)
+            query.awaitTermination()
         print(summary_line("sink", pipeline=spec.name, **totals), flush=True)
     finally:
         spark.stop()

@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
             F.xxhash64("key", "value").alias("row_hash"),
         )
         # Read the source once: the totals and the Kafka write see the very same rows.
-        records = records.persist(StorageLevel.DISK_ONLY)
+        records = records.persist(StorageLevel.MEMORY_AND_DISK_DESER)
         # Exact 64-bit hash sums in plain longs: high and low 32-bit halves summed apart (a decimal
         # sum costs several times more).
         per_partition = records.groupBy("partition").agg(

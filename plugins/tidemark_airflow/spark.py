@@ -9,7 +9,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Connection
 
-from tidemark.settings import CONN_SPARK, REPO_ROOT
+from tidemark.settings import CONN_SPARK, REPO_ROOT, SPARK_DRIVER_MEMORY
 
 PASSWORD_ENV = "TIDEMARK_JDBC_PASSWORD"
 
@@ -28,6 +28,7 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
 
     def __init__(self, *, script: str, jdbc_conn_id: str, job_args: Sequence[str] = (), **kwargs: Any):
         kwargs.setdefault("conn_id", CONN_SPARK)
+        kwargs.setdefault("driver_memory", SPARK_DRIVER_MEMORY)
         kwargs.setdefault("name", f"tidemark-{script.removesuffix('.py')}")
         super().__init__(application=str(REPO_ROOT / "spark_jobs" / script), **kwargs)
         self.jdbc_conn_id = jdbc_conn_id

@@ -75,12 +75,15 @@ class Pipeline:
         finally:
             wh.close()
 
-    def sink(self) -> dict:
+    def sink_args(self, *, available_now: bool = True) -> list[str]:
         s = self.settings
-        proc = self._submit("batch_sink.py", [
+        return [
             "--jdbc-url", s.jdbc_url(WAREHOUSE_DB), "--user", s.pg_user, "--password-env", "TIDEMARK_JDBC_PASSWORD",
-            "--spec", str(self.path), "--bootstrap", s.kafka_bootstrap, "--available-now",
-        ])
+            "--spec", str(self.path), "--bootstrap", s.kafka_bootstrap, *(["--available-now"] if available_now else []),
+        ]
+
+    def sink(self) -> dict:
+        proc = self._submit("batch_sink.py", self.sink_args())
         assert proc.returncode == 0, f"sink failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
         from tidemark.summary import parse_summaries
 

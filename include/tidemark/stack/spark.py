@@ -9,7 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tidemark.settings import REPO_ROOT, Settings
+from tidemark.settings import REPO_ROOT, SPARK_DRIVER_MEMORY, Settings
 from tidemark.stack.maven import artifact_name, resolve
 from tidemark.stack.proc import StackError, run, say
 
@@ -73,7 +73,7 @@ def submit_command(settings: Settings, script: str | Path, args: list[str], *, s
     cmd = [
         str(settings.venv / "bin" / "spark-submit"), "--master", settings.spark_master,
         "--jars", ",".join(str(j) for j in settings.spark_jars()),
-        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4", "--driver-memory", SPARK_DRIVER_MEMORY,
         str(REPO_ROOT / "spark_jobs" / script), *args,
     ]
     return cmd, env
