@@ -83,6 +83,38 @@ def _prove(settings: Settings) -> list[str]:
     return lines
 
 
+def _start_afresh(settings: Settings) -> None:
+    """Every demo tells the same story from the first night: an empty core-banking source, and no
+    target, ledger, offsets or topic of the demo pipelines (the benchmark also reuses the source)."""
+    import psycopg2
+
+    from tidemark import bank
+    from tidemark.kafka_io import delete_topic
+    from tidemark.ledger import ensure_control_schema
+    from tidemark.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
+    from tidemark.spec import load_spec, quote
+
+    src = psycopg2.connect(settings.dsn(SOURCE_DB))
+    wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    try:
+        bank.reset(src)
+        with wh, wh.cursor() as cur:
+            ensure_control_schema(cur)
+            for name in PIPELINES:
+                spec = load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml")
+                cur.execute(f"DROP TABLE IF EXISTS {quote(spec.target_table)}")
+                prefix = f"{name}:"
+                for table in ("batch_ends", "staged_totals", "batch_attempts", "batches"):
+                    cur.execute(f"DELETE FROM tidemark_control.{table} WHERE starts_with(batch_id, %s)", (prefix,))
+                cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (name,))
+                for table in ("sink_offsets", "sink_fences"):
+                    cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (f"batch-sink.{name}",))
+                delete_topic(settings.kafka_bootstrap, spec.topic)
+    finally:
+        src.close()
+        wh.close()
+
+
 def main() -> int:
     import psycopg2
 
@@ -91,8 +123,8 @@ def main() -> int:
 
     settings = Settings.from_env()
     dsn = settings.dsn(SOURCE_DB)
+    _start_afresh(settings)
     conn = psycopg2.connect(dsn)
-    bank.create_schema(conn)
     seeded = bank.seed(conn)
     bank.post_transfers(conn, 200, rng=__import__("random").Random(1))
     conn.close()

@@ -246,8 +246,7 @@ class BatchSink:
         import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
-        stage = quote(stage_table(batch_id, attempt))
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text)")
+        stage = self._ensure_stage(cur, batch_id, attempt)
         buf = io.BytesIO()
         pacsv.write_csv(pa.table({"value": records["value"]}), buf,
                         pacsv.WriteOptions(include_header=False, quoting_style="needed"))
@@ -268,6 +267,11 @@ class BatchSink:
                       SET rows = staged_totals.rows + EXCLUDED.rows, checksum = staged_totals.checksum + EXCLUDED.checksum""",
                 (batch_id, attempt, t["partition"], t["high_count"], (t["high_sum"] << 32) + t["low_sum"]),
             )
+
+    def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:
+        stage = quote(stage_table(batch_id, attempt))
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text)")
+        return stage
 
     def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
         cur.execute(f"DROP TABLE IF EXISTS {quote(stage_table(batch_id, attempt))}")
@@ -406,7 +410,8 @@ class BatchSink:
         pk = ", ".join(quote(c) for c in spec.primary_key)
         cursor_col = quote(spec.cursor.column)
         # json, not jsonb: parsing straight into the record is about twice as fast
-        records = (f"SELECT r.* FROM {quote(stage_table(batch_id, attempt))} s, "
+        # An empty window sends no records, so its stage table may not exist yet.
+        records = (f"SELECT r.* FROM {self._ensure_stage(cur, batch_id, attempt)} s, "
                    f"LATERAL json_populate_record(NULL::{target}, s.value::json) r")
         if spec.write_mode == "append_window_replace":
             # The window's rows are replaced whole. A key that is already there (outside the window,
