@@ -42,7 +42,7 @@ from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.ledger import ensure_target
 from tidemark.spec import PipelineSpec, load_spec, quote
 from tidemark.stack.batchrun import Pipeline
-from tidemark.stack.spark import Submitted, session_rss_bytes, submit, submit_command
+from tidemark.stack.spark import PeakRss, Submitted, submit, submit_command
 from tidemark.summary import parse_summaries
 from tidemark.window import predicate
 
@@ -196,34 +196,25 @@ def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> di
     cmd, env = submit_command(settings, "batch_sink.py", pipe.sink_args(available_now=False), secret=settings.pg_password)
     with open(log_path, "w") as log_file:
         sink = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    peak, done = [0], threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.2):
-            peak[0] = max(peak[0], session_rss_bytes(sink.pid))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any(s.get("step") == "sink-started" for s in parse_summaries(log_path.read_text(errors="replace"))):
-            if sink.poll() is not None or time.monotonic() > deadline:
-                raise BenchError(f"the standing sink did not start; see {log_path}")
-            time.sleep(0.2)
-        t0 = time.time()
-        plan = pipe.plan("bench-standing")
-        attempt = pipe.begin(plan)
-        pipe.end(plan, attempt, pipe.extract(plan, attempt))
-        while (state := pipe.state(plan.batch_id, attempt)) not in ("committed", "refused"):
-            if sink.poll() is not None or time.time() - t0 > 1800:
-                raise BenchError(f"standing sink: batch {plan.batch_id} still {state}; see {log_path}")
-            time.sleep(0.1)
-        t1 = time.time()
-    finally:
-        os.killpg(sink.pid, signal.SIGTERM)  # its state is in the warehouse: stopping it loses nothing
-        sink.wait(60)
-        done.set()
-        sampler.join()
+    with PeakRss(sink.pid) as memory:
+        try:
+            deadline = time.monotonic() + 120
+            while not any(s.get("step") == "sink-started" for s in parse_summaries(log_path.read_text(errors="replace"))):
+                if sink.poll() is not None or time.monotonic() > deadline:
+                    raise BenchError(f"the standing sink did not start; see {log_path}")
+                time.sleep(0.2)
+            t0 = time.time()
+            plan = pipe.plan("bench-standing")
+            attempt = pipe.begin(plan)
+            pipe.end(plan, attempt, pipe.extract(plan, attempt))
+            while (state := pipe.state(plan.batch_id, attempt)) not in ("committed", "refused"):
+                if sink.poll() is not None or time.time() - t0 > 1800:
+                    raise BenchError(f"standing sink: batch {plan.batch_id} still {state}; see {log_path}")
+                time.sleep(0.1)
+            t1 = time.time()
+        finally:
+            os.killpg(sink.pid, signal.SIGTERM)  # its state is in the warehouse: stopping it loses nothing
+            sink.wait(60)
     if state != "committed":
         raise BenchError(f"standing sink: batch {plan.batch_id} {state}: {pipe.ledger(plan.batch_id)}")
     _check(src, wh, "standing", predicate(pipe.spec, plan.window), rows)
@@ -231,8 +222,8 @@ def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> di
     startup = _ready_at(extract) - extract.started_at
     seconds = (t1 - t0) - startup
     say(f"tidemark with a standing sink: {rows} rows committed in {seconds:.1f} s + {startup:.1f} s extract JVM start-up; "
-        f"sink peak memory {peak[0] / MB:.0f} MB")
-    return {"tidemark_standing_sink_s": round(seconds, 2), "standing_sink_peak_mb": round(peak[0] / MB)}
+        f"sink peak memory {memory.peak_bytes / MB:.0f} MB")
+    return {"tidemark_standing_sink_s": round(seconds, 2), "standing_sink_peak_mb": round(memory.peak_bytes / MB)}
 
 
 def _empty_target(src, wh, contender: str) -> str:

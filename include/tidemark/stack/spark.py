@@ -93,33 +93,45 @@ def submit(settings: Settings, script: str | Path, args: list[str], *, secret: s
     While it runs, the resident memory of its whole process tree (JVM and Python workers) is
     sampled every ``sample_s`` seconds; the peak is on the result.
     """
-    import threading
     import time
 
     cmd, env = submit_command(settings, script, args, secret=secret)
     started_at = time.time()
     proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    peak, done = [0], threading.Event()
-
-    def sample() -> None:
-        while not done.wait(sample_s):
-            peak[0] = max(peak[0], session_rss_bytes(proc.pid))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\nspark-submit {script}: killed after {timeout_s:.0f} s"
-    finally:
-        done.set()
-        sampler.join()
+    with PeakRss(proc.pid, sample_s) as memory:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            err += f"\nspark-submit {script}: killed after {timeout_s:.0f} s"
     result = Submitted(cmd, proc.returncode, out, err)
-    result.started_at, result.peak_rss_bytes = started_at, peak[0]
+    result.started_at, result.peak_rss_bytes = started_at, memory.peak_bytes
     return result
+
+
+class PeakRss:
+    """Within ``with``: samples the resident memory of a session's processes; keeps the peak."""
+
+    def __init__(self, session_id: int, sample_s: float = 0.2):
+        import threading
+
+        self.session_id, self.sample_s, self.peak_bytes = session_id, sample_s, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.wait(self.sample_s):
+            self.peak_bytes = max(self.peak_bytes, session_rss_bytes(self.session_id))
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def session_rss_bytes(session_id: int) -> int:
