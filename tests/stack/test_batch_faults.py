@@ -173,3 +173,16 @@ def test_backfill_reloads_an_interval_without_moving_the_watermark(settings, tmp
     pipe.run("backfill-2", interval=interval)  # the same interval again: nothing changes
     assert pipe.rows("target", "amount, updated_at") == snapshot == pipe.rows("source", "amount, updated_at")
     assert pipe.watermark() == watermark
+
+
+def test_an_empty_window_commits_zero_rows_and_the_next_batch_follows(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, DDL, write_mode="append_window_replace")
+    empty, attempt = pipe.run("nightly-empty")  # nothing in the source yet: no record, only BEGIN and END
+    assert pipe.ledger(empty.batch_id) == [(attempt, "committed", 0, None)]
+    assert target_count(pipe) == 0  # the target was created from the source's columns, and is empty
+    assert pipe.query_wh("SELECT to_regclass(%s)", (stage_table(empty.batch_id, attempt),))[0][0] is None
+    assert pipe.watermark() is not None
+
+    insert(pipe, 1, 50)
+    pipe.run("nightly-next")
+    assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")
