@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from pyspark import StorageLevel
+    from pyspark import cloudpickle
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType
 
@@ -46,6 +46,7 @@ def main(argv: list[str]) -> int:
     from tidemark.kafka_io import end_offsets
     from tidemark.sparkjob import JSON_OPTIONS, JobError, password, session
     from tidemark.spec import load_spec, quote
+    from tidemark import totals
     from tidemark.summary import summary_line
     from tidemark.window import Window, predicate, split_predicates
 
@@ -79,23 +80,25 @@ def main(argv: list[str]) -> int:
             F.expr(f"kafka_partition(key, {spec.partitions})").alias("partition"),
             F.xxhash64("key", "value").alias("row_hash"),
         )
-        # Read the source once: the totals and the Kafka write see the very same rows.
-        records = records.persist(StorageLevel.MEMORY_AND_DISK_DESER)
-        # Exact 64-bit hash sums in plain longs: high and low 32-bit halves summed apart (a decimal
-        # sum costs several times more).
-        per_partition = records.groupBy("partition").agg(
-            F.count(F.lit(1)).alias("rows"), F.sum(F.shiftright("row_hash", 32)).alias("high"),
-            F.sum(F.col("row_hash").bitwiseAND(0xFFFFFFFF)).alias("low"),
-            F.min("_cursor").alias("lo"), F.max("_cursor").alias("hi"),
-        ).collect()
-        read_s = time.monotonic() - started
         headers = F.array(
             F.struct(F.lit(HEADER_BATCH).alias("key"), F.lit(args.batch_id).cast("binary").alias("value")),
             F.struct(F.lit(HEADER_ATTEMPT).alias("key"), F.lit(str(args.attempt)).cast("binary").alias("value")),
         )
+        # One pass: each Arrow batch adds to the totals on its way to Kafka, so the totals describe
+        # exactly the records written, the source is read once, and nothing is held in memory.
+        # Each task's update counts once (result stage, spark.task.maxFailures=1).
+        cloudpickle.register_pickle_by_value(totals)  # executors need no tidemark installed
+        tally = spark.sparkContext.accumulator({}, totals.TotalsParam())
+
+        def count_on_the_way(batches):
+            for b in batches:
+                tally.add(totals.arrow_totals(b, cursor="_cursor"))
+                yield b.select(["key", "value", "partition"])
+
         before = end_offsets(args.bootstrap, spec.topic)
         (
-            records.select("key", "value", "partition", headers.alias("headers"))
+            records.mapInArrow(count_on_the_way, "key string, value string, partition int")
+            .withColumn("headers", headers)
             .write.format("kafka")
             .option("kafka.bootstrap.servers", args.bootstrap)
             .option("kafka.enable.idempotence", "true")
@@ -105,15 +108,15 @@ def main(argv: list[str]) -> int:
             .option("topic", spec.topic)
             .save()
         )
-        records.unpersist()
-        write_s = time.monotonic() - started - read_s
+        write_s = time.monotonic() - started
         after = end_offsets(args.bootstrap, spec.topic)
+        counted = tally.value
         report = {str(p): {"rows": 0, "checksum": 0} for p in range(spec.partitions)}
-        for g in per_partition:
-            report[str(g["partition"])] = {"rows": g["rows"], "checksum": (g["high"] << 32) + g["low"]}
+        for p, t in counted.items():
+            report[str(p)] = {"rows": t["rows"], "checksum": t["checksum"]}
         rows = sum(t["rows"] for t in report.values())
-        lo_c = min((g["lo"] for g in per_partition), default=None)
-        hi_c = max((g["hi"] for g in per_partition), default=None)
+        lo_c = min((t["lo"] for t in counted.values()), default=None)
+        hi_c = max((t["hi"] for t in counted.values()), default=None)
         if rows and not _inside(window, lo_c, hi_c):
             raise JobError(f"{tag}: read cursor values {lo_c}..{hi_c} outside the window; nothing is sealed")
         moved = {p: after.get(p, 0) - before.get(p, 0) for p in range(spec.partitions)}
@@ -125,7 +128,7 @@ def main(argv: list[str]) -> int:
             )
         args.report.write_text(json.dumps({"totals": report, "rows": rows, "seconds": round(time.monotonic() - started, 3)}))
         print(summary_line("extract", pipeline=spec.name, batch_id=args.batch_id, attempt=args.attempt,
-                           window=str(window), rows=rows, read_s=round(read_s, 1), kafka_write_s=round(write_s, 1),
+                           window=str(window), rows=rows, read_and_write_s=round(write_s, 1),
                            partitions={p: t["rows"] for p, t in report.items()}), flush=True)
     finally:
         spark.stop()

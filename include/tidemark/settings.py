@@ -20,9 +20,9 @@ CONN_WAREHOUSE = "tidemark_warehouse"
 CONN_KAFKA = "tidemark_kafka"
 CONN_SPARK = "tidemark_spark"
 CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK)
-# The extract keeps a window's rows in memory between its count and its Kafka write (spilling
-# beyond this); the sink's memory is bounded by its records per micro-batch, not by this.
-SPARK_DRIVER_MEMORY = "2g"
+# Both jobs stream: the extract holds no window in memory (it counts records on their way to
+# Kafka) and the sink at most one micro-batch (--max-records-per-trigger).
+SPARK_DRIVER_MEMORY = "1g"
 
 SOURCE_DB = "tidemark_source"
 WAREHOUSE_DB = "tidemark_warehouse"

@@ -34,6 +34,7 @@ import psycopg2
 from tidemark.control import HEADER_CONTROL, ControlMessage, ProtocolError, decode
 from tidemark.ledger import record_attempt
 from tidemark.spec import PipelineSpec, quote
+from tidemark.totals import arrow_totals
 from tidemark.window import Bound, Window, predicate
 
 log = logging.getLogger("tidemark.sink")
@@ -243,7 +244,6 @@ class BatchSink:
 
     def _copy_in(self, cur, batch_id: str, attempt: int, records) -> None:
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
         stage = self._ensure_stage(cur, batch_id, attempt)
@@ -252,20 +252,13 @@ class BatchSink:
                         pacsv.WriteOptions(include_header=False, quoting_style="needed"))
         buf.seek(0)
         cur.copy_expert(f"COPY {stage} (value) FROM STDIN WITH (FORMAT csv)", buf)
-        # Exact sums of 64-bit hashes from int64 arithmetic: high and low 32-bit halves apart.
-        halves = pa.table({
-            "partition": records["partition"],
-            "high": pc.shift_right(records["row_hash"], 32),
-            "low": pc.bit_wise_and(records["row_hash"], pa.scalar(0xFFFFFFFF, pa.int64())),
-        })
-        totals = halves.group_by("partition").aggregate([("high", "count"), ("high", "sum"), ("low", "sum")])
-        for t in totals.to_pylist():
+        for p, t in arrow_totals(records).items():
             cur.execute(
                 """INSERT INTO tidemark_control.staged_totals (batch_id, attempt, partition, rows, checksum)
                    VALUES (%s, %s, %s, %s, %s)
                    ON CONFLICT (batch_id, attempt, partition) DO UPDATE
                       SET rows = staged_totals.rows + EXCLUDED.rows, checksum = staged_totals.checksum + EXCLUDED.checksum""",
-                (batch_id, attempt, t["partition"], t["high_count"], (t["high_sum"] << 32) + t["low_sum"]),
+                (batch_id, attempt, p, t["rows"], t["checksum"]),
             )
 
     def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:

@@ -114,6 +114,9 @@ class Postgres:
             "unix_socket_directories = ''\n"
             "max_connections = 200\n"
             "shared_buffers = 256MB\n"
+            # A 2M-row batch writes about 2 GB of WAL (staging, then the merge): with the default 1GB
+            # a checkpoint came every 15-20 s in the middle of it.
+            "max_wal_size = 4GB\n"
             "max_prepared_transactions = 20\n"
             "log_line_prefix = '%m [%p] %q%u@%d '\n"
         )
