@@ -12,15 +12,14 @@ does not show up in process listings or spark-submit logs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from tidemark.sparkjob import jdbc_args
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--jdbc-url", required=True)
-    p.add_argument("--user", required=True)
-    p.add_argument("--password-env", required=True, help="name of the env var holding the password")
+    jdbc_args(p)
     p.add_argument("--table", required=True)
     p.add_argument("--key", required=True, help="primary-key column, used as the Kafka key")
     p.add_argument("--topic", required=True)
@@ -30,37 +29,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    password = os.environ.get(args.password_env)
-    if password is None:
-        print(f"table_to_topic: environment variable {args.password_env} is not set", file=sys.stderr)
-        return 2
-
-    from pyspark.sql import SparkSession, functions as F
-
+    from tidemark.sparkjob import JSON_OPTIONS, JobError, password, session
     from tidemark.spec import quote
     from tidemark.summary import summary_line
 
+    secret = password(args)
     table = quote(args.table)  # validated identifier: nothing else reaches Spark's SQL
     quote(args.key)
 
-    spark = SparkSession.builder.appName(f"tidemark-table-to-topic-{args.table}").getOrCreate()
+    from pyspark.sql import functions as F
+
+    spark = session(f"tidemark-table-to-topic-{args.table}")
     try:
-        df = (
-            spark.read.format("jdbc")
-            .option("url", args.jdbc_url)
-            .option("dbtable", table)
-            .option("user", args.user)
-            .option("password", password)
-            .option("driver", "org.postgresql.Driver")
-            .load()
-        )
+        props = {"user": args.user, "password": secret, "driver": "org.postgresql.Driver"}
+        df = spark.read.jdbc(args.jdbc_url, table, properties=props)
         if args.key not in df.columns:
-            print(f"table_to_topic: key column {args.key!r} not in {args.table} columns {df.columns}", file=sys.stderr)
-            return 2
+            raise JobError(f"key column {args.key!r} not in {args.table} columns {df.columns}")
         # Decimals are JSON numbers with every digit; readers parse them as Decimal, never float.
         out = df.select(
             F.col(args.key).cast("string").alias("key"),
-            F.to_json(F.struct(*[F.col(c) for c in df.columns]), {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}).alias("value"),
+            F.to_json(F.struct(*[F.col(c) for c in df.columns]), JSON_OPTIONS).alias("value"),
         ).cache()
         rows = out.count()
         (
@@ -77,4 +65,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from tidemark.sparkjob import run
+
+    sys.exit(run(main, sys.argv[1:], "table_to_topic"))

@@ -30,6 +30,11 @@ AIRFLOW_DB = "airflow"
 DATABASES = (SOURCE_DB, WAREHOUSE_DB, AIRFLOW_DB)
 
 
+def jdbc_url(host: str, port: int | None, database: str) -> str:
+    """The PostgreSQL JDBC URL for a host, port (default 5432) and database."""
+    return f"jdbc:postgresql://{host}:{port or 5432}/{database}"
+
+
 def _env(name: str, default: str) -> str:
     value = os.environ.get(name, "").strip()
     return value or default
@@ -113,7 +118,7 @@ class Settings:
         )
 
     def jdbc_url(self, database: str) -> str:
-        return f"jdbc:postgresql://{self.pg_host}:{self.pg_port}/{database}"
+        return jdbc_url(self.pg_host, self.pg_port, database)
 
     def spark_jars(self) -> list[Path]:
         return sorted(self.spark_jars_dir.glob("*.jar"))

@@ -9,7 +9,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Connection
 
-from tidemark.settings import CONN_SPARK, REPO_ROOT, SPARK_DRIVER_MEMORY
+from tidemark.settings import CONN_SPARK, REPO_ROOT, SPARK_DRIVER_MEMORY, jdbc_url
 
 PASSWORD_ENV = "TIDEMARK_JDBC_PASSWORD"
 
@@ -36,12 +36,12 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         conn = Connection.get(self.jdbc_conn_id)
-        jdbc_url = f"jdbc:postgresql://{conn.host}:{conn.port or 5432}/{conn.schema}"
+        url = jdbc_url(conn.host, conn.port, conn.schema)
         self.application_args = [
-            "--jdbc-url", jdbc_url, "--user", conn.login or "", "--password-env", PASSWORD_ENV,
+            "--jdbc-url", url, "--user", conn.login or "", "--password-env", PASSWORD_ENV,
             *self.job_args,
         ]
         self.env_vars = {**(self.env_vars or {}), PASSWORD_ENV: conn.password or ""}
         self.jars = self.jars or os.environ.get("TIDEMARK_SPARK_JARS") or None
-        self.log.info("submitting %s against %s as %s", self.application, jdbc_url, conn.login)
+        self.log.info("submitting %s against %s as %s", self.application, url, conn.login)
         super().execute(context)

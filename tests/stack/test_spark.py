@@ -83,5 +83,5 @@ def test_job_without_password_exits_non_zero_with_clear_message(settings):
          "--topic", "t", "--bootstrap", "127.0.0.1:1"],
         capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "TIDEMARK_UNSET_PASSWORD_VAR"},
     )
-    assert proc.returncode == 2
-    assert "TIDEMARK_UNSET_PASSWORD_VAR is not set" in proc.stderr
+    assert proc.returncode == 3  # every job's exit code for a job-level error (sparkjob.run)
+    assert "table_to_topic: FAILED: environment variable TIDEMARK_UNSET_PASSWORD_VAR" in proc.stderr

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tidemark.settings import CONNECTION_IDS, Settings
+from tidemark.settings import CONNECTION_IDS, Settings, jdbc_url
 
 
 def test_ports_and_paths_come_from_the_environment(monkeypatch, tmp_path):
@@ -32,3 +32,8 @@ def test_connections_are_json_with_the_shared_ids(monkeypatch):
     assert source["conn_type"] == "postgres" and source["schema"] == "tidemark_source"
     assert source["password"] == "s3cret"
     assert json.loads(conns["AIRFLOW_CONN_TIDEMARK_SPARK"])["host"] == "local[2]"
+
+
+def test_jdbc_url_defaults_the_port_like_an_airflow_connection_without_one():
+    assert jdbc_url("warehouse.internal", None, "tidemark_warehouse") == "jdbc:postgresql://warehouse.internal:5432/tidemark_warehouse"
+    assert jdbc_url("127.0.0.1", 55432, "src") == "jdbc:postgresql://127.0.0.1:55432/src"
