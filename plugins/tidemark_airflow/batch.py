@@ -144,10 +144,20 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
             self.log.info("%s: extracting", tag)
             try:
                 super().execute(context)
-            except Exception:
-                self.log.error("%s: extract FAILED. Nothing of this attempt can be applied (no END was sent). "
-                               "Airflow retries as a new attempt; if retries are exhausted, read the Spark output "
-                               "above, fix the cause, then clear this task.", tag)
+            except Exception as exc:
+                ti = context["ti"]
+                if ti.try_number <= ti.max_tries:  # Airflow's own test for "will retry"
+                    self.log.error("%s: extract FAILED. Nothing of this attempt can be applied (no END was sent). "
+                                   "Airflow retries it as a new attempt.", tag)
+                    raise
+                self.log.error("%s: extract FAILED on its last try. Next: read the Spark output above, fix the "
+                               "cause, then clear this task (it loads the batch as a new attempt).", tag)
+                try:  # the sink drops what this attempt staged now, not when a later attempt supersedes it
+                    batch.abort(spec, bootstrap, plan, attempt, f"extract failed on its last try: {exc}"[:500])
+                    self.log.error("%s: ABORT sent: nothing of this attempt will be applied", tag)
+                except Exception as why:  # the extract's own failure stays the error raised
+                    self.log.error("%s: could not send ABORT (%s); the attempt stays open until a new attempt "
+                                   "supersedes it", tag, why)
                 raise
             report = json.loads(report_path.read_text())
         self.log.info("%s: extracted rows=%s per partition %s in %.1fs", tag, report["rows"],

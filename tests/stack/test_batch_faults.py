@@ -186,3 +186,27 @@ def test_an_empty_window_commits_zero_rows_and_the_next_batch_follows(settings, 
     insert(pipe, 1, 50)
     pipe.run("nightly-next")
     assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")
+
+
+def test_abort_drops_what_the_attempt_staged_and_a_later_end_cannot_apply_it(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, DDL)
+    insert(pipe, 1, 500)
+    plan = pipe.plan("run-abort")
+    attempt = pipe.begin(plan)
+    report = pipe.extract(plan, attempt)
+    pipe.sink()  # the records are staged; no END yet
+    stage = stage_table(plan.batch_id, attempt)
+    assert pipe.query_wh(f"SELECT count(*) FROM {stage}")[0][0] == 500
+
+    pipe.abort(plan, attempt, "extract failed on its last try: test")  # what the extract task sends
+    pipe.end(plan, attempt, report)  # even a correct END after the ABORT must not apply it
+    pipe.sink()
+    assert pipe.state(plan.batch_id, attempt) == "aborted"
+    assert target_count(pipe) == 0
+    assert pipe.query_wh("SELECT to_regclass(%s)", (stage,))[0][0] is None
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged_totals WHERE batch_id = %s", (plan.batch_id,))[0][0] == 0
+    with pytest.raises(BatchFailed, match="aborted: aborted by producer: extract failed on its last try: test"):
+        commit_state(pipe.spec, pipe.wh(), plan.batch_id, attempt)
+
+    pipe.run("run-abort")  # clearing the task loads the same batch as a new attempt
+    assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")

@@ -75,6 +75,9 @@ class Pipeline:
         finally:
             wh.close()
 
+    def abort(self, plan: batch.Plan, attempt: int, reason: str) -> None:
+        batch.abort(self.spec, self.settings.kafka_bootstrap, plan, attempt, reason)
+
     def sink_args(self, *, available_now: bool = True) -> list[str]:
         s = self.settings
         return [
