@@ -54,8 +54,10 @@ def add_totals(into: Totals, more: Totals) -> Totals:
 
 
 class TotalsParam:
-    """The ``AccumulatorParam`` of a Spark accumulator of ``Totals`` (duck-typed: no pyspark import here). Exact when each task's update counts once: the extract
-    runs with ``spark.task.maxFailures=1`` and adds in its final (result) stage."""
+    """The ``AccumulatorParam`` of a Spark accumulator of ``Totals`` (duck-typed: no pyspark import).
+
+    Exact when each task's update counts once: the extract runs with ``spark.task.maxFailures=1``
+    and adds in its final (result) stage."""
 
     def zero(self, value: Totals) -> Totals:
         return {}
