@@ -42,11 +42,11 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType
 
+    from tidemark import totals
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
     from tidemark.kafka_io import end_offsets
     from tidemark.sparkjob import JSON_OPTIONS, JobError, password, session
     from tidemark.spec import load_spec, quote
-    from tidemark import totals
     from tidemark.summary import summary_line
     from tidemark.window import Window, predicate, split_predicates
 
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
         rows = sum(t["rows"] for t in report.values())
         lo_c = min((t["lo"] for t in counted.values()), default=None)
         hi_c = max((t["hi"] for t in counted.values()), default=None)
-        if rows and not _inside(window, lo_c, hi_c):
+        if rows and not window.holds_cursors(lo_c, hi_c):
             raise JobError(f"{tag}: read cursor values {lo_c}..{hi_c} outside the window; nothing is sealed")
         moved = {p: after.get(p, 0) - before.get(p, 0) for p in range(spec.partitions)}
         wrong = {p: (report[str(p)]["rows"], moved[p]) for p in moved if moved[p] != report[str(p)]["rows"]}
@@ -142,15 +142,6 @@ def _edges(lo, hi, parts: int) -> list:
     return [lo + (hi - lo) * i / parts for i in range(1, parts)] if not isinstance(lo, int) else [
         lo + (hi - lo) * i // parts for i in range(1, parts)
     ]
-
-
-def _inside(window, lo, hi) -> bool:
-    from datetime import timezone
-
-    def norm(v):
-        return v.replace(tzinfo=timezone.utc) if hasattr(v, "tzinfo") and v.tzinfo is None else v
-
-    return norm(lo) >= window.lo.cursor and norm(hi) <= window.hi.cursor
 
 
 if __name__ == "__main__":

@@ -58,6 +58,16 @@ class Window:
     def to_json(self) -> dict[str, Any]:
         return {"lo": self.lo.to_json(), "hi": self.hi.to_json(), "backfill": self.backfill}
 
+    def holds_cursors(self, lo: datetime | int, hi: datetime | int) -> bool:
+        """Whether cursor values ``lo``..``hi`` as read from the source lie within the window's bounds.
+
+        ``lo`` may equal the lower bound (rows at that value with a greater key belong to the window);
+        naive timestamps are UTC, as everywhere in this module."""
+        def aware(v):
+            return _aware(v) if isinstance(v, datetime) else v
+
+        return aware(lo) >= self.lo.cursor and aware(hi) <= self.hi.cursor
+
     @classmethod
     def from_json(cls, raw: dict[str, Any] | str) -> "Window":
         data = json.loads(raw) if isinstance(raw, str) else raw

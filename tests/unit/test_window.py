@@ -517,3 +517,13 @@ def test_window_and_bound_text():
         "backfill (2026-01-01T00:00:00+00:00/41,x, 2026-01-02T00:00:00+00:00]"
     )
     assert str(Window(Bound(5), Bound(9))) == "(5, 9]"
+
+
+def test_holds_cursors_checks_read_values_against_the_bounds_with_naive_as_utc():
+    window = Window(Bound(T0), Bound(T1))
+    assert window.holds_cursors(T0, T1)  # the lower bound itself: rows with a greater key belong to it
+    assert window.holds_cursors(T0.replace(tzinfo=None), T1.replace(tzinfo=None))
+    assert not window.holds_cursors(T0 - timedelta(microseconds=1), T1)
+    assert not window.holds_cursors(T0, T1 + timedelta(microseconds=1))
+    assert Window(Bound(10), Bound(20)).holds_cursors(10, 20)
+    assert not Window(Bound(10), Bound(20)).holds_cursors(9, 20)
