@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -44,7 +45,8 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
 
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
-    from tidemark.kafka_io import send_dead_letters
+    from tidemark.kafka_io import end_offsets, send_dead_letters
+    from tidemark.progress import progress_line
     from tidemark.ledger import ensure_control_schema
     from tidemark.sink import BatchSink
     from tidemark.sparkjob import connect, password, session
@@ -57,14 +59,26 @@ def main(argv: list[str]) -> int:
         ensure_control_schema(cur)
     sink = BatchSink(conn, spec)
     sink.acquire_fence()
+    sink.sweep_stages()
     starting = sink.starting_offsets()
     totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": []}
+    # How much there is to read now: the denominator of the progress lines (None: from earliest).
+    ends = end_offsets(args.bootstrap, spec.topic)
+    backlog = (sum(max(ends.get(p, 0) - o, 0) for p, o in starting.items())
+               if all(o >= 0 for o in starting.values()) else None)
+    read = {"records": 0, "since": time.monotonic()}
 
     def header(name: str):
         return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
 
     def apply(batch_df, epoch_id: int) -> None:
-        report = sink.apply(batch_df.toArrow())
+        table = batch_df.toArrow()
+        report = sink.apply(table)
+        read["records"] += table.num_rows
+        print(progress_line(f"pipeline={spec.name} sink micro-batch {epoch_id}", "records read", read["records"],
+                            backlog, time.monotonic() - read["since"])
+              + f"; staged {totals['staged'] + report.staged} so far, committed {totals['committed'] + report.committed or '-'}",
+              flush=True)
         for key in ("staged", "discarded", "rejected"):
             totals[key] += getattr(report, key)
         totals["committed"] += report.committed

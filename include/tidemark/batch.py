@@ -82,8 +82,8 @@ def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan) -> in
     return attempt
 
 
-def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt: int, report: dict[str, Any]) -> int:
-    """Seal the attempt with the extract's totals and send END to every partition."""
+def record_extract(spec: PipelineSpec, warehouse_conn, batch: Plan, attempt: int, report: dict[str, Any]) -> int:
+    """Keep the extract's per-partition totals in the ledger for END; returns the row count."""
     totals = control.loads_totals(report["totals"])
     if sorted(totals) != list(range(spec.partitions)):
         raise control.ProtocolError(
@@ -91,7 +91,20 @@ def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt
             f"{sorted(totals)}, topic has {spec.partitions}"
         )
     with warehouse_conn, warehouse_conn.cursor() as wh:
+        ledger.record_extract(wh, batch.batch_id, attempt, totals)
+    return sum(t.rows for t in totals.values())
+
+
+def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt: int) -> int:
+    """Seal the attempt with the extract's totals (from the ledger) and send END to every partition."""
+    with warehouse_conn, warehouse_conn.cursor() as wh:
+        totals = ledger.extract_totals(wh, batch.batch_id, attempt)
         ledger.seal_attempt(wh, batch.batch_id, attempt, totals)
+    return send_end(spec, bootstrap, batch, attempt, totals)
+
+
+def send_end(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, totals: dict[int, PartitionTotals]) -> int:
+    """END on every partition (a second send of the same totals is a no-op at the sink)."""
     _broadcast("END", spec, bootstrap, batch, attempt, totals=totals)
     rows = sum(t.rows for t in totals.values())
     log.info("pipeline=%s batch=%s attempt=%s window=%s END sent: rows=%s per partition %s",
@@ -102,6 +115,20 @@ def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt
 def abort(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, reason: str) -> None:
     _broadcast("ABORT", spec, bootstrap, batch, attempt, reason=reason)
     log.warning("pipeline=%s batch=%s attempt=%s ABORT sent: %s", spec.name, batch.batch_id, attempt, reason)
+
+
+def abort_unfinished(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, reason: str) -> int | None:
+    """End the batch's latest attempt if it is still open or sealed: aborted in the ledger first (the
+    sink then discards its records whatever happens next), then ABORT on the topic so a running
+    sink drops what it staged at once. Returns the attempt aborted, or None if none was unfinished."""
+    with warehouse_conn, warehouse_conn.cursor() as wh:
+        attempt = ledger.abort_unfinished(wh, batch.batch_id, reason)
+    if attempt is None:
+        return None
+    log.warning("pipeline=%s batch=%s attempt=%s window=%s ABORTED in the ledger: %s",
+                spec.name, batch.batch_id, attempt, batch.window, reason)
+    abort(spec, bootstrap, batch, attempt, reason)
+    return attempt
 
 
 class BatchFailed(RuntimeError):
@@ -127,4 +154,4 @@ def summary(warehouse_conn, batch_id: str) -> dict[str, Any]:
         return ledger.batch_summary(wh, batch_id)
 
 
-__all__ = ["Plan", "plan", "begin", "end", "abort", "commit_state", "summary", "BatchFailed", "PartitionTotals"]
+__all__ = ["Plan", "plan", "begin", "record_extract", "end", "abort", "abort_unfinished", "commit_state", "summary", "BatchFailed", "PartitionTotals"]

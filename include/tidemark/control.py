@@ -11,7 +11,7 @@ import json
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, model_validator
 
 PROTOCOL_VERSION = 1
 HEADER_CONTROL = "tidemark.control"  # header on control messages: BEGIN | END | ABORT
@@ -27,6 +27,12 @@ class PartitionTotals(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     rows: Annotated[int, Field(ge=0)]
     checksum: int  # exact sum of xxhash64(key, value) over the partition's records
+
+    @field_serializer("checksum")
+    def _checksum_text(self, value: int) -> str:
+        # Sums of 64-bit hashes pass 2**63 on any real batch: as a decimal string they survive
+        # every JSON layer between here and the sink (Airflow's XCom serializer refuses them).
+        return str(value)
 
 
 class ControlMessage(BaseModel):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidemark.control import PartitionTotals, dumps_totals
+from tidemark.control import PartitionTotals, dumps_totals, loads_totals
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Bound, Window
 
@@ -60,17 +60,27 @@ def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Win
     return PlannedBatch(batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), reused=True)
 
 
+class AlreadyCommitted(RuntimeError):
+    """The batch is committed: nothing may reopen it (a cleared run, a replay)."""
+
+
 def open_attempt(cur, batch_id: str) -> int:
     """The next attempt number for the batch, recorded as open (it fences all older ones)."""
     cur.execute(
         """UPDATE tidemark_control.batches SET attempt = attempt + 1, state = 'open',
                   updated_at = clock_timestamp()
-            WHERE batch_id = %s RETURNING attempt""",
+            WHERE batch_id = %s AND state <> 'committed' RETURNING attempt""",
         (batch_id,),
     )
     row = cur.fetchone()
     if row is None:
-        raise LookupError(f"batch {batch_id} was never planned")
+        cur.execute("SELECT committed_attempt, rows, committed_at FROM tidemark_control.batches WHERE batch_id = %s",
+                    (batch_id,))
+        done = cur.fetchone()
+        if done is None:
+            raise LookupError(f"batch {batch_id} was never planned")
+        raise AlreadyCommitted(f"batch {batch_id} was committed by attempt {done[0]} at {done[2]:%Y-%m-%dT%H:%M:%S%z} "
+                               f"with rows={done[1]}; it is never reopened")
     attempt = row[0]
     record_attempt(cur, batch_id, attempt)
     return attempt
@@ -95,6 +105,31 @@ def record_attempt(cur, batch_id: str, attempt: int) -> list[int]:
     return [old for (old,) in cur.fetchall()]
 
 
+def record_extract(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:
+    """Keep what the extract counted, per partition, for the END step (never in XCom: the sums
+    pass 64 bits)."""
+    cur.execute(
+        """UPDATE tidemark_control.batch_attempts SET extract_totals = %s, rows = %s, checksum = %s
+            WHERE batch_id = %s AND attempt = %s AND state = 'open' RETURNING attempt""",
+        (dumps_totals(totals), sum(t.rows for t in totals.values()), sum(t.checksum for t in totals.values()),
+         batch_id, attempt),
+    )
+    if cur.fetchone() is None:
+        status = attempt_status(cur, batch_id, attempt)
+        raise LookupError(f"batch {batch_id} attempt {attempt} is {status.state or 'not in the ledger'}, not open: "
+                          f"its extract cannot be recorded ({status.message or 'no message'})")
+
+
+def extract_totals(cur, batch_id: str, attempt: int) -> dict[int, PartitionTotals]:
+    cur.execute("SELECT extract_totals FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
+                (batch_id, attempt))
+    row = cur.fetchone()
+    if row is None or row[0] is None:
+        raise LookupError(f"batch {batch_id} attempt {attempt}: no extract totals in the ledger (the extract did "
+                          "not finish)")
+    return loads_totals(row[0])
+
+
 def seal_attempt(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:
     cur.execute(
         """UPDATE tidemark_control.batch_attempts
@@ -109,6 +144,32 @@ def seal_attempt(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTo
         "WHERE batch_id = %s AND attempt = %s AND state = 'open'",
         (batch_id, attempt),
     )
+
+
+def abort_unfinished(cur, batch_id: str, reason: str) -> int | None:
+    """Mark the batch's latest attempt aborted if it is still open or sealed; returns it.
+
+    The sink discards records of attempts that are not open or sealed, so once this commits
+    nothing of the attempt can be applied, whether or not an ABORT message ever reaches it.
+    """
+    cur.execute(
+        """UPDATE tidemark_control.batch_attempts a SET state = 'aborted', finished_at = clock_timestamp(),
+                  message = %s
+             FROM tidemark_control.batches b
+            WHERE a.batch_id = b.batch_id AND b.batch_id = %s AND a.attempt = b.attempt
+              AND a.state IN ('open', 'sealed')
+        RETURNING a.attempt""",
+        (reason, batch_id),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return None
+    cur.execute(
+        "UPDATE tidemark_control.batches SET state = 'aborted', message = %s, updated_at = clock_timestamp() "
+        "WHERE batch_id = %s AND attempt = %s",
+        (f"attempt {row[0]} aborted: {reason}", batch_id, row[0]),
+    )
+    return row[0]
 
 
 @dataclass(frozen=True)

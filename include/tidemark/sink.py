@@ -86,6 +86,29 @@ class BatchSink:
         log.info("sink %s: took fencing token %s for topic %s", self.consumer, self.fence, self.topic)
         return self.fence
 
+    def sweep_stages(self) -> list[str]:
+        """Drop the stage tables of this pipeline's attempts that can no longer be applied (aborted,
+        refused, superseded or committed while their stage outlived them, e.g. after a killed run)."""
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (STAGE_SCHEMA,))
+            present = {f"{STAGE_SCHEMA}.{name}" for (name,) in cur.fetchall()}
+            if not present:
+                return []
+            cur.execute(
+                """SELECT a.batch_id, a.attempt, a.state FROM tidemark_control.batch_attempts a
+                     JOIN tidemark_control.batches b USING (batch_id)
+                    WHERE b.pipeline = %s AND a.state NOT IN ('open', 'sealed')""",
+                (self.spec.name,),
+            )
+            dead = [(b, a, st) for b, a, st in cur.fetchall() if stage_table(b, a) in present]
+            for batch_id, attempt, state in dead:
+                cur.execute("SELECT pg_total_relation_size(%s)", (stage_table(batch_id, attempt),))
+                size = cur.fetchone()[0]
+                self._drop_stage(cur, batch_id, attempt)
+                log.warning("pipeline=%s batch=%s attempt=%s is %s: dropped its leftover stage table %s (%.1f MB)",
+                            self.spec.name, batch_id, attempt, state, stage_table(batch_id, attempt), size / 1e6)
+        return [stage_table(b, a) for b, a, _ in dead]
+
     def starting_offsets(self) -> dict[int, int]:
         """Next offset per partition as committed with the data (-2 = earliest: never read)."""
         with self.conn, self.conn.cursor() as cur:
@@ -203,8 +226,9 @@ class BatchSink:
                       message = %s WHERE batch_id = %s AND attempt = %s AND state IN ('open', 'sealed')""",
             (f"aborted by producer: {msg.reason or 'no reason given'}", msg.batch_id, msg.attempt),
         )
-        if cur.rowcount:
-            self._drop_stage(cur, msg.batch_id, msg.attempt)
+        aborted_now = cur.rowcount == 1
+        self._drop_stage(cur, msg.batch_id, msg.attempt)  # also when the orchestrator marked it aborted first
+        if aborted_now:
             cur.execute(
                 "UPDATE tidemark_control.batches SET state = 'aborted', message = %s, updated_at = clock_timestamp() "
                 "WHERE batch_id = %s AND attempt = %s",
@@ -310,9 +334,10 @@ class BatchSink:
         )
         return cur.fetchone()[0] == msg.partitions
 
-    def _refuse(self, cur, batch_id: str, attempt: int, report: MicroBatchReport, why: str) -> None:
-        message = (f"batch {batch_id} attempt {attempt} REFUSED: {why}. Nothing was applied. Next: check the "
-                   f"extract log for this attempt, then clear the DAG run from its 'begin' task to load a new attempt.")
+    def _refuse(self, cur, batch_id: str, attempt: int, report: MicroBatchReport, why: str,
+                next_step: str = "check the extract log for this attempt") -> None:
+        message = (f"batch {batch_id} attempt {attempt} REFUSED: {why}. Nothing was applied. Next: {next_step}, "
+                   "then clear the DAG run from its 'begin' task to load a new attempt.")
         cur.execute(
             """UPDATE tidemark_control.batch_attempts SET state = 'refused', message = %s, finished_at = clock_timestamp()
                 WHERE batch_id = %s AND attempt = %s""",
@@ -328,6 +353,14 @@ class BatchSink:
         log.error("pipeline=%s %s", self.spec.name, message)
 
     def _verify_and_apply(self, cur, batch_id: str, attempt: int, report: MicroBatchReport) -> None:
+        # Lock the attempt: the orchestrator may abort it concurrently (a failed run's clean-up).
+        cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s FOR UPDATE",
+                    (batch_id, attempt))
+        state = cur.fetchone()[0]
+        if state not in ("open", "sealed"):
+            log.warning("pipeline=%s batch=%s attempt=%s is %s: not applied", self.spec.name, batch_id, attempt, state)
+            self._drop_stage(cur, batch_id, attempt)
+            return
         cur.execute(
             "SELECT partition, rows, checksum FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s",
             (batch_id, attempt),
@@ -360,7 +393,9 @@ class BatchSink:
         except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
             self._refuse(cur, batch_id, attempt, report,
-                         f"the target {self.spec.target_table} rejected a record: {str(exc).strip()}")
+                         f"the target {self.spec.target_table} rejected a record: {' '.join(str(exc).split())}",
+                         f"change the target table {self.spec.target_table} so it can hold the value (the error "
+                         "names the type or constraint; e.g. ALTER TABLE ... ALTER COLUMN ... TYPE a wider type)")
             return
         cur.execute(
             """UPDATE tidemark_control.batch_attempts SET state = 'committed', rows = %s, checksum = %s,

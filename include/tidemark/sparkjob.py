@@ -64,10 +64,38 @@ def connect(jdbc_url: str, user: str, secret: str):
     return psycopg2.connect(host=host, port=int(port or 5432), dbname=db, user=user, password=secret)
 
 
+# Where a job writes the one-line cause of its failure, for the task that submitted it.
+ERROR_FILE_ENV = "TIDEMARK_JOB_ERROR_FILE"
+EXIT_JOB_ERROR = 3  # a JobError: the same input fails the same way, retrying cannot help
+
+
+def one_line(exc: BaseException) -> str:
+    """The innermost useful line of an error: for a Py4J/Spark exception wrapping a psycopg2 or
+    Java error, its first line rather than pages of JVM frames."""
+    text = str(exc).strip() or type(exc).__name__
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("at ", "File ", "Traceback", "---", "JVM stacktrace")):
+            return f"{type(exc).__name__}: {line}"[:800]
+    return type(exc).__name__
+
+
 def run(main, argv: list[str], name: str) -> int:
-    """Run ``main``; a JobError becomes one clear line on stderr and exit code 3."""
+    """Run ``main``; a JobError becomes one clear line on stderr and exit code 3. Any failure's
+    one-line cause also goes to the file named by TIDEMARK_JOB_ERROR_FILE, if set."""
     try:
         return main(argv) or 0
     except JobError as exc:
         print(f"{name}: FAILED: {exc}", file=sys.stderr, flush=True)
-        return 3
+        _write_cause(str(exc))
+        return EXIT_JOB_ERROR
+    except Exception as exc:
+        _write_cause(one_line(exc))
+        raise
+
+
+def _write_cause(text: str) -> None:
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)

@@ -1,25 +1,77 @@
 """Operators for the nightly batch of one pipeline: plan, BEGIN, extract, END, sink, commit check.
 
-Thin wrappers over ``tidemark.batch``: they resolve Airflow connections at run time, pass plans
-between steps as XCom, and log what the person on call needs (pipeline, batch id, attempt,
-window, counts, and what to do next on failure). ``batch_pipeline`` wires them in a DAG; the
-operators can equally be used one by one in a hand-written DAG file.
+Thin wrappers over ``tidemark.batch``: they resolve Airflow connections at run time, pass small
+identifiers between steps as XCom (the extract's totals live in the ledger: their sums pass 64
+bits), and log what the person on call needs. A failure's last line names the pipeline, batch,
+attempt and window, the cause in one line and the next step that will work; failures that will
+recur (a bad spec, a refused batch, a schema mismatch) fail at once instead of retrying.
+``batch_pipeline`` wires the operators in a DAG, with a teardown that aborts whatever attempt a
+failed or killed run left open.
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Asset, BaseOperator, BaseSensorOperator, Connection
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.settings import CONN_KAFKA, CONN_WAREHOUSE
-from tidemark_airflow.spark import SparkJdbcSubmitOperator
+from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
 
-PLAN, BEGIN, EXTRACT, END, SINK, COMMITTED = "plan", "begin", "extract", "end", "sink", "wait_committed"
+PLAN, BEGIN, EXTRACT, END, SINK, COMMITTED, PUBLISH, CLEANUP = (
+    "plan", "begin", "extract", "end", "sink", "wait_committed", "publish", "abort_unfinished")
+
+# What to do next, per step, once Airflow has given up (or at once, for what will not heal).
+NEXT_TRANSIENT = ("Airflow retries this task with backoff; if the last try fails too, check the stack "
+                  "(`make status`, `make logs C=kafka` or `C=postgres`) and clear this task")
+NEXT_FIX_THEN_CLEAR = "fix the cause named here, then clear this DAG run from '{task}' (it loads a new attempt)"
+
+
+class BatchTaskError(RuntimeError):
+    """A transient failure of a batch step, with the context the person on call needs."""
+
+
+def _deterministic(exc: BaseException) -> bool:
+    """Errors that the same input reproduces: retrying only delays the page."""
+    import psycopg2
+
+    from tidemark.batch import BatchFailed
+    from tidemark.control import ProtocolError
+    from tidemark.spec import SpecError
+    from tidemark.window import PlanError
+
+    if isinstance(exc, SparkJobFailed):
+        return exc.deterministic
+    return isinstance(exc, (SpecError, PlanError, ProtocolError, BatchFailed, LookupError,
+                            psycopg2.ProgrammingError, psycopg2.DataError, psycopg2.IntegrityError))
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, SparkJobFailed):
+        return str(exc)
+    from tidemark.sparkjob import one_line
+
+    return one_line(exc)
+
+
+@contextmanager
+def on_call(log, tag: str, next_step: str) -> Iterator[None]:
+    """Turn any failure into one last line for the person on call: what failed and what to do."""
+    try:
+        yield
+    except (AirflowSkipException, AirflowFailException):
+        raise
+    except Exception as exc:
+        if _deterministic(exc):
+            log.error("%s FAILED (will not heal by retrying): %s. Next: %s", tag, _one_line(exc), next_step)
+            raise AirflowFailException(f"{tag}: {_one_line(exc)}. Next: {next_step}") from exc
+        log.error("%s FAILED: %s. Next: %s", tag, _one_line(exc), NEXT_TRANSIENT)
+        raise BatchTaskError(f"{tag}: {_one_line(exc)}. Next: {NEXT_TRANSIENT}") from exc
 
 
 def pg_connect(conn_id: str):
@@ -27,7 +79,8 @@ def pg_connect(conn_id: str):
     import psycopg2
 
     c = Connection.get(conn_id)
-    return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password)
+    return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password,
+                            application_name="tidemark-airflow")
 
 
 def kafka_bootstrap(conn_id: str = CONN_KAFKA) -> str:
@@ -37,6 +90,22 @@ def kafka_bootstrap(conn_id: str = CONN_KAFKA) -> str:
 def batch_asset(pipeline: str) -> Asset:
     """The Asset a committed batch of ``pipeline`` updates (reconciliation is scheduled on it)."""
     return Asset(name=f"tidemark.batch.{pipeline}", uri=f"tidemark://warehouse/batch/{pipeline}")
+
+
+def _plan(context, *, required: bool = True) -> Any:
+    from tidemark.batch import Plan
+
+    raw = context["ti"].xcom_pull(task_ids=PLAN)
+    if not raw:
+        if not required:
+            return None
+        raise AirflowFailException(f"no plan from task '{PLAN}' in this run; clear the run from '{PLAN}'")
+    return Plan.from_xcom(raw)
+
+
+def _tag(spec, plan, attempt: int | None = None) -> str:
+    return (f"pipeline={spec.name} batch={plan.batch_id}" + (f" attempt={attempt}" if attempt else "")
+            + f" window={plan.window}")
 
 
 class _PipelineOperator(BaseOperator):
@@ -51,18 +120,12 @@ class _PipelineOperator(BaseOperator):
 
     @property
     def spec(self):
-        from tidemark.spec import load_spec
+        from tidemark.spec import SpecError, load_spec
 
-        return load_spec(Path(self.spec_path))
-
-
-def _plan(context) -> Any:
-    from tidemark.batch import Plan
-
-    raw = context["ti"].xcom_pull(task_ids=PLAN)
-    if not raw:
-        raise RuntimeError(f"no plan from task '{PLAN}' in this run; clear the run from '{PLAN}'")
-    return Plan.from_xcom(raw)
+        try:
+            return load_spec(Path(self.spec_path))
+        except SpecError as exc:  # the file changed since the DAG was parsed
+            raise AirflowFailException(f"{exc}. Next: fix the file, then clear this task") from exc
 
 
 class PlanWindowOperator(_PipelineOperator):
@@ -76,37 +139,50 @@ class PlanWindowOperator(_PipelineOperator):
         interval = None
         if str(getattr(run, "run_type", "")).lower().endswith("backfill"):
             interval = (context["data_interval_start"], context["data_interval_end"])
-        source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
-        try:
-            plan = batch.plan(spec, source, warehouse, run_id=run.run_id, interval=interval,
-                              bootstrap=kafka_bootstrap(self.kafka_conn_id))
-        finally:
-            source.close()
-            warehouse.close()
-        self.log.info("pipeline=%s batch=%s window=%s%s", spec.name, plan.batch_id, plan.window,
-                      " (same window as the earlier try of this run)" if plan.reused else "")
+        tag = f"pipeline={spec.name} run={run.run_id}" + (f" backfill interval={interval}" if interval else "")
+        with on_call(self.log, tag, "fix the cause named here (spec, source table or grants), then clear this task"):
+            source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
+            try:
+                plan = batch.plan(spec, source, warehouse, run_id=run.run_id, interval=interval,
+                                  bootstrap=kafka_bootstrap(self.kafka_conn_id))
+            finally:
+                source.close()
+                warehouse.close()
+        self.log.info("%s planned%s", _tag(spec, plan), " (same window as the earlier try of this run)" if plan.reused else "")
         return plan.to_xcom()
 
 
 class BeginBatchOperator(_PipelineOperator):
-    """Open the next attempt and send BEGIN to every partition of the pipeline topic."""
+    """Open the next attempt and send BEGIN to every partition; skip the run if already committed."""
 
     def execute(self, context) -> int:
-        from tidemark import batch
-
         spec, plan = self.spec, _plan(context)
-        warehouse = pg_connect(self.warehouse_conn_id)
+        return open_attempt(self, spec, plan, context)
+
+
+def open_attempt(op: BaseOperator, spec, plan, context) -> int:
+    """BEGIN for a new attempt of the run's batch. A committed batch is never reopened: clearing a
+    successful run skips the rest of it and changes nothing."""
+    from tidemark import batch
+    from tidemark.ledger import AlreadyCommitted
+
+    with on_call(op.log, _tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
+        warehouse = pg_connect(op.warehouse_conn_id)
         try:
-            return batch.begin(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan)
+            return batch.begin(spec, warehouse, kafka_bootstrap(op.kafka_conn_id), plan)
+        except AlreadyCommitted as done:
+            op.log.info("%s: %s. Nothing to do: the rest of this run is skipped. To load this window again, "
+                        "trigger a new run.", _tag(spec, plan), done)
+            raise AirflowSkipException(str(done)) from None
         finally:
             warehouse.close()
 
 
 class ExtractWindowOperator(SparkJdbcSubmitOperator):
-    """Run spark_jobs/extract_window.py for the planned window; returns attempt and totals.
+    """Run spark_jobs/extract_window.py for the planned window and keep its totals in the ledger.
 
-    A retry of this task starts a new attempt (new BEGIN), which fences whatever the failed
-    try wrote: the sink discards records of superseded attempts.
+    Returns only ``{"attempt", "rows"}``. A retry of this task starts a new attempt (new BEGIN),
+    which fences whatever the failed try wrote: the sink discards records of superseded attempts.
     """
 
     def __init__(self, *, spec_path: str, source_conn_id: str, warehouse_conn_id: str = CONN_WAREHOUSE,
@@ -118,6 +194,9 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         self.read_partitions = read_partitions
 
     def execute(self, context) -> dict[str, Any]:
+        import json
+        import tempfile
+
         from tidemark import batch
         from tidemark.spec import load_spec
 
@@ -125,15 +204,11 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         bootstrap = kafka_bootstrap(self.kafka_conn_id)
         attempt = context["ti"].xcom_pull(task_ids=BEGIN)
         if context["ti"].try_number > 1:
-            warehouse = pg_connect(self.warehouse_conn_id)
-            try:
-                attempt = batch.begin(spec, warehouse, bootstrap, plan)
-            finally:
-                warehouse.close()
-            self.log.warning("pipeline=%s batch=%s: retry of the extract, loading as attempt %s",
-                             spec.name, plan.batch_id, attempt)
-        tag = f"pipeline={spec.name} batch={plan.batch_id} attempt={attempt} window={plan.window}"
-        with tempfile.TemporaryDirectory(prefix="tidemark-extract-") as tmp:
+            attempt = open_attempt(self, spec, plan, context)
+            self.log.warning("%s: retry of the extract, loading as attempt %s", _tag(spec, plan), attempt)
+        tag = _tag(spec, plan, attempt)
+        with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)), \
+                tempfile.TemporaryDirectory(prefix="tidemark-extract-") as tmp:
             report_path = Path(tmp) / "report.json"
             self.job_args = [
                 "--spec", str(Path(self.spec_path).resolve()), "--batch-id", plan.batch_id,
@@ -142,43 +217,38 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
                 "--read-partitions", str(self.read_partitions),
             ]
             self.log.info("%s: extracting", tag)
-            try:
-                super().execute(context)
-            except Exception as exc:
-                ti = context["ti"]
-                if ti.try_number <= ti.max_tries:  # Airflow's own test for "will retry"
-                    self.log.error("%s: extract FAILED. Nothing of this attempt can be applied (no END was sent). "
-                                   "Airflow retries it as a new attempt.", tag)
-                    raise
-                self.log.error("%s: extract FAILED on its last try. Next: read the Spark output above, fix the "
-                               "cause, then clear this task (it loads the batch as a new attempt).", tag)
-                try:  # the sink drops what this attempt staged now, not when a later attempt supersedes it
-                    batch.abort(spec, bootstrap, plan, attempt, f"extract failed on its last try: {exc}"[:500])
-                    self.log.error("%s: ABORT sent: nothing of this attempt will be applied", tag)
-                except Exception as why:  # the extract's own failure stays the error raised
-                    self.log.error("%s: could not send ABORT (%s); the attempt stays open until a new attempt "
-                                   "supersedes it", tag, why)
-                raise
+            super().execute(context)
             report = json.loads(report_path.read_text())
-        self.log.info("%s: extracted rows=%s per partition %s in %.1fs", tag, report["rows"],
+            warehouse = pg_connect(self.warehouse_conn_id)
+            try:
+                rows = batch.record_extract(spec, warehouse, plan, attempt, report)
+            finally:
+                warehouse.close()
+        self.log.info("%s: extracted rows=%s per partition %s in %.1fs (totals kept in the ledger)", tag, rows,
                       {p: t["rows"] for p, t in report["totals"].items()}, report["seconds"])
-        return {"attempt": attempt, "report": report}
+        return {"attempt": attempt, "rows": rows}
+
+
+def _attempt(context) -> int:
+    extracted = context["ti"].xcom_pull(task_ids=EXTRACT)
+    if not extracted:
+        raise AirflowFailException(f"no attempt from task '{EXTRACT}' in this run; clear the run from '{BEGIN}'")
+    return int(extracted["attempt"])
 
 
 class EndBatchOperator(_PipelineOperator):
-    """Seal the attempt with the extract's totals and send END to every partition."""
+    """Seal the attempt with the extract's totals (from the ledger) and send END to every partition."""
 
     def execute(self, context) -> int:
         from tidemark import batch
 
-        spec, plan = self.spec, _plan(context)
-        extracted = context["ti"].xcom_pull(task_ids=EXTRACT)
-        warehouse = pg_connect(self.warehouse_conn_id)
-        try:
-            return batch.end(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan,
-                             extracted["attempt"], extracted["report"])
-        finally:
-            warehouse.close()
+        spec, plan, attempt = self.spec, _plan(context), _attempt(context)
+        with on_call(self.log, _tag(spec, plan, attempt), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
+            warehouse = pg_connect(self.warehouse_conn_id)
+            try:
+                return batch.end(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan, attempt)
+            finally:
+                warehouse.close()
 
 
 class BatchSinkOperator(SparkJdbcSubmitOperator):
@@ -194,9 +264,15 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
         self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context) -> None:
+        from tidemark.spec import load_spec
+
+        spec, plan = load_spec(Path(self.spec_path)), _plan(context)
+        tag = _tag(spec, plan, _attempt(context))
         self.job_args = ["--spec", str(Path(self.spec_path).resolve()),
                          "--bootstrap", kafka_bootstrap(self.kafka_conn_id), "--available-now"]
-        super().execute(context)
+        with on_call(self.log, tag, "read the sink's error above; once its cause is fixed, clear this task "
+                     "(the sink resumes from the offsets stored in the warehouse)"):
+            super().execute(context)
 
 
 class BatchCommittedSensor(BaseSensorOperator):
@@ -219,25 +295,59 @@ class BatchCommittedSensor(BaseSensorOperator):
         from tidemark import batch
         from tidemark.spec import load_spec
 
-        spec, plan = load_spec(Path(self.spec_path)), _plan(context)
-        attempt = context["ti"].xcom_pull(task_ids=EXTRACT)["attempt"]
+        spec, plan, attempt = load_spec(Path(self.spec_path)), _plan(context), _attempt(context)
+        # A refused batch says in its message what to do (alter the target, or load a new attempt).
+        with on_call(self.log, _tag(spec, plan, attempt), "see the refusal above for the next step"):
+            warehouse = pg_connect(self.warehouse_conn_id)
+            try:
+                done = batch.commit_state(spec, warehouse, plan.batch_id, attempt)
+                if done:
+                    facts = batch.summary(warehouse, plan.batch_id)
+                    self.log.info("pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s watermark=%s",
+                                  spec.name, plan.batch_id, attempt, facts["window"], facts["rows"], facts["watermark"])
+                    context["ti"].xcom_push(key="summary", value=facts)
+                return done
+            finally:
+                warehouse.close()
+
+
+class AbortUnfinishedOperator(_PipelineOperator):
+    """Teardown: whatever ended this run (a failed task, a killed worker, a timeout), its batch's
+    latest attempt must not stay open. Aborts it in the ledger, then sends ABORT."""
+
+    def execute(self, context) -> None:
+        from tidemark import batch
+
+        spec, plan = self.spec, _plan(context, required=False)
+        if plan is None:
+            self.log.info("pipeline=%s: nothing was planned in this run; nothing to clean up", spec.name)
+            return
         warehouse = pg_connect(self.warehouse_conn_id)
         try:
-            done = batch.commit_state(spec, warehouse, plan.batch_id, attempt)
-            if done:
-                facts = batch.summary(warehouse, plan.batch_id)
-                self.log.info("pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s watermark=%s",
-                              spec.name, plan.batch_id, attempt, facts["window"], facts["rows"], facts["watermark"])
-                context["ti"].xcom_push(key="summary", value=facts)
-            return done
+            reason = f"DAG run {context['dag_run'].run_id} ended without committing it (see that run's failed task)"
+            try:
+                attempt = batch.abort_unfinished(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan, reason)
+            except Exception as exc:  # the ledger row is what fences the attempt; ABORT only speeds the drop
+                self.log.error("%s: could not send ABORT (%s); the ledger marks the attempt aborted, so the sink "
+                               "discards its records and drops its stage table at its next start",
+                               _tag(spec, plan), _one_line(exc))
+                return
         finally:
             warehouse.close()
+        if attempt is None:
+            self.log.info("%s: no unfinished attempt (committed, refused or never begun): nothing to abort",
+                          _tag(spec, plan))
+        else:
+            self.log.warning("%s: attempt %s was left unfinished and is now ABORTED; nothing of it will be applied. "
+                             "Next: fix what failed, then clear the run from '%s' to load a new attempt",
+                             _tag(spec, plan), attempt, BEGIN)
 
 
 def batch_pipeline(spec_path: str | Path, *, source_conn_id: str) -> BaseOperator:
-    """Wire plan >> begin >> extract >> end >> sink >> wait_committed >> publish in the current DAG.
+    """Wire plan >> begin >> extract >> end >> sink >> wait_committed >> publish in the current DAG,
+    with ``abort_unfinished`` as the teardown of the whole chain (plan is its setup).
 
-    Returns the last task, whose outlet is the pipeline's Asset, so callers can chain more work.
+    Returns the publish task, whose outlet is the pipeline's Asset, so callers can chain more work.
     """
     from airflow.sdk import task
 
@@ -249,18 +359,21 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str) -> BaseOperato
     end = EndBatchOperator(task_id=END, spec_path=path)
     sink = BatchSinkOperator(task_id=SINK, spec_path=path)
     committed = BatchCommittedSensor(task_id=COMMITTED, spec_path=path)
+    cleanup = AbortUnfinishedOperator(task_id=CLEANUP, spec_path=path, retries=3)
 
-    @task(task_id="publish", outlets=[asset])
+    @task(task_id=PUBLISH, outlets=[asset])
     def publish(*, outlet_events=None, ti=None) -> dict[str, Any]:
-        """Emit the Asset event for the committed batch (reconciliation is scheduled on it)."""
+        """Emit the Asset event for the committed batch (reconciliation is scheduled on it).
+
+        An empty batch says so (``empty: true``), so nobody takes it for fresh data."""
         from tidemark.summary import summary_line
 
         facts = ti.xcom_pull(task_ids=COMMITTED, key="summary")
+        facts = {**facts, "empty": not facts.get("rows")}
         outlet_events[asset].extra = facts
         print(summary_line("batch", **facts), flush=True)
         return facts
 
-    chain = plan >> begin >> extract >> end >> sink >> committed
     last = publish()
-    chain >> last
+    plan >> begin >> extract >> end >> sink >> committed >> last >> cleanup.as_teardown(setups=plan)
     return last

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Connection
+from airflow.sdk.exceptions import AirflowException
 
 from tidemark.settings import CONN_SPARK, REPO_ROOT, SPARK_DRIVER_MEMORY, jdbc_url
+from tidemark.sparkjob import ERROR_FILE_ENV, EXIT_JOB_ERROR
 
 PASSWORD_ENV = "TIDEMARK_JDBC_PASSWORD"
 
@@ -41,7 +46,29 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
             "--jdbc-url", url, "--user", conn.login or "", "--password-env", PASSWORD_ENV,
             *self.job_args,
         ]
-        self.env_vars = {**(self.env_vars or {}), PASSWORD_ENV: conn.password or ""}
         self.jars = self.jars or os.environ.get("TIDEMARK_SPARK_JARS") or None
         self.log.info("submitting %s against %s as %s", self.application, url, conn.login)
-        super().execute(context)
+        with tempfile.TemporaryDirectory(prefix="tidemark-job-") as tmp:
+            cause_file = Path(tmp) / "cause.txt"
+            self.env_vars = {**(self.env_vars or {}), PASSWORD_ENV: conn.password or "", ERROR_FILE_ENV: str(cause_file)}
+            try:
+                super().execute(context)
+            except AirflowException as exc:
+                code = re.search(r"Error code is: (-?\d+)", str(exc))
+                cause = cause_file.read_text().strip() if cause_file.exists() else ""
+                raise SparkJobFailed(
+                    int(code.group(1)) if code else None,
+                    cause or "the job printed no cause (killed, or failed before starting); see its output above",
+                ) from None
+
+
+class SparkJobFailed(RuntimeError):
+    """A spark-submit job ended non-zero; ``cause`` is the job's own one-line reason."""
+
+    def __init__(self, exit_code: int | None, cause: str):
+        super().__init__(f"Spark job exited {exit_code}: {cause}")
+        self.exit_code, self.cause = exit_code, cause
+
+    @property
+    def deterministic(self) -> bool:
+        return self.exit_code == EXIT_JOB_ERROR  # a JobError: the same input fails the same way

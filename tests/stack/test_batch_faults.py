@@ -88,7 +88,7 @@ def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
     a1 = pipe.begin(a)
     report_a = pipe.extract(a, a1)
     pipe.end(a, a1, report_a)
-    pipe.end(a, a1, report_a)  # duplicated END: same totals, a no-op
+    pipe.send_end(a, a1, report_a)  # duplicated END: same totals, a no-op
 
     insert(pipe, 1001, 1100)
     b = pipe.plan("run-b")
@@ -125,7 +125,7 @@ def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
     assert len(dead) == 3 and all(b"unknown batch ghost-batch" in reason for reason in dead)
 
     committed_at = pipe.query_wh("SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,))
-    pipe.end(a, a1, report_a)  # replayed END of a committed batch
+    pipe.send_end(a, a1, report_a)  # replayed END of a committed batch
     pipe.sink()
     assert pipe.query_wh("SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,)) == committed_at
     assert target_count(pipe) == 300

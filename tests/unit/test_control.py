@@ -116,14 +116,20 @@ def test_encode_decode_round_trip(kind):
         assert decode(raw.decode()) == msg
 
 
-def test_encoded_end_is_plain_json_with_exact_integers():
+def test_encoded_end_carries_checksums_as_exact_decimal_strings():
     msg = messages("END", partitions=3, totals=TOTALS, **COMMON)[2]
     body = json.loads(msg.encode())
     assert body["version"] == 1 and body["kind"] == "END" and body["partition"] == 2
-    assert body["totals"] == {"rows": 5, "checksum": 1180591620717411303424}
+    # a string: no JSON layer (Airflow's XCom serializer, a float-minded reader) can round or refuse it
+    assert body["totals"] == {"rows": 5, "checksum": "1180591620717411303424"}
     assert body["batch_rows"] == 8
     assert body["window"] == WINDOW
-    assert b'"checksum":1180591620717411303424' in msg.encode()  # an integer literal, not a float
+    assert decode(msg.encode()).totals == TOTALS[2]
+
+
+def test_an_end_with_an_integer_checksum_is_still_read():  # what older producers wrote
+    body = _envelope(kind="END", partition=1, totals={"rows": 3, "checksum": 2**70}, batch_rows=3)
+    assert decode(json.dumps(body)).totals == PartitionTotals(rows=3, checksum=2**70)
 
 
 def test_decode_a_hand_written_envelope():
@@ -190,7 +196,7 @@ def test_control_messages_are_immutable():
 
 def test_dumps_totals_exact_text():
     assert dumps_totals({2: TOTALS[2], 0: TOTALS[0]}) == (
-        '{"0": {"rows": 3, "checksum": -9000000000000000000}, "2": {"rows": 5, "checksum": 1180591620717411303424}}'
+        '{"0": {"rows": 3, "checksum": "-9000000000000000000"}, "2": {"rows": 5, "checksum": "1180591620717411303424"}}'
     )
 
 

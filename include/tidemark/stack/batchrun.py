@@ -71,9 +71,16 @@ class Pipeline:
     def end(self, plan: batch.Plan, attempt: int, report: dict) -> None:
         wh = self.wh()
         try:
-            batch.end(self.spec, wh, self.settings.kafka_bootstrap, plan, attempt, report)
+            batch.record_extract(self.spec, wh, plan, attempt, report)
+            batch.end(self.spec, wh, self.settings.kafka_bootstrap, plan, attempt)
         finally:
             wh.close()
+
+    def send_end(self, plan: batch.Plan, attempt: int, report: dict) -> None:
+        """END on the topic only, as a duplicated or replayed message would arrive (no ledger step)."""
+        from tidemark.control import loads_totals
+
+        batch.send_end(self.spec, self.settings.kafka_bootstrap, plan, attempt, loads_totals(report["totals"]))
 
     def abort(self, plan: batch.Plan, attempt: int, reason: str) -> None:
         batch.abort(self.spec, self.settings.kafka_bootstrap, plan, attempt, reason)
