@@ -30,6 +30,11 @@ AIRFLOW_DB = "airflow"
 DATABASES = (SOURCE_DB, WAREHOUSE_DB, AIRFLOW_DB)
 
 
+def pipelines_dir() -> Path:
+    """Where the pipeline specs are: ``TIDEMARK_PIPELINES_DIR``, or the checkout's include/pipelines."""
+    return Path(os.environ.get("TIDEMARK_PIPELINES_DIR") or REPO_ROOT / "include" / "pipelines")
+
+
 def jdbc_url(host: str, port: int | None, database: str) -> str:
     """The PostgreSQL JDBC URL for a host, port (default 5432) and database."""
     return f"jdbc:postgresql://{host}:{port or 5432}/{database}"
@@ -174,6 +179,9 @@ class Settings:
                 f"http://127.0.0.1:{self.airflow_port}/execution/"
             ),
             "AIRFLOW__API__PORT": str(self.airflow_port),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            # Spark's driver, block manager and UI listen on loopback only (the UI would take 0.0.0.0:4040).
+            "SPARK_LOCAL_IP": "127.0.0.1",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": (
                 f"postgresql+psycopg2://{quote(self.pg_user, safe='')}:{quote(self.pg_password, safe='')}"
                 f"@{self.pg_host}:{self.pg_port}/{AIRFLOW_DB}"

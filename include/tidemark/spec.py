@@ -119,3 +119,27 @@ def load_spec(path: Path) -> PipelineSpec:
     if spec.name != path.stem:
         raise SpecError(f"{path}: field 'name': {spec.name!r} must equal the file name {path.stem!r}")
     return spec
+
+
+def load_specs(directory: Path) -> tuple[list[tuple[Path, PipelineSpec]], list[SpecError]]:
+    """Every ``*.yaml`` spec in ``directory``: the valid ones, and an error per invalid file.
+
+    Two specs that write one target table are both refused: their batches would replace each
+    other's rows."""
+    specs: list[tuple[Path, PipelineSpec]] = []
+    errors: list[SpecError] = []
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            specs.append((path, load_spec(path)))
+        except SpecError as exc:
+            errors.append(exc)
+    writers: dict[str, list[Path]] = {}
+    for path, spec in specs:
+        writers.setdefault(spec.target_table, []).append(path)
+    clashing = {p for paths in writers.values() if len(paths) > 1 for p in paths}
+    for target, paths in writers.items():
+        for path in paths if len(paths) > 1 else ():
+            others = ", ".join(str(o) for o in paths if o != path)
+            errors.append(SpecError(f"{path}: field 'target_table': {target} is also written by {others}; "
+                                    "one pipeline per target table"))
+    return [(p, s) for p, s in specs if p not in clashing], errors

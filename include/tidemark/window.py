@@ -196,6 +196,18 @@ def plan_window(
     safe = clock.safe_bound(spec.safe_lag)
     if interval is not None:
         start, end = (_aware(t) for t in interval)
+        if end <= start:  # a trigger timetable's run: loading it would commit 0 rows and look fine
+            raise PlanError(
+                f"pipeline {spec.name}: backfill run has an empty data interval [{start.isoformat()}, "
+                f"{end.isoformat()}); the DAG's timetable must give runs real data intervals "
+                "(CronDataIntervalTimetable), nothing was loaded"
+            )
+        if start >= safe:
+            raise PlanError(
+                f"pipeline {spec.name}: backfill interval [{start.isoformat()}, {end.isoformat()}) starts after "
+                f"the source's safe bound {safe.isoformat()} (source clock minus safe lag {spec.safe_lag}, held "
+                "before any open source transaction); run it again once that interval has passed"
+            )
         lo = Bound(start - MICROSECOND)
         hi = max(min(end - MICROSECOND, safe), lo.cursor)
         return Window(lo, Bound(hi), backfill=True)

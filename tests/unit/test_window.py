@@ -245,12 +245,17 @@ def test_backfill_hi_is_clamped_below_the_oldest_open_transaction():
     assert window.hi.cursor == datetime(2026, 2, 9, 23, 59, 59, 999999, tzinfo=UTC)
 
 
-def test_backfill_entirely_after_the_safe_bound_is_empty_not_inverted():
+def test_backfill_entirely_after_the_safe_bound_fails_instead_of_committing_nothing():
     now = datetime(2026, 1, 15, tzinfo=UTC)
-    window = plan_window(TS, SourceClock(now, None), None, interval=FEB)
-    assert window.lo.cursor == datetime(2026, 1, 31, 23, 59, 59, 999999, tzinfo=UTC)
-    assert window.hi.cursor == window.lo.cursor
-    assert window.empty is True and window.backfill is True
+    with pytest.raises(PlanError, match=r"starts after the source's safe bound 2026-01-14T23:55:00\+00:00"):
+        plan_window(TS, SourceClock(now, None), None, interval=FEB)
+
+
+@pytest.mark.parametrize("width", [timedelta(0), -US])
+def test_backfill_of_an_empty_data_interval_fails_loudly(width):
+    start = datetime(2026, 11, 20, tzinfo=UTC)
+    with pytest.raises(PlanError, match=r"empty data interval \[2026-11-20T00:00:00\+00:00, .*CronDataIntervalTimetable"):
+        plan_window(TS, SourceClock(datetime(2026, 11, 23, tzinfo=UTC), None), None, interval=(start, start + width))
 
 
 def test_backfill_treats_a_naive_interval_as_utc():
