@@ -45,6 +45,7 @@ def main(argv: list[str]) -> int:
     from tidemark import totals
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
     from tidemark.kafka_io import end_offsets
+    from tidemark.progress import Ticker
     from tidemark.sparkjob import JSON_OPTIONS, JobError, password, session
     from tidemark.spec import load_spec, quote
     from tidemark.summary import summary_line
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
         props = {"user": args.user, "password": secret, "driver": "org.postgresql.Driver", "fetchsize": "20000"}
         table, cursor = quote(spec.table), quote(spec.cursor.column)
         span = spark.read.jdbc(
-            args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi FROM {table} "
+            args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi, count(*) AS n FROM {table} "
             f"WHERE {predicate(spec, window)}) AS span", properties=props,
         ).first()
         edges = _edges(span["lo"], span["hi"], args.read_partitions)
@@ -96,18 +97,25 @@ def main(argv: list[str]) -> int:
                 yield b.select(["key", "value", "partition"])
 
         before = end_offsets(args.bootstrap, spec.topic)
-        (
-            records.mapInArrow(count_on_the_way, "key string, value string, partition int")
-            .withColumn("headers", headers)
-            .write.format("kafka")
-            .option("kafka.bootstrap.servers", args.bootstrap)
-            .option("kafka.enable.idempotence", "true")
-            .option("kafka.acks", "all")
-            .option("kafka.linger.ms", "20")  # fuller batches: a third less time on 2M records
-            .option("kafka.batch.size", str(1 << 20))
-            .option("topic", spec.topic)
-            .save()
-        )
+        print(f"{tag}: {span['n']} rows to extract, in {args.read_partitions} parallel reads", flush=True)
+
+        def written() -> int:  # the writer is not transactional: its records count as they land
+            now = end_offsets(args.bootstrap, spec.topic)
+            return sum(now.get(p, 0) - before.get(p, 0) for p in range(spec.partitions))
+
+        with Ticker(tag, "written to Kafka", written, span["n"]):
+            (
+                records.mapInArrow(count_on_the_way, "key string, value string, partition int")
+                .withColumn("headers", headers)
+                .write.format("kafka")
+                .option("kafka.bootstrap.servers", args.bootstrap)
+                .option("kafka.enable.idempotence", "true")
+                .option("kafka.acks", "all")
+                .option("kafka.linger.ms", "20")  # fuller batches: a third less time on 2M records
+                .option("kafka.batch.size", str(1 << 20))
+                .option("topic", spec.topic)
+                .save()
+            )
         write_s = time.monotonic() - started
         after = end_offsets(args.bootstrap, spec.topic)
         counted = tally.value

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,13 +17,46 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
 PARTITIONER = "murmur2_random"
 
 
+class OncePerCause(logging.Filter):
+    """librdkafka repeats a failure (say, `Connection refused` while the broker is down) every few
+    milliseconds: let one line per cause through per interval, and say how many were held back."""
+
+    def __init__(self, every_s: float = 60.0):
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cause = re.sub(r"\d+", "#", record.getMessage())[:300]  # offsets, ms, ports: one cause
+        now = time.monotonic()
+        if now - self._last.get(cause, -self.every_s) < self.every_s:
+            self._held[cause] = self._held.get(cause, 0) + 1
+            return False
+        self._last[cause] = now
+        held = self._held.pop(cause, 0)
+        if held:
+            record.msg = f"{record.getMessage()} (and {held} more like it in the last {self.every_s:.0f}s)"
+            record.args = ()
+        return True
+
+
+RDKAFKA_LOG = logging.getLogger("tidemark.rdkafka")
+RDKAFKA_LOG.addFilter(OncePerCause())
+
+
+def client_config(bootstrap: str, **extra: object) -> dict[str, object]:
+    """Settings every confluent-kafka client of ours shares: its log lines go through RDKAFKA_LOG."""
+    return {"bootstrap.servers": bootstrap, "logger": RDKAFKA_LOG, **extra}
+
+
 def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
-    return {"bootstrap.servers": bootstrap, "partitioner": PARTITIONER, "enable.idempotence": True, **extra}
+    return client_config(bootstrap, partitioner=PARTITIONER, **{"enable.idempotence": True}, **extra)
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
     """Create the topic if missing; refuse if it exists with another partition count."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     meta = admin.list_topics(timeout=timeout_s)
     existing = meta.topics.get(topic)
     if existing is not None and existing.error is None:
@@ -78,7 +114,7 @@ def _wait_for_leaders(admin: AdminClient, topic: str, timeout_s: float) -> None:
 def end_offsets(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
     """High watermark of every partition (for read_committed: the last stable offset)."""
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "tidemark-offsets", "isolation.level": "read_committed"}
+        client_config(bootstrap, **{"group.id": "tidemark-offsets", "isolation.level": "read_committed"})
     )
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]

@@ -1,0 +1,45 @@
+"""Progress lines for long work: rows so far, of how many, percent, rate, time left."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+def progress_line(tag: str, what: str, done: int, total: int | None, seconds: float) -> str:
+    rate = done / seconds if seconds > 0 else 0.0
+    if total:
+        left = f", about {max(total - done, 0) / rate:.0f}s left" if rate > 0 and done < total else ""
+        share = f" of {total} ({100 * done / total:.0f}%)"
+    else:
+        share, left = "", ""
+    return f"{tag}: progress {what} {done}{share} at {rate:,.0f} rows/s after {seconds:.0f}s{left}"
+
+
+class Ticker:
+    """Prints ``progress_line`` every ``every_s`` seconds from a background thread, counting with
+    ``count()`` (e.g. how far the topic's offsets moved), until stopped."""
+
+    def __init__(self, tag: str, what: str, count: Callable[[], int], total: int | None, every_s: float = 10.0):
+        self.tag, self.what, self.count, self.total, self.every_s = tag, what, count, total, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tidemark-progress", daemon=True)
+        self.started = time.monotonic()
+
+    def __enter__(self) -> "Ticker":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                done = self.count()
+            except Exception as why:  # progress is advice: never fail the work for it
+                print(f"{self.tag}: progress unavailable ({why})", flush=True)
+                continue
+            print(progress_line(self.tag, self.what, done, self.total, time.monotonic() - self.started), flush=True)

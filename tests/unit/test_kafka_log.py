@@ -1,0 +1,24 @@
+"""librdkafka's connection noise reaches task logs as one line per cause."""
+
+from __future__ import annotations
+
+import logging
+
+from tidemark.kafka_io import OncePerCause
+
+
+def _record(msg: str) -> logging.LogRecord:
+    return logging.LogRecord("tidemark.rdkafka", logging.ERROR, __file__, 1, msg, (), None)
+
+
+def test_a_repeated_cause_passes_once_per_interval_and_counts_what_it_held(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("tidemark.kafka_io.time.monotonic", lambda: clock[0])
+    f = OncePerCause(every_s=60)
+    refused = "FAIL [thrd:127.0.0.1:59092/bootstrap]: Connect to ipv4#127.0.0.1:59092 failed: Connection refused (after {}ms)"
+    passed = [f.filter(_record(refused.format(ms))) for ms in range(580)]
+    assert passed.count(True) == 1  # 580 lines differing only in numbers: one cause
+    assert f.filter(_record("another cause: broker transport failure"))
+    clock[0] += 61
+    again = _record(refused.format(3))
+    assert f.filter(again) and "(and 579 more like it in the last 60s)" in again.getMessage()

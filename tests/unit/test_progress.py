@@ -1,0 +1,15 @@
+"""Progress lines say rows so far, of how many, percent, rate and time left."""
+
+from __future__ import annotations
+
+from tidemark.progress import progress_line
+
+
+def test_a_line_with_a_known_total():
+    line = progress_line("pipeline=p batch=b attempt=1", "written to Kafka", 250_000, 1_000_000, 10.0)
+    assert line == ("pipeline=p batch=b attempt=1: progress written to Kafka 250000 of 1000000 (25%) "
+                    "at 25,000 rows/s after 10s, about 30s left")
+
+
+def test_a_line_without_a_total_or_a_rate():
+    assert progress_line("t", "staged", 0, None, 0.0) == "t: progress staged 0 at 0 rows/s after 0s"
