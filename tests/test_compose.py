@@ -60,3 +60,12 @@ def test_no_secret_is_written_literally(compose):
     text = COMPOSE.read_text()
     for match in re.finditer(r'"password":\s*"([^"]*)"', text):
         assert match.group(1).startswith("${"), f"literal password in compose: {match.group(0)}"
+
+
+def test_the_shared_ui_requires_a_login_with_passwords_from_the_environment(compose):
+    env = compose["services"]["airflow-api-server"]["environment"]
+    assert str(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"]).lower() == "false"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].startswith("${TIDEMARK_UI_USERS")
+    init = compose["services"]["airflow-init"]
+    assert init["environment"]["TIDEMARK_UI_PASSWORDS"].startswith("${TIDEMARK_UI_PASSWORDS:?")
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] in " ".join(init["command"])
