@@ -1,0 +1,238 @@
+"""The "Tidemark status" page in the Airflow UI: one row per pipeline, read-only.
+
+Airflow imports every ``.py`` file under the plugins folder as a top-level module, in the API
+server and in every task process alike, so this module stays cheap: FastAPI, Airflow's API
+security and the queries (``tidemark.status``) are imported on the page's first request, and
+connections are resolved per request. The page is served by the API server under ``/tidemark``
+(HTML at ``/tidemark/``, the same data as JSON at ``/tidemark/api/status``) and requires an
+Airflow login like the rest of the API (Airflow's ``get_user``: JWT cookie or bearer token).
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+from airflow.plugins_manager import AirflowPlugin
+
+from tidemark.settings import CONN_WAREHOUSE
+
+URL_PREFIX = "/tidemark"
+NAME = "Tidemark status"
+log = logging.getLogger(__name__)
+
+
+def connect(conn_id: str):
+    """A psycopg2 connection for an Airflow connection id, resolved per request (``collect`` makes
+    its session read-only)."""
+    import psycopg2
+    from airflow.sdk import Connection
+
+    from tidemark.status import APPLICATION_NAME
+
+    c = Connection.get(conn_id)
+    return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login,
+                            password=c.password, connect_timeout=10, application_name=APPLICATION_NAME)
+
+
+def current_status():
+    from tidemark.settings import pipelines_dir
+    from tidemark.status import collect, load_pipelines
+
+    directory = pipelines_dir()
+    entries = load_pipelines(directory)
+    warehouse = connect(CONN_WAREHOUSE)
+    try:
+        return collect(entries, warehouse, connect, pipelines_directory=directory)
+    finally:
+        warehouse.close()
+
+
+# --- HTML -------------------------------------------------------------------------------------
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _attempts(attempts, *, with_message: bool) -> str:
+    from tidemark.status import utc_iso
+
+    if not attempts:
+        return ""
+    items = []
+    for a in attempts:
+        when = a.finished_at or a.begun_at
+        text = f"{_e(a.batch_id)} #{a.attempt} <b>{_e(a.state)}</b> {_e(utc_iso(when))}"
+        if with_message and a.message:
+            text += f"<br><span class=msg>{_e(a.message)}</span>"
+        items.append(f"<li>{text}</li>")
+    return f"<ul>{''.join(items)}</ul>"
+
+
+def _lag(p) -> str:
+    from tidemark.status import format_duration
+
+    if p.lag is None:
+        return "no batch yet"
+    if p.lag.error:
+        return f"<span class=bad>{_e(p.lag.error)}</span>"
+    if p.lag.ids is not None:
+        return f"{p.lag.ids} ids"
+    text = _e(format_duration(p.lag.seconds))
+    return text + (" <span class=warn>held back by an open source transaction</span>" if p.lag.held_back else "")
+
+
+def _pipeline_row(p) -> str:
+    from tidemark.status import utc_iso
+
+    name = f"<td title='{_e(p.spec_path)}'><b>{_e(p.name)}</b></td>"
+    if p.error:
+        return f"<tr class=invalid>{name}<td colspan=9 class=bad>invalid spec: {_e(p.error)}</td></tr>"
+    led = p.ledger
+    c = led.last_committed
+    if c is None:
+        batch = "<td colspan=4>no batch yet</td>"
+    else:
+        batch = (f"<td>{_e(c.batch_id)} #{_e(c.attempt)}</td><td>{_e(c.window)}</td>"
+                 f"<td class=num>{_e(c.rows)}</td><td>{_e(utc_iso(c.committed_at))}</td>")
+    w = led.watermark
+    watermark = f"{_e(w.bound)}<br><small>by {_e(w.batch_id)}</small>" if w else "no batch yet"
+    failures = _attempts(led.recent_failures, with_message=True) or "none"
+    last = led.last_failure
+    last_failure = (f"{_e(utc_iso(last.finished_at or last.begun_at))} {_e(last.batch_id)} #{last.attempt} "
+                    f"<b>{_e(last.state)}</b><br><span class=msg>{_e(last.message)}</span>") if last else ""
+    return (f"<tr>{name}{batch}<td>{watermark}</td><td>{_lag(p)}</td>"
+            f"<td>{_attempts(led.unfinished, with_message=False) or 'none'}</td>"
+            f"<td>{failures}</td><td>{last_failure}</td></tr>")
+
+
+def _source_section(s) -> str:
+    from tidemark.status import format_duration, utc_iso
+
+    head = f"<h3>Source <code>{_e(s.conn_id)}</code></h3>"
+    if s.error:
+        return head + f"<p class=bad>{_e(s.error)}</p>"
+    parts = [head, f"<p>source clock {_e(utc_iso(s.now))}</p>"]
+    x = s.oldest_open_xact
+    if x is None:
+        parts.append("<p>no open transaction: windows end at the source clock minus the safe lag</p>")
+    else:
+        parts.append(
+            "<p>oldest open transaction (the clamp: no window ends after its start)</p>"
+            "<table><tr><th>pid</th><th>application_name</th><th>usename</th><th>client_addr</th><th>state</th>"
+            "<th>xact_start (UTC)</th><th>age</th></tr>"
+            f"<tr class=clamp><td>{x.pid}</td><td>{_e(x.application_name)}</td><td>{_e(x.usename)}</td>"
+            f"<td>{_e(x.client_addr)}</td><td>{_e(x.state)}</td><td>{_e(utc_iso(x.xact_start))}</td>"
+            f"<td>{_e(format_duration(x.age))}</td></tr></table>"
+        )
+    if s.prepared_xacts:
+        rows = "".join(f"<tr><td>{_e(t.gid)}</td><td>{_e(t.database)}</td><td>{_e(t.owner)}</td>"
+                       f"<td>{_e(utc_iso(t.prepared))}</td></tr>" for t in s.prepared_xacts)
+        parts.append("<p class=warn>prepared transactions (not in pg_stat_activity, not seen by the clamp):</p>"
+                     f"<table><tr><th>gid</th><th>database</th><th>owner</th><th>prepared (UTC)</th></tr>{rows}</table>")
+    return "".join(parts)
+
+
+def _orphans(report) -> str:
+    from tidemark.status import format_bytes
+
+    if not report.orphan_stage_tables:
+        return "<p>none</p>"
+    rows = "".join(
+        f"<tr><td><code>{_e(t.table)}</code></td><td>{_e(t.pipeline or '?')}</td><td>{_e(t.batch_id or 'unknown')}</td>"
+        f"<td>{_e(t.attempt)}</td><td>{_e(t.state or 'no such attempt')}</td><td class=num>{_e(format_bytes(t.bytes))}</td></tr>"
+        for t in report.orphan_stage_tables)
+    return ("<table><tr><th>table</th><th>pipeline</th><th>batch</th><th>attempt</th><th>attempt state</th>"
+            f"<th>size</th></tr>{rows}</table>")
+
+
+STYLE = """
+body{font-family:system-ui,sans-serif;font-size:14px;margin:1em;color:#222}
+table{border-collapse:collapse;margin-bottom:1em}th,td{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}
+th{background:#f3f3f3}td.num{text-align:right}ul{margin:0;padding-left:1.1em}.msg{color:#555;font-size:12px}
+.bad{color:#b00020}.warn{color:#a05a00}small{color:#666}
+"""
+
+LEGEND = """<p><small>
+<b>Window</b> (lo, hi]: the cursor range the batch loaded. <b>Watermark</b>: everything up to it is in the
+warehouse. <b>Lag</b>: source clock minus the watermark (timestamp cursors), or ids not loaded yet (id
+cursors). <b>Unfinished</b>: attempts open or sealed, waiting for the sink. <b>Failures</b>: attempts
+refused or aborted in the last 7 days. Orphaned stage tables belong to finished or unknown attempts; the
+pipeline's next sink start drops those it knows. All times UTC.</small></p>"""
+
+
+def render_html(report) -> str:
+    from tidemark.status import utc_iso
+
+    head = ("<tr><th>pipeline</th><th>last committed batch</th><th>window</th><th>rows</th><th>committed at (UTC)</th>"
+            "<th>watermark</th><th>lag</th><th>unfinished attempts</th><th>failures (7 days)</th><th>last failure</th></tr>")
+    rows = "".join(_pipeline_row(p) for p in report.pipelines)
+    if not report.pipelines:
+        rows = "<tr><td colspan=10>no pipeline specs</td></tr>"
+    note = "" if report.control_schema else "<p>no batch yet: the warehouse has no control schema</p>"
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8><title>{_e(NAME)}</title><style>{STYLE}</style></head><body>"
+        f"<h2>{_e(NAME)}</h2><p><small>{_e(utc_iso(report.generated_at))}, specs in "
+        f"<code>{_e(report.pipelines_dir)}</code></small></p>{note}"
+        f"<table id=pipelines>{head}{rows}</table>"
+        + "".join(_source_section(s) for s in report.sources)
+        + f"<h3>Orphaned stage tables</h3>{_orphans(report)}{LEGEND}</body></html>"
+    )
+
+
+def render_error(exc: BaseException) -> str:
+    from tidemark.status import error_text
+
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(NAME)}</title><style>{STYLE}</style></head>"
+            f"<body><h2>{_e(NAME)}</h2><p class=bad>status unavailable: {_e(error_text(exc))}</p></body></html>")
+
+
+# --- the app and the plugin -------------------------------------------------------------------
+
+def build_app():
+    from fastapi import Depends, FastAPI
+    from fastapi.responses import HTMLResponse, JSONResponse
+
+    from airflow.api_fastapi.core_api.security import get_user
+
+    from tidemark.status import error_text
+
+    app = FastAPI(title=NAME, dependencies=[Depends(get_user)], docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page():  # sync: runs in the thread pool, the queries block
+        try:
+            return HTMLResponse(render_html(current_status()))
+        except Exception as exc:  # e.g. the warehouse is down: say so rather than a bare 500
+            log.warning("Tidemark status unavailable: %s", error_text(exc))
+            return HTMLResponse(render_error(exc), status_code=503)
+
+    @app.get("/api/status")
+    def api_status():
+        try:
+            return current_status().to_json()
+        except Exception as exc:
+            return JSONResponse({"error": error_text(exc)}, status_code=503)
+
+    return app
+
+
+class BuiltOnFirstRequest:
+    """An ASGI app that builds the real one when it is first called (see the module docstring)."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._app = None
+
+    async def __call__(self, scope, receive, send):
+        if self._app is None:
+            self._app = self._factory()
+        await self._app(scope, receive, send)
+
+
+class TidemarkStatusPlugin(AirflowPlugin):
+    name = "tidemark_status"
+    fastapi_apps = [{"app": BuiltOnFirstRequest(build_app), "url_prefix": URL_PREFIX, "name": NAME}]
+    # url_route: shown inside the UI (an iframe at /plugin/tidemark-status); no category: top nav
+    external_views = [{"name": NAME, "href": f"{URL_PREFIX}/", "destination": "nav", "url_route": "tidemark-status"}]

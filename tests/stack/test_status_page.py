@@ -1,0 +1,194 @@
+"""The "Tidemark status" page through Airflow's own API app, against the real ledger and source.
+
+A real batch is committed, a second one aborted and a third left open; stray stage tables are
+made, and a transaction is held open on the source. The page (HTML and JSON) must show all of it
+and must leave nothing behind: no transaction, no write, no control schema where there was none.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import psycopg2
+import pytest
+
+from tidemark.settings import SOURCE_DB, WAREHOUSE_DB
+from tidemark.sink import stage_table
+from tidemark.stack.batchrun import make_pipeline
+from tidemark.status import APPLICATION_NAME
+
+pytestmark = pytest.mark.stack
+
+DDL = """
+CREATE TABLE {table} (
+    id bigint PRIMARY KEY,
+    amount numeric(18,2) NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+@pytest.fixture(scope="module")
+def airflow_api():
+    """Airflow's API server app as `airflow api-server` builds it: plugins mounted, login enforced
+    (locally every user is an admin: AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS)."""
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.app import create_app
+
+    with TestClient(create_app("core")) as client:
+        yield client
+
+
+def fetch(client) -> tuple[str, dict]:
+    page = client.get("/tidemark/")
+    assert page.status_code == 200, page.text
+    data = client.get("/tidemark/api/status")
+    assert data.status_code == 200, data.text
+    return page.text, data.json()
+
+
+def status_sessions(settings, wait_s: float = 5.0) -> list[tuple]:
+    """The page's sessions still on the server (a closed connection's backend exits a moment later)."""
+    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT datname, state FROM pg_stat_activity WHERE application_name = %s",
+                            (APPLICATION_NAME,))
+                sessions = cur.fetchall()
+            if not sessions or time.monotonic() > deadline:
+                return sessions
+            time.sleep(0.1)
+    finally:
+        conn.close()
+
+
+def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, monkeypatch, airflow_api, bootstrap):
+    pipe = make_pipeline(settings, tmp_path, DDL)
+    idle = make_pipeline(settings, tmp_path, DDL)  # never loaded: "no batch yet"
+    (tmp_path / "broken.yaml").write_text("name: broken\ntable: public.x\n")
+    conn = pipe.src()
+    with conn, conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {pipe.source_table} (id, amount, updated_at) "
+                    "SELECT g, g * 0.5, now() - interval '1 minute' FROM generate_series(1, 500) g")
+    conn.close()
+
+    committed = pipe.plan("run-a")
+    a1 = pipe.begin(committed)
+    pipe.end(committed, a1, pipe.extract(committed, a1))
+    aborted = pipe.plan("run-b")
+    pipe.abort(aborted, pipe.begin(aborted), "status page test: <b>not</b> loaded")
+    unfinished = pipe.plan("run-c")
+    c1 = pipe.begin(unfinished)
+    pipe.sink()  # one sink run: run-a committed, run-b aborted, run-c still open (no END)
+    assert [pipe.state(committed.batch_id, a1), pipe.state(aborted.batch_id, 1), pipe.state(unfinished.batch_id, c1)] \
+        == ["committed", "aborted", "open"]
+
+    leftover = stage_table(committed.batch_id, a1)  # a committed attempt's stage that outlived it
+    ghost = stage_table(f"ghost-{uuid.uuid4().hex}", 1)  # an attempt the ledger never heard of
+    in_use = stage_table(unfinished.batch_id, c1)  # an open attempt's stage: not an orphan
+    wh = pipe.wh()
+    holder = psycopg2.connect(settings.dsn(SOURCE_DB), application_name=f"status-test-{uuid.uuid4().hex[:8]}")
+    try:
+        with wh, wh.cursor() as cur:
+            for table in (leftover, ghost, in_use):
+                cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (value text)")
+            cur.execute(f"INSERT INTO {leftover} SELECT repeat('x', 100) FROM generate_series(1, 1000)")
+        with holder.cursor() as cur:  # a transaction left open on the source: the planner's clamp
+            cur.execute("SELECT pg_backend_pid()")
+            holder_pid = cur.fetchone()[0]
+
+        monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
+        page, data = fetch(airflow_api)
+    finally:
+        holder.close()
+        with wh, wh.cursor() as cur:
+            for table in (leftover, ghost, in_use):
+                cur.execute(f"DROP TABLE IF EXISTS {table}")
+        wh.close()
+
+    rows = {p["name"]: p for p in data["pipelines"]}
+    assert sorted(rows) == sorted([pipe.spec.name, idle.spec.name, "broken"])
+    assert "field 'primary_key'" in rows["broken"]["error"]
+    assert rows[idle.spec.name]["ledger"]["last_committed"] is None and rows[idle.spec.name]["lag"] is None
+
+    ledger = rows[pipe.spec.name]["ledger"]
+    last = ledger["last_committed"]
+    assert (last["batch_id"], last["attempt"], last["rows"]) == (committed.batch_id, a1, 500)
+    assert last["window"] == str(committed.window) and last["committed_at"].endswith("+00:00")
+    assert ledger["watermark"]["bound"] == str(committed.window.hi) and ledger["watermark"]["batch_id"] == committed.batch_id
+    assert [(a["batch_id"], a["attempt"], a["state"]) for a in ledger["unfinished"]] == [(unfinished.batch_id, c1, "open")]
+    assert [(a["batch_id"], a["state"]) for a in ledger["recent_failures"]] == [(aborted.batch_id, "aborted")]
+    assert "status page test: <b>not</b> loaded" in ledger["last_failure"]["message"]
+    lag = rows[pipe.spec.name]["lag"]
+    assert 0 <= lag["seconds"] < 3600 and lag["held_back"] is True  # safe lag 0: the open transaction sets the end
+
+    source = next(s for s in data["sources"] if s["conn_id"] == pipe.spec.source_conn_id)
+    clamp = source["oldest_open_xact"]
+    assert clamp["pid"] == holder_pid and clamp["application_name"].startswith("status-test-")
+    assert clamp["state"] == "idle in transaction" and clamp["age"] >= 0
+
+    orphans = {t["table"]: t for t in data["orphan_stage_tables"]}
+    assert in_use not in orphans
+    assert orphans[leftover]["state"] == "committed" and orphans[leftover]["pipeline"] == pipe.spec.name
+    assert orphans[leftover]["bytes"] > 100_000
+    assert orphans[ghost]["batch_id"] is None and orphans[ghost]["bytes"] is not None
+
+    # the HTML says the same, escaped
+    for text in (pipe.spec.name, idle.spec.name, committed.batch_id, unfinished.batch_id, str(committed.window.hi),
+                 str(holder_pid), clamp["application_name"], leftover, ghost, "no batch yet", "invalid spec"):
+        assert text in page, text
+    assert "&lt;b&gt;not&lt;/b&gt; loaded" in page and "<b>not</b>" not in page
+    assert "held back by an open source transaction" in page
+
+    assert status_sessions(settings) == []  # every connection of the page closed, no transaction left
+
+
+def test_page_is_read_only_and_copes_without_a_control_schema(settings, tmp_path, monkeypatch, airflow_api):
+    """A warehouse where no batch ever ran: 'no batch yet', and the page creates nothing there."""
+    name = f"tidemark_status_empty_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    admin.autocommit = True
+    admin.cursor().execute(f'CREATE DATABASE "{name}"')
+    try:
+        pipe = make_pipeline(settings, tmp_path, DDL)
+        conn = json.loads(settings.airflow_connections()["AIRFLOW_CONN_TIDEMARK_WAREHOUSE"])
+        monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_WAREHOUSE", json.dumps({**conn, "schema": name}))
+        monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
+        page, data = fetch(airflow_api)
+        assert data["control_schema"] is False and data["orphan_stage_tables"] == []
+        assert [(p["name"], p["ledger"]["last_committed"], p["lag"]) for p in data["pipelines"]] == [
+            (pipe.spec.name, None, None)]
+        assert "no batch yet" in page
+
+        empty = psycopg2.connect(settings.dsn(name))
+        try:
+            with empty, empty.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'tidemark%'")
+                assert cur.fetchone()[0] == 0
+        finally:
+            empty.close()
+
+        # no warehouse at all: the page says why instead of failing bare
+        monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_WAREHOUSE", json.dumps({**conn, "schema": f"{name}_missing"}))
+        broken = airflow_api.get("/tidemark/api/status")
+        assert broken.status_code == 503 and f"{name}_missing" in broken.json()["error"]
+        assert settings.pg_password not in broken.text
+        html_page = airflow_api.get("/tidemark/")
+        assert html_page.status_code == 503 and "status unavailable" in html_page.text
+    finally:
+        admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def test_collect_leaves_its_connections_read_only(settings, tmp_path, warehouse_conn):
+    from tidemark.status import collect, load_pipelines
+
+    make_pipeline(settings, tmp_path, DDL)
+    collect(load_pipelines(tmp_path), warehouse_conn, lambda conn_id: psycopg2.connect(settings.dsn(SOURCE_DB)))
+    with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction):
+        with warehouse_conn.cursor() as cur:
+            cur.execute("CREATE TABLE tidemark_control.status_must_not_write (x int)")
