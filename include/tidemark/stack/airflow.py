@@ -6,7 +6,7 @@ import os
 import subprocess
 
 from tidemark.settings import Settings
-from tidemark.stack.proc import read_pid, run, say, spawn, stop_pid
+from tidemark.stack.proc import read_pid, run, say, spawn, stop_pid, wait_until
 
 
 def _env(settings: Settings) -> dict[str, str]:
@@ -35,18 +35,50 @@ class AirflowUI:
 
     def __init__(self, settings: Settings):
         self.s = settings
+        # Everything on 127.0.0.1. The log servers of scheduler and triggerer would listen on every
+        # interface at fixed ports; with LocalExecutor the api-server reads the log files directly.
+        self.arguments = {
+            "api-server": ["--host", "127.0.0.1", "--port", str(settings.airflow_port)],
+            "scheduler": ["--skip-serve-logs"],
+            "dag-processor": [],
+            "triggerer": ["--skip-serve-logs"],
+        }
 
     def _pid(self, name: str):
         return self.s.airflow_home / f"{name}.pid"
 
-    def start(self) -> None:
-        env = _env(self.s)
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.s.airflow_port}"
+
+    def start(self, extra_env: dict[str, str] | None = None) -> None:
+        env = {**_env(self.s), **(extra_env or {})}
         for name in self.components:
             if read_pid(self._pid(name)) is not None:
                 continue
-            cmd = ["airflow", name] + (["--port", str(self.s.airflow_port)] if name == "api-server" else [])
-            spawn(cmd, log=self.s.logs_dir / f"airflow-{name}.log", pid_file=self._pid(name), env=env)
-        say("airflow", f"UI starting at http://127.0.0.1:{self.s.airflow_port} (no login: all users are admins locally)")
+            cmd = ["airflow", name, *self.arguments[name]]
+            # cwd: Spark jobs leave an artifacts/ directory wherever they run
+            spawn(cmd, log=self.s.logs_dir / f"airflow-{name}.log", pid_file=self._pid(name), env=env,
+                  cwd=self.s.state_dir)
+        say("airflow", f"UI starting at {self.url} (no login: all users are admins locally)")
+
+    def wait_healthy(self, timeout_s: float = 180.0) -> None:
+        """Until the api-server answers and reports scheduler, dag-processor and triggerer healthy."""
+        import json
+        import urllib.request
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as resp:
+                    health = json.load(resp)
+            except OSError:
+                return False
+            return all((health.get(c) or {}).get("status") == "healthy"
+                       for c in ("metadatabase", "scheduler", "dag_processor", "triggerer"))
+
+        log = self.s.logs_dir / "airflow-api-server.log"
+        wait_until(healthy, timeout_s=timeout_s, what="the Airflow services",
+                   alive=lambda: all(read_pid(self._pid(n)) is not None for n in self.components), log=log)
 
     def stop(self) -> None:
         for name in self.components:

@@ -48,13 +48,14 @@ def read_pid(pid_file: Path) -> int | None:
     return pid
 
 
-def spawn(cmd: Sequence[str], *, log: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:
+def spawn(cmd: Sequence[str], *, log: Path, pid_file: Path, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> int:
     """Start a long-running process in its own session, detached from our terminal."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,
+            env=env, cwd=cwd, start_new_session=True,
         )
     pid_file.write_text(str(proc.pid))
     return proc.pid
