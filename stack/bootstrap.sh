@@ -16,6 +16,7 @@ python3.11 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3.11-venv)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 command -v runuser >/dev/null || missing+=(util-linux)
+command -v chromium >/dev/null || missing+=(chromium)  # the UI tests drive headless Chromium
 if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     say "missing: ${missing[*]}. Install them once as root: sudo apt-get install -y ${missing[*]}" >&2

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
+from urllib.parse import quote
 
 from tidemark.settings import Settings
-from tidemark.stack.proc import read_pid, run, say, spawn, stop_pid, wait_until
+from tidemark.stack.proc import StackError, read_pid, run, say, spawn, stop_pid, wait_until
 
 
 def _env(settings: Settings) -> dict[str, str]:
@@ -96,3 +98,77 @@ class AirflowUI:
 def exec_in_env(settings: Settings, argv: list[str]) -> int:
     return subprocess.call(argv, env=_env(settings))
 
+
+
+class RestApi:
+    """The REST API the Airflow UI uses (`/api/v2`): locally every request is an admin's."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0):
+        self.url, self.timeout_s = url, timeout_s
+
+    def call(self, method: str, path: str, body: dict | None = None):
+        import json
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(
+            f"{self.url}/api/v2{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:
+            raise StackError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:2000]!r}") from None
+
+    def exists(self, dag_id: str) -> bool:
+        try:
+            self.call("GET", f"/dags/{dag_id}")
+            return True
+        except StackError:
+            return False
+
+    def trigger(self, dag_id: str) -> str:
+        """A manual run, as the UI's Trigger button makes it; returns its run id."""
+        from datetime import datetime, timezone
+
+        run = self.call("POST", f"/dags/{dag_id}/dagRuns", {"logical_date": datetime.now(timezone.utc).isoformat()})
+        return run["dag_run_id"]
+
+    def runs(self, dag_id: str, **query) -> list[dict]:
+        from urllib.parse import urlencode
+
+        return self.call("GET", f"/dags/{dag_id}/dagRuns?" + urlencode({"order_by": "logical_date", **query}))["dag_runs"]
+
+    def run(self, dag_id: str, run_id: str) -> dict:
+        return self.call("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        return self.call("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")["task_instances"]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        return {t["task_id"]: t["state"] for t in self.task_instances(dag_id, run_id)}
+
+    def log_text(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        body = self.call("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/"
+                                f"{try_number}?full_content=true")
+        content = body.get("content")
+        if isinstance(content, list):
+            return "\n".join(str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in content)
+        return str(content)
+
+    def wait_for(self, what: str, check, timeout_s: float | None = None):
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            time.sleep(3)
+        raise StackError(f"timed out after {timeout_s or self.timeout_s:.0f}s waiting for {what}")
+
+    def wait_finished(self, dag_id: str, run_id: str, timeout_s: float | None = None) -> dict:
+        def done():
+            run = self.run(dag_id, run_id)
+            return run if run["state"] in ("success", "failed") else None
+
+        return self.wait_for(f"{dag_id} run {run_id} to finish", done, timeout_s)
