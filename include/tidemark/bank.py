@@ -134,19 +134,47 @@ def _reading(conn: Connection) -> Iterator[Any]:
 
 
 # --- schema and seed ----------------------------------------------------------------------------
+# The demo's own objects, dependents first. It drops these and nothing else: a table a data
+# engineer added to the schema stays, and so does the schema if the demo did not create it.
+_TABLES = ("daily_balances", "ledger_entries", "accounts", "customers")
+_SEQUENCES = ("entry_id_seq", "account_id_seq", "customer_id_seq")
+OWNED_MARK = "created by the Tidemark demo (tidemark.bank)"
+
+
 def create_schema(conn: Connection) -> None:
     """Create schema ``bank`` if missing; never touches existing rows (safe to call every run)."""
     with _transaction(conn) as cur:
         # concurrent first calls would otherwise race on the catalogs
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.bank.create_schema'))")
+        cur.execute("SELECT to_regnamespace(%s) IS NULL", (SCHEMA,))
+        creating = cur.fetchone()[0]
         for statement in _DDL:
             cur.execute(statement)
+        if creating:
+            cur.execute(f"COMMENT ON SCHEMA {SCHEMA} IS %s", (OWNED_MARK,))
 
 
 def drop_schema(conn: Connection) -> None:
-    """Drop schema ``bank`` and everything in it (tests and benchmarks start from nothing)."""
+    """Drop the demo's tables and sequences; then the schema, only if the demo created it and
+    nothing else is left in it. An object of someone else's that depends on a demo table makes
+    this fail with PostgreSQL's message naming it, rather than be dropped with it."""
     with _transaction(conn) as cur:
-        cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        for table in _TABLES:
+            cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}")
+        for sequence in _SEQUENCES:
+            cur.execute(f"DROP SEQUENCE IF EXISTS {SCHEMA}.{sequence}")
+        cur.execute(
+            """SELECT obj_description(n.oid, 'pg_namespace') = %s
+                      AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid)
+                      AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid)
+                      AND NOT EXISTS (SELECT 1 FROM pg_type t WHERE t.typnamespace = n.oid AND t.typrelid = 0
+                                        AND t.typelem = 0)
+                 FROM pg_namespace n WHERE n.nspname = %s""",
+            (OWNED_MARK, SCHEMA),
+        )
+        row = cur.fetchone()
+        if row and row[0]:
+            cur.execute(f"DROP SCHEMA {SCHEMA}")
 
 
 def reset(conn: Connection) -> None:

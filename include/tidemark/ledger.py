@@ -13,7 +13,7 @@ from typing import Any
 
 from tidemark.control import PartitionTotals, dumps_totals, loads_totals
 from tidemark.spec import PipelineSpec, quote
-from tidemark.window import Bound, Window
+from tidemark.window import Bound, PlanError, Window
 
 CONTROL_SCHEMA_LOCK = 7_411_000  # advisory lock: concurrent first runs create the schema once
 
@@ -229,6 +229,23 @@ def source_columns(cur, table: str) -> list[tuple[str, str, bool]]:
         (quote(table),),
     )
     return cur.fetchall()
+
+
+def check_source_access(cur, spec: PipelineSpec) -> None:
+    """The source connection's role can read the pipeline's table: if not, say which grant is missing."""
+    schema = spec.table.split(".")[0] if "." in spec.table else "public"
+    cur.execute("SELECT current_user, has_schema_privilege(%s, 'USAGE')", (schema,))
+    user, usage = cur.fetchone()
+    if not usage:
+        raise PlanError(f"pipeline {spec.name}: the source role {user} may not use schema {schema}: "
+                        f"GRANT USAGE ON SCHEMA {quote(schema)} TO {user}")
+    cur.execute("SELECT to_regclass(%s)", (quote(spec.table),))
+    if cur.fetchone()[0] is None:
+        raise PlanError(f"pipeline {spec.name}: source table {spec.table} does not exist (field 'table' of its spec)")
+    cur.execute("SELECT has_table_privilege(%s, 'SELECT')", (quote(spec.table),))
+    if not cur.fetchone()[0]:
+        raise PlanError(f"pipeline {spec.name}: the source role {user} may not read {spec.table}: "
+                        f"GRANT SELECT ON {quote(spec.table)} TO {user}")
 
 
 def ensure_target(source_cur, warehouse_cur, spec: PipelineSpec) -> bool:

@@ -59,6 +59,8 @@ class Settings:
     pg_port: int
     pg_user: str
     pg_password: str
+    source_user: str  # the source connection's least-privilege role (SELECT, pg_read_all_stats)
+    source_password: str
     os_user: str
     kafka_port: int
     kafka_controller_port: int
@@ -74,6 +76,8 @@ class Settings:
             pg_port=_port("TIDEMARK_PG_PORT", 55432),
             pg_user=_env("TIDEMARK_PG_USER", "tidemark"),
             pg_password=_env("TIDEMARK_PG_PASSWORD", "tidemark-local"),
+            source_user=_env("TIDEMARK_SOURCE_USER", "tidemark_reader"),
+            source_password=_env("TIDEMARK_SOURCE_PASSWORD", "tidemark-reader-local"),
             os_user=_env("TIDEMARK_OS_USER", "tidemark"),
             kafka_port=_port("TIDEMARK_KAFKA_PORT", 59092),
             kafka_controller_port=_port("TIDEMARK_KAFKA_CONTROLLER_PORT", 59093),
@@ -132,21 +136,22 @@ class Settings:
     def airflow_connections(self) -> dict[str, str]:
         """AIRFLOW_CONN_* variables (JSON form), the same names docker-compose.yaml defines."""
 
-        def pg(database: str) -> str:
+        def pg(database: str, login: str, password: str) -> str:
             return json.dumps(
                 {
                     "conn_type": "postgres",
                     "host": self.pg_host,
                     "port": self.pg_port,
-                    "login": self.pg_user,
-                    "password": self.pg_password,
+                    "login": login,
+                    "password": password,
                     "schema": database,
                 }
             )
 
         return {
-            "AIRFLOW_CONN_TIDEMARK_SOURCE": pg(SOURCE_DB),
-            "AIRFLOW_CONN_TIDEMARK_WAREHOUSE": pg(WAREHOUSE_DB),
+            # Pipelines read the source as a role that can only read (least privilege).
+            "AIRFLOW_CONN_TIDEMARK_SOURCE": pg(SOURCE_DB, self.source_user, self.source_password),
+            "AIRFLOW_CONN_TIDEMARK_WAREHOUSE": pg(WAREHOUSE_DB, self.pg_user, self.pg_password),
             "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps(
                 {"conn_type": "kafka", "extra": {"bootstrap.servers": self.kafka_bootstrap}}
             ),

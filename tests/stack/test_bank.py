@@ -153,3 +153,33 @@ def test_bulk_ledger_is_balanced(source_conn):
     assert {c: str(v) for c, v in totals.amounts.items()} == gross
     # back-dated postings carried into later days' balances: the chain still holds
     assert bank.check_books(source_conn) == []
+
+
+def test_the_demo_drops_only_what_it_owns(source_conn):
+    """A table a data engineer put in schema bank survives the demo's reset; the schema itself is
+    dropped only when the demo created it and nothing else is in it."""
+    def scalar(sql, params=()):
+        with source_conn, source_conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()[0] if cur.description else None
+
+    scalar("CREATE TABLE bank.engineers_own (id int PRIMARY KEY)")
+    scalar("INSERT INTO bank.engineers_own VALUES (1)")
+    bank.reset(source_conn)
+    assert scalar("SELECT count(*) FROM bank.engineers_own") == 1
+    assert scalar("SELECT count(*) FROM bank.customers") == 0  # the demo's own tables start afresh
+
+    bank.drop_schema(source_conn)
+    assert scalar("SELECT to_regclass('bank.engineers_own') IS NOT NULL")
+    assert scalar("SELECT to_regnamespace('bank') IS NOT NULL"), "the schema still holds someone's table"
+    scalar("DROP TABLE bank.engineers_own")
+    bank.drop_schema(source_conn)
+    assert scalar("SELECT to_regnamespace('bank') IS NULL")  # the demo's, and empty: dropped
+
+    scalar("CREATE SCHEMA bank")  # someone else's schema: the demo uses it, never drops it
+    bank.create_schema(source_conn)
+    bank.drop_schema(source_conn)
+    assert scalar("SELECT to_regnamespace('bank') IS NOT NULL")
+    scalar("DROP SCHEMA bank")
+    bank.create_schema(source_conn)
+    assert scalar("SELECT obj_description('bank'::regnamespace, 'pg_namespace')") == bank.OWNED_MARK

@@ -26,11 +26,14 @@ def test_a_bad_port_names_the_variable(monkeypatch, value):
 
 def test_connections_are_json_with_the_shared_ids(monkeypatch):
     monkeypatch.setenv("TIDEMARK_PG_PASSWORD", "s3cret")
+    monkeypatch.setenv("TIDEMARK_SOURCE_PASSWORD", "r3ader")
     conns = Settings.from_env().airflow_connections()
     assert set(conns) == {f"AIRFLOW_CONN_{c.upper()}" for c in CONNECTION_IDS}
     source = json.loads(conns["AIRFLOW_CONN_TIDEMARK_SOURCE"])
     assert source["conn_type"] == "postgres" and source["schema"] == "tidemark_source"
-    assert source["password"] == "s3cret"
+    assert (source["login"], source["password"]) == ("tidemark_reader", "r3ader")  # read-only role
+    warehouse = json.loads(conns["AIRFLOW_CONN_TIDEMARK_WAREHOUSE"])
+    assert (warehouse["login"], warehouse["password"]) == ("tidemark", "s3cret")
     assert json.loads(conns["AIRFLOW_CONN_TIDEMARK_SPARK"])["host"] == "local[2]"
 
 

@@ -12,7 +12,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from tidemark.settings import DATABASES, Settings
+from tidemark.settings import DATABASES, SOURCE_DB, Settings
 from tidemark.stack.proc import StackError, run, say, tail
 
 _CREATECLUSTER_CONF = Path("/etc/postgresql-common/createcluster.conf")
@@ -167,6 +167,38 @@ class Postgres:
                     if name not in existing:
                         say("postgres", f"creating database {name}")
                         cur.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            conn.close()
+        self.create_source_reader()
+
+    def create_source_reader(self) -> None:
+        """The role pipelines read the source with: SELECT on tables (those of the stack's owner
+        role, today's and future ones) and pg_read_all_stats (to see open transactions), nothing
+        more. A table created by another role needs its own GRANT SELECT ... TO this role."""
+        import psycopg2
+
+        def ident(name: str) -> str:
+            return '"' + name.replace('"', '""') + '"'
+
+        reader, owner = ident(self.s.source_user), ident(self.s.pg_user)
+        conn = psycopg2.connect(self.s.dsn(SOURCE_DB))
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.stack.source_reader'))")
+                cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (self.s.source_user,))
+                if cur.fetchone() is None:
+                    say("postgres", f"creating the source's read-only role {self.s.source_user}")
+                    cur.execute(f"CREATE ROLE {reader} LOGIN")
+                cur.execute(f"ALTER ROLE {reader} NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD %s",
+                            (self.s.source_password,))
+                cur.execute(f"GRANT pg_read_all_stats TO {reader}")
+                cur.execute(f"GRANT CONNECT ON DATABASE {ident(SOURCE_DB)} TO {reader}")
+                cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT USAGE ON SCHEMAS TO {reader}")
+                cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT SELECT ON TABLES TO {reader}")
+                cur.execute("SELECT nspname FROM pg_namespace WHERE nspname !~ '^pg_' AND nspname <> 'information_schema'")
+                for (schema,) in cur.fetchall():
+                    cur.execute(f"GRANT USAGE ON SCHEMA {ident(schema)} TO {reader}")
+                    cur.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {ident(schema)} TO {reader}")
         finally:
             conn.close()
 
