@@ -39,10 +39,13 @@ def plan(
     spec: PipelineSpec, source_conn, warehouse_conn, *, run_id: str,
     interval: tuple[datetime, datetime] | None = None, bootstrap: str | None = None,
 ) -> Plan:
-    """Decide the window on the source's clock and record it; a retried run re-uses its window."""
+    """Decide the window on the source's clock and record it; a retried run re-uses its window.
+
+    With ``bootstrap``, also create the pipeline's topic (for a sink started before BEGIN)."""
     with warehouse_conn, warehouse_conn.cursor() as wh:
         ledger.ensure_control_schema(wh)
     with source_conn, source_conn.cursor() as src, warehouse_conn, warehouse_conn.cursor() as wh:
+        ledger.check_source_access(src, spec)
         ledger.ensure_target(src, wh, spec)
         clock = read_source_clock(src)
         id_high = ledger.id_high(src, spec) if spec.cursor.kind == "id" else None
@@ -73,7 +76,11 @@ def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Pl
 
 
 def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan) -> int:
-    """Open the next attempt in the ledger and send BEGIN to every partition."""
+    """Open the next attempt in the ledger and send BEGIN to every partition.
+
+    The topic is made sure of first: a broker that is down fails this step before any attempt
+    is opened (plan needs only the databases)."""
+    ensure_topic(bootstrap, spec.topic, spec.partitions)
     with warehouse_conn, warehouse_conn.cursor() as wh:
         attempt = ledger.open_attempt(wh, batch.batch_id)
     _broadcast("BEGIN", spec, bootstrap, batch, attempt)

@@ -143,8 +143,7 @@ class PlanWindowOperator(_PipelineOperator):
         with on_call(self.log, tag, "fix the cause named here (spec, source table or grants), then clear this task"):
             source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
             try:
-                plan = batch.plan(spec, source, warehouse, run_id=run.run_id, interval=interval,
-                                  bootstrap=kafka_bootstrap(self.kafka_conn_id))
+                plan = batch.plan(spec, source, warehouse, run_id=run.run_id, interval=interval)
             finally:
                 source.close()
                 warehouse.close()

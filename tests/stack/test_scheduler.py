@@ -1,0 +1,332 @@
+"""Tidemark as its users run it: the real Airflow services (api-server, scheduler with
+LocalExecutor, dag-processor, triggerer), with runs, backfills and clears made through the REST
+API the UI uses, and the warehouse checked key by key.
+
+The module's pipelines are written before the services start, into a pipelines directory of
+their own; the services of `make ui`, if running, are stopped first (two dag-processors on one
+metadata database would fight over which DAGs exist).
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote, urlencode
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import psycopg2
+import pytest
+
+from tidemark.settings import SOURCE_DB, WAREHOUSE_DB
+from tidemark.stack.airflow import AirflowUI, RestApi
+from tidemark.stack.batchrun import make_pipeline
+from tidemark.sink import stage_table
+
+UTC = timezone.utc
+DDL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, "
+       "created_at timestamptz NOT NULL)")
+# Fixed dates, so the batch content and so its checksum are the same on every run.
+FIRST_DAY = datetime(2026, 10, 1, tzinfo=UTC)
+DAYS, ROWS_PER_DAY = 10, 300
+WATERMARK_START = datetime(2026, 10, 6, tzinfo=UTC)  # the scheduled run loads Oct 6..10
+BACKFILL = (datetime(2026, 10, 2, tzinfo=UTC), datetime(2026, 10, 4, tzinfo=UTC))  # runs for Oct 2, 3, 4
+RUN_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def scheduled(settings, tmp_path_factory):
+    """Two pipelines, then the Airflow services that schedule them, then the REST API."""
+    pipelines = tmp_path_factory.mktemp("pipelines")
+    nightly = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
+                            initial_watermark=WATERMARK_START.isoformat(), write_mode="append_window_replace")
+    src = nightly.src()
+    with src, src.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {nightly.spec.table} SELECT g, (g * 7919 %% 100000) / 100.0, "
+            f"%s + (g %% %s) * interval '1 day' + (g / %s) * interval '1 second' FROM generate_series(1, %s) g",
+            (FIRST_DAY, DAYS, DAYS, DAYS * ROWS_PER_DAY),
+        )
+    src.close()
+    # A target too narrow for the source's amounts: its batch is refused, which no retry can heal.
+    narrow = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
+    src = narrow.src()
+    with src, src.cursor() as cur:
+        cur.execute(f"INSERT INTO {narrow.spec.table} SELECT g, 12345.67, now() - interval '1 hour' "
+                    "FROM generate_series(1, 20) g")
+    src.close()
+    wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    with wh, wh.cursor() as cur:
+        cur.execute(f"CREATE TABLE {narrow.spec.target_table} (id bigint PRIMARY KEY, amount numeric(4,2) NOT NULL, "
+                    "created_at timestamptz NOT NULL)")
+    wh.close()
+
+    # Two more for the failure tests: a worker killed mid-extract, and the broker gone after plan.
+    killed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
+    brokerless = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
+    for pipe, rows in ((killed, 300_000), (brokerless, 100)):
+        src = pipe.src()
+        with src, src.cursor() as cur:
+            cur.execute(f"INSERT INTO {pipe.spec.table} SELECT g, g / 100.0, now() - interval '1 hour' "
+                        "FROM generate_series(1, %s) g", (rows,))
+        src.close()
+
+    ui = AirflowUI(settings)
+    ui.stop()  # `make ui`'s services parse the default pipelines; ours parse this module's
+    ui.start({"TIDEMARK_PIPELINES_DIR": str(pipelines),
+              "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+              "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+              # a worker that vanished without a word is noticed in 90 s, not 300
+              "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "90"})
+    try:
+        ui.wait_healthy()
+        api = RestApi(ui.url, timeout_s=RUN_TIMEOUT_S)
+        for pipe in (nightly, narrow, killed, brokerless):
+            dag_id = f"tidemark_batch_{pipe.spec.name}"
+            api.wait_for(f"{dag_id} to be parsed", lambda d=dag_id: api.exists(d), timeout_s=180)
+        yield api, nightly, narrow, killed, brokerless
+    finally:
+        ui.stop()
+
+
+def _rows(pipe, side: str, where: str = "true", params=()) -> dict:
+    conn = pipe.src() if side == "source" else pipe.wh()
+    table = pipe.spec.table if side == "source" else pipe.spec.target_table
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(f"SELECT id, amount, created_at FROM {table} WHERE {where} ORDER BY id", params)
+            return {r[0]: r[1:] for r in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def test_a_scheduled_nightly_run_loads_its_window_with_checksums_past_2_63(scheduled):
+    api, pipe, *_ = scheduled
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})  # the scheduler creates the latest interval's run
+    run = api.wait_for("the scheduled run", lambda: api.runs(dag_id, run_type="scheduled"))[0]
+    run = api.wait_finished(dag_id, run["dag_run_id"])
+    assert run["state"] == "success", api.task_states(dag_id, run["dag_run_id"])
+    assert run["data_interval_start"] < run["data_interval_end"], "cron schedules must give real data intervals"
+
+    assert _rows(pipe, "target") == _rows(pipe, "source", "created_at > %s", (WATERMARK_START,))
+    batch_id, rows, checksum = pipe.query_wh(
+        "SELECT batch_id, rows, checksum FROM tidemark_control.batches WHERE pipeline = %s AND NOT backfill",
+        (pipe.spec.name,))[0]
+    assert rows == len(_rows(pipe, "target")) > 4 * ROWS_PER_DAY  # Oct 6 (after midnight) .. Oct 10
+    # The XCom serializer refused such sums before: they now live in the ledger, not in XCom.
+    assert abs(checksum) > 2**63, f"choose data whose batch checksum passes 2**63 (got {checksum})"
+    events = api.call("GET", "/assets/events?" + urlencode({"source_dag_id": dag_id, "source_run_id": run["dag_run_id"]}))
+    extras = [e["extra"] for e in events["asset_events"]]
+    assert [(x["batch_id"], x["rows"], x["checksum"], x["empty"]) for x in extras] == [
+        (batch_id, rows, str(checksum), False)]
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b "
+                         "USING (batch_id) WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')",
+                         (pipe.spec.name,))[0][0] == 0
+
+
+def test_a_three_day_backfill_loads_exactly_those_days_and_keeps_the_watermark(scheduled):
+    api, pipe, *_ = scheduled
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    watermark = pipe.watermark()
+    start, end = BACKFILL
+    api.call("POST", "/backfills", {"dag_id": dag_id, "from_date": start.isoformat(), "to_date": end.isoformat(),
+                                    "max_active_runs": 1})
+    runs = api.wait_for("three backfill runs", lambda: (r := api.runs(dag_id, run_type="backfill")) and len(r) == 3 and r)
+    finished = [api.wait_finished(dag_id, r["dag_run_id"]) for r in runs]
+    assert [r["state"] for r in finished] == ["success"] * 3, [api.task_states(dag_id, r["dag_run_id"]) for r in finished]
+    intervals = sorted((r["data_interval_start"], r["data_interval_end"]) for r in finished)
+    assert [(datetime.fromisoformat(a), datetime.fromisoformat(b)) for a, b in intervals] == [
+        (start + timedelta(days=d), start + timedelta(days=d + 1)) for d in range(3)]
+
+    loaded_days = _rows(pipe, "source", "created_at >= %s AND created_at < %s",
+                        (start, end + timedelta(days=1)))
+    assert len(loaded_days) == 3 * ROWS_PER_DAY
+    expected = {**loaded_days, **_rows(pipe, "source", "created_at > %s", (WATERMARK_START,))}
+    assert _rows(pipe, "target") == expected  # nothing of Oct 1 or Oct 5, every row of Oct 2-4
+    assert pipe.watermark() == watermark  # backfills never move it
+
+
+def test_clearing_a_committed_run_changes_nothing(scheduled):
+    api, pipe, *_ = scheduled
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    run_id = api.runs(dag_id, run_type="scheduled")[0]["dag_run_id"]
+    before_rows = _rows(pipe, "target")
+    ledger = "SELECT batch_id, state, attempt, committed_at, rows FROM tidemark_control.batches WHERE run_id = %s"
+    before = pipe.query_wh(ledger, (run_id,))
+    api.call("POST", f"/dags/{dag_id}/clearTaskInstances",
+             {"dry_run": False, "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True})
+    api.wait_for("the cleared run to start again",
+                 lambda: api.run(dag_id, run_id)["state"] != "success" or
+                 api.task_states(dag_id, run_id).get("begin") == "skipped", timeout_s=120)
+    run = api.wait_finished(dag_id, run_id)
+    states = api.task_states(dag_id, run_id)
+    assert run["state"] == "success" and states["begin"] == "skipped", states
+    assert pipe.query_wh(ledger, (run_id,)) == before
+    assert _rows(pipe, "target") == before_rows
+
+
+def test_a_refused_batch_fails_at_once_with_the_next_step_and_leaves_nothing_open(scheduled):
+    api, _, pipe, *_ = scheduled
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    run = api.wait_finished(dag_id, _scheduled_run(api, dag_id))
+    states = api.task_states(dag_id, run["dag_run_id"])
+    assert run["state"] == "failed" and states["wait_committed"] == "failed", states
+    assert states["abort_unfinished"] == "success"
+    tries = {t["task_id"]: t["try_number"] for t in api.task_instances(dag_id, run["dag_run_id"])}
+    assert tries["wait_committed"] == 1, "a refused batch must not be retried"
+    batch_id, attempt, state, message = pipe.query_wh(
+        "SELECT batch_id, attempt, state, message FROM tidemark_control.batches WHERE pipeline = %s", (pipe.spec.name,))[0]
+    assert state == "refused" and "numeric field overflow" in message
+    assert pipe.query_wh("SELECT to_regclass(%s)", (stage_table(batch_id, attempt),))[0][0] is None
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b "
+                         "USING (batch_id) WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')",
+                         (pipe.spec.name,))[0][0] == 0
+    assert _rows(pipe, "target") == {}
+    log = api.log_text(dag_id, run["dag_run_id"], "wait_committed", 1)
+    last = [line for line in log.splitlines() if "Next:" in line][-1]
+    for part in (f"pipeline={pipe.spec.name}", "batch=", "attempt=1", "window=", "REFUSED",
+                 f"change the target table {pipe.spec.target_table}"):
+        assert part in last, f"{part!r} missing from the failure line: {last}"
+
+
+def test_every_listening_socket_of_the_stack_is_on_loopback(scheduled, settings):
+    """PostgreSQL, Kafka and the four Airflow services (no serve-logs on 0.0.0.0) while they run."""
+    import ipaddress
+
+    import psutil
+
+    state = str(settings.state_dir)
+    ours, wrong = {}, []
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid is None:
+            continue
+        try:
+            proc = psutil.Process(conn.pid)
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if state not in cmdline and "airflow" not in cmdline:
+            continue
+        ours[conn.laddr.port] = cmdline[:120]
+        ip = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
+        if not (ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped and ip.ipv4_mapped.is_loopback)):
+            wrong.append((conn.laddr.ip, conn.laddr.port, cmdline[:200]))
+    assert not wrong, f"listening beyond loopback: {wrong}"
+    for port in (settings.pg_port, settings.kafka_port, settings.airflow_port):
+        assert port in ours, f"nothing of ours listens on {port}: {ours}"
+
+
+def _chromium(settings, url: str, shot: str) -> str:
+    """The page's DOM after its scripts ran, in headless Chromium; a screenshot goes to the state
+    directory (screenshots/<shot>.png) for a person to look at."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("chromium")
+    assert exe, "Debian's chromium is missing (stack/bootstrap.sh installs it when run as root)"
+    shots = settings.state_dir / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--virtual-time-budget=20000", "--window-size=1400,1000"]
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run([exe, *flags, f"--user-data-dir={profile}/a", f"--screenshot={shots / shot}.png", url],
+                       capture_output=True, timeout=120, check=True)
+        dom = subprocess.run([exe, *flags, f"--user-data-dir={profile}/b", "--dump-dom", url],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    assert (shots / f"{shot}.png").stat().st_size > 10_000, f"{shot}.png looks blank"
+    return dom
+
+
+def test_the_ui_in_headless_chromium_shows_dags_status_and_a_failed_tasks_log(scheduled, settings):
+    api, nightly, narrow, *_ = scheduled
+    base = api.url
+    dags = _chromium(settings, f"{base}/dags", "dag-list")
+    for pipe in (nightly, narrow):
+        assert f"tidemark_batch_{pipe.spec.name}" in dags
+
+    status = _chromium(settings, f"{base}/tidemark/", "tidemark-status")
+    assert "Tidemark status" in status and nightly.spec.name in status and narrow.spec.name in status
+    assert "refused" in status and "numeric field overflow" in status  # the narrow target's last failure
+
+    dag_id = f"tidemark_batch_{narrow.spec.name}"
+    run_id = api.runs(dag_id)[0]["dag_run_id"]
+    log = _chromium(settings, f"{base}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/wait_committed?try_number=1",
+                    "failed-task-log")
+    assert f"pipeline={narrow.spec.name}" in log and "Next:" in log and "REFUSED" in log
+
+
+def _scheduled_run(api: RestApi, dag_id: str) -> str:
+    """Unpause: the scheduler makes the run of the latest interval (a manual run as well would queue
+    behind it, max_active_runs=1)."""
+    api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+    return api.wait_for("the scheduled run", lambda: api.runs(dag_id, run_type="scheduled"))[0]["dag_run_id"]
+
+
+def _unfinished(pipe) -> int:
+    return pipe.query_wh("SELECT count(*) FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b "
+                         "USING (batch_id) WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')", (pipe.spec.name,))[0][0]
+
+
+def _stages(pipe) -> list[str]:
+    attempts = pipe.query_wh("SELECT a.batch_id, a.attempt FROM tidemark_control.batch_attempts a "
+                             "JOIN tidemark_control.batches b USING (batch_id) WHERE b.pipeline = %s", (pipe.spec.name,))
+    return [stage_table(b, a) for b, a in attempts
+            if pipe.query_wh("SELECT to_regclass(%s)", (stage_table(b, a),))[0][0] is not None]
+
+
+def test_a_worker_killed_mid_extract_is_retried_as_a_new_attempt_and_leaves_no_debris(scheduled):
+    import psutil
+
+    api, *_, pipe, _ = scheduled
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    run_id = _scheduled_run(api, dag_id)
+
+    def extracting():
+        ti = next((t for t in api.task_instances(dag_id, run_id) if t["task_id"] == "extract"), None)
+        if not ti or ti["state"] != "running" or not ti.get("pid"):
+            return None
+        task = psutil.Process(ti["pid"])
+        submits = [c for c in task.children(recursive=True) if "extract_window.py" in " ".join(c.cmdline())]
+        return (task, submits) if submits and time.time() - submits[0].create_time() > 8 else None
+
+    task, _ = api.wait_for("the extract's Spark job to be writing", extracting, timeout_s=300)
+    victims = [task, *task.children(recursive=True)]
+    for proc in victims:  # the whole worker goes, as when the machine's OOM killer takes it
+        proc.kill()
+    psutil.wait_procs(victims, timeout=30)
+
+    run = api.wait_finished(dag_id, run_id)
+    states = api.task_states(dag_id, run_id)
+    assert run["state"] == "success", states
+    ledger = pipe.query_wh("SELECT attempt, state FROM tidemark_control.batch_attempts WHERE batch_id = %s "
+                           "ORDER BY attempt", (f"{pipe.spec.name}:{run_id}",))
+    assert ledger[0] == (1, "superseded") and ledger[-1][1] == "committed", ledger
+    assert _unfinished(pipe) == 0 and _stages(pipe) == []
+    assert _rows(pipe, "target") == _rows(pipe, "source")
+
+
+def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(scheduled, settings):
+    from tidemark.stack.kafka import Kafka
+
+    api, *_, pipe = scheduled
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    broker = Kafka(settings)
+    broker.stop()  # plan needs only the databases; begin is the first step that needs the broker
+    try:
+        run_id = _scheduled_run(api, dag_id)
+        run = api.wait_finished(dag_id, run_id)
+    finally:
+        broker.start()
+    tis = {t["task_id"]: t for t in api.task_instances(dag_id, run_id)}
+    assert run["state"] == "failed" and tis["begin"]["state"] == "failed"
+    assert tis["plan"]["state"] == "success"
+    assert tis["begin"]["try_number"] == 3, "a broker outage is transient: begin must have been retried"
+    assert tis["abort_unfinished"]["state"] == "success"
+    assert _unfinished(pipe) == 0 and _stages(pipe) == []
+    log = api.log_text(dag_id, run_id, "begin", 3)
+    last = [line for line in log.splitlines() if "Next:" in line][-1]
+    for part in (f"pipeline={pipe.spec.name}", f"batch={pipe.spec.name}:{run_id}", "window=", "make status"):
+        assert part in last, f"{part!r} missing from the failure line: {last}"
+    assert log.count("Connection refused") <= 5, "rdkafka's connection noise must be one line per cause"
