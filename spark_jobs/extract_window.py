@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
     from tidemark.kafka_io import end_offsets
     from tidemark.progress import Ticker
-    from tidemark.sparkjob import JSON_OPTIONS, JobError, password, session
+    from tidemark.sparkjob import JSON_OPTIONS, JobError, TransientJobError, password, session
     from tidemark.spec import load_spec, quote
     from tidemark.summary import summary_line
     from tidemark.window import Window, predicate, split_predicates
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
         moved = {p: after.get(p, 0) - before.get(p, 0) for p in range(spec.partitions)}
         wrong = {p: (report[str(p)]["rows"], moved[p]) for p in moved if moved[p] != report[str(p)]["rows"]}
         if wrong:
-            raise JobError(
+            raise TransientJobError(
                 f"{tag}: Kafka offsets moved by other amounts than rows written (partition: counted, moved) {wrong}; "
                 "another writer on the topic or a retried write; this attempt must not be sealed"
             )

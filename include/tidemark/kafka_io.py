@@ -76,7 +76,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float =
 
 def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
     """Delete a topic and its data (benchmarks clean up the gigabytes they write); absent is fine."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
+    admin = AdminClient(client_config(bootstrap))  # must outlive the future
     futures = admin.delete_topics([topic], operation_timeout=timeout_s)
     try:
         futures[topic].result(timeout=timeout_s)

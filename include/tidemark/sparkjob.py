@@ -20,6 +20,10 @@ class JobError(RuntimeError):
     """A job-level inconsistency: the script prints it and exits non-zero."""
 
 
+class TransientJobError(JobError):
+    """An inconsistency a new attempt may not meet (e.g. a write retried across a broker restart)."""
+
+
 def jdbc_args(parser: argparse.ArgumentParser) -> None:
     """The arguments SparkJdbcSubmitOperator fills in from an Airflow connection."""
     parser.add_argument("--jdbc-url", required=True)
@@ -67,6 +71,7 @@ def connect(jdbc_url: str, user: str, secret: str):
 # Where a job writes the one-line cause of its failure, for the task that submitted it.
 ERROR_FILE_ENV = "TIDEMARK_JOB_ERROR_FILE"
 EXIT_JOB_ERROR = 3  # a JobError: the same input fails the same way, retrying cannot help
+EXIT_TRANSIENT_JOB_ERROR = 4  # a TransientJobError: a retry, as a new attempt, may succeed
 
 
 def one_line(exc: BaseException) -> str:
@@ -81,14 +86,14 @@ def one_line(exc: BaseException) -> str:
 
 
 def run(main, argv: list[str], name: str) -> int:
-    """Run ``main``; a JobError becomes one clear line on stderr and exit code 3. Any failure's
+    """Run ``main``; a JobError becomes one clear line on stderr and exit code 3 (4 if transient). Any failure's
     one-line cause also goes to the file named by TIDEMARK_JOB_ERROR_FILE, if set."""
     try:
         return main(argv) or 0
     except JobError as exc:
         print(f"{name}: FAILED: {exc}", file=sys.stderr, flush=True)
         _write_cause(str(exc))
-        return EXIT_JOB_ERROR
+        return EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, TransientJobError) else EXIT_JOB_ERROR
     except Exception as exc:
         _write_cause(one_line(exc))
         raise
