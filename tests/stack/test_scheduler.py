@@ -63,7 +63,8 @@ def scheduled(settings, tmp_path_factory):
     # Two more for the failure tests: a worker killed mid-extract, and the broker gone after plan.
     killed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
     brokerless = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
-    for pipe, rows in ((killed, 300_000), (brokerless, 100)):
+    blip = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
+    for pipe, rows in ((killed, 300_000), (brokerless, 100), (blip, 300_000)):
         src = pipe.src()
         with src, src.cursor() as cur:
             cur.execute(f"INSERT INTO {pipe.spec.table} SELECT g, g / 100.0, now() - interval '1 hour' "
@@ -80,10 +81,10 @@ def scheduled(settings, tmp_path_factory):
     try:
         ui.wait_healthy()
         api = RestApi(ui.url, timeout_s=RUN_TIMEOUT_S)
-        for pipe in (nightly, narrow, killed, brokerless):
+        for pipe in (nightly, narrow, killed, brokerless, blip):
             dag_id = f"tidemark_batch_{pipe.spec.name}"
             api.wait_for(f"{dag_id} to be parsed", lambda d=dag_id: api.exists(d), timeout_s=180)
-        yield api, nightly, narrow, killed, brokerless
+        yield api, nightly, narrow, killed, brokerless, blip
     finally:
         ui.stop()
 
@@ -264,6 +265,21 @@ def _scheduled_run(api: RestApi, dag_id: str) -> str:
     return api.wait_for("the scheduled run", lambda: api.runs(dag_id, run_type="scheduled"))[0]["dag_run_id"]
 
 
+def _extract_writing(api: RestApi, dag_id: str, run_id: str):
+    """The extract task's process, once its Spark job has been up for a while (it is writing)."""
+    import psutil
+
+    def extracting():
+        ti = next((t for t in api.task_instances(dag_id, run_id) if t["task_id"] == "extract"), None)
+        if not ti or ti["state"] != "running" or not ti.get("pid"):
+            return None
+        task = psutil.Process(ti["pid"])
+        submits = [c for c in task.children(recursive=True) if "extract_window.py" in " ".join(c.cmdline())]
+        return task if submits and time.time() - submits[0].create_time() > 8 else None
+
+    return api.wait_for("the extract's Spark job to be writing", extracting, timeout_s=300)
+
+
 def _unfinished(pipe) -> int:
     return pipe.query_wh("SELECT count(*) FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b "
                          "USING (batch_id) WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')", (pipe.spec.name,))[0][0]
@@ -279,19 +295,11 @@ def _stages(pipe) -> list[str]:
 def test_a_worker_killed_mid_extract_is_retried_as_a_new_attempt_and_leaves_no_debris(scheduled):
     import psutil
 
-    api, *_, pipe, _ = scheduled
+    api, _, _, pipe, _, _ = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"
     run_id = _scheduled_run(api, dag_id)
 
-    def extracting():
-        ti = next((t for t in api.task_instances(dag_id, run_id) if t["task_id"] == "extract"), None)
-        if not ti or ti["state"] != "running" or not ti.get("pid"):
-            return None
-        task = psutil.Process(ti["pid"])
-        submits = [c for c in task.children(recursive=True) if "extract_window.py" in " ".join(c.cmdline())]
-        return (task, submits) if submits and time.time() - submits[0].create_time() > 8 else None
-
-    task, _ = api.wait_for("the extract's Spark job to be writing", extracting, timeout_s=300)
+    task = _extract_writing(api, dag_id, run_id)
     victims = [task, *task.children(recursive=True)]
     for proc in victims:  # the whole worker goes, as when the machine's OOM killer takes it
         proc.kill()
@@ -310,7 +318,7 @@ def test_a_worker_killed_mid_extract_is_retried_as_a_new_attempt_and_leaves_no_d
 def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(scheduled, settings):
     from tidemark.stack.kafka import Kafka
 
-    api, *_, pipe = scheduled
+    api, _, _, _, pipe, _ = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"
     broker = Kafka(settings)
     broker.stop()  # plan needs only the databases; begin is the first step that needs the broker
@@ -330,3 +338,27 @@ def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(schedu
     for part in (f"pipeline={pipe.spec.name}", f"batch={pipe.spec.name}:{run_id}", "window=", "make status"):
         assert part in last, f"{part!r} missing from the failure line: {last}"
     assert log.count("Connection refused") <= 5, "rdkafka's connection noise must be one line per cause"
+
+
+def test_a_broker_restart_mid_extract_ends_with_every_row_loaded_once(scheduled, settings):
+    """However the extract weathers it (its producer retries, or the task fails and a new attempt
+    loads the batch), the run ends committed with the source's rows exactly once."""
+    from tidemark.stack.kafka import Kafka
+
+    api, *_, pipe = scheduled
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    run_id = _scheduled_run(api, dag_id)
+    _extract_writing(api, dag_id, run_id)
+    broker = Kafka(settings)
+    broker.stop()
+    try:
+        time.sleep(10)
+    finally:
+        broker.start()
+    run = api.wait_finished(dag_id, run_id)
+    assert run["state"] == "success", api.task_states(dag_id, run_id)
+    ledger = pipe.query_wh("SELECT attempt, state FROM tidemark_control.batch_attempts WHERE batch_id = %s "
+                           "ORDER BY attempt", (f"{pipe.spec.name}:{run_id}",))
+    assert ledger[-1][1] == "committed" and all(state == "superseded" for _, state in ledger[:-1]), ledger
+    assert _unfinished(pipe) == 0 and _stages(pipe) == []
+    assert _rows(pipe, "target") == _rows(pipe, "source")
