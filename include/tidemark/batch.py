@@ -124,17 +124,16 @@ def abort(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, reason:
     log.warning("pipeline=%s batch=%s attempt=%s ABORT sent: %s", spec.name, batch.batch_id, attempt, reason)
 
 
-def abort_unfinished(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, reason: str) -> int | None:
-    """End the batch's latest attempt if it is still open or sealed: aborted in the ledger first (the
-    sink then discards its records whatever happens next), then ABORT on the topic so a running
-    sink drops what it staged at once. Returns the attempt aborted, or None if none was unfinished."""
+def abort_in_ledger(spec: PipelineSpec, warehouse_conn, batch: Plan, reason: str) -> int | None:
+    """Mark the batch's latest attempt aborted if it is still open or sealed; returns it, or None.
+
+    From then on the sink discards the attempt's records whether or not an ABORT message ever
+    reaches it; sending ABORT (``abort``) only lets a running sink drop the stage table at once."""
     with warehouse_conn, warehouse_conn.cursor() as wh:
         attempt = ledger.abort_unfinished(wh, batch.batch_id, reason)
-    if attempt is None:
-        return None
-    log.warning("pipeline=%s batch=%s attempt=%s window=%s ABORTED in the ledger: %s",
-                spec.name, batch.batch_id, attempt, batch.window, reason)
-    abort(spec, bootstrap, batch, attempt, reason)
+    if attempt is not None:
+        log.warning("pipeline=%s batch=%s attempt=%s window=%s ABORTED in the ledger: %s",
+                    spec.name, batch.batch_id, attempt, batch.window, reason)
     return attempt
 
 
@@ -161,4 +160,4 @@ def summary(warehouse_conn, batch_id: str) -> dict[str, Any]:
         return ledger.batch_summary(wh, batch_id)
 
 
-__all__ = ["Plan", "plan", "begin", "record_extract", "end", "abort", "abort_unfinished", "commit_state", "summary", "BatchFailed", "PartitionTotals"]
+__all__ = ["Plan", "plan", "begin", "record_extract", "end", "abort", "abort_in_ledger", "commit_state", "summary", "BatchFailed", "PartitionTotals"]

@@ -152,6 +152,8 @@ def abort_unfinished(cur, batch_id: str, reason: str) -> int | None:
     The sink discards records of attempts that are not open or sealed, so once this commits
     nothing of the attempt can be applied, whether or not an ABORT message ever reaches it.
     """
+    # Lock order batches, then batch_attempts, as the sink takes them: no deadlock with a running sink.
+    cur.execute("SELECT 1 FROM tidemark_control.batches WHERE batch_id = %s FOR UPDATE", (batch_id,))
     cur.execute(
         """UPDATE tidemark_control.batch_attempts a SET state = 'aborted', finished_at = clock_timestamp(),
                   message = %s

@@ -102,8 +102,8 @@ class BatchSink:
             )
             dead = [(b, a, st) for b, a, st in cur.fetchall() if stage_table(b, a) in present]
             for batch_id, attempt, state in dead:
-                cur.execute("SELECT pg_total_relation_size(%s)", (stage_table(batch_id, attempt),))
-                size = cur.fetchone()[0]
+                cur.execute("SELECT pg_total_relation_size(to_regclass(%s))", (stage_table(batch_id, attempt),))
+                size = cur.fetchone()[0] or 0  # dropped meanwhile: nothing to free
                 self._drop_stage(cur, batch_id, attempt)
                 log.warning("pipeline=%s batch=%s attempt=%s is %s: dropped its leftover stage table %s (%.1f MB)",
                             self.spec.name, batch_id, attempt, state, stage_table(batch_id, attempt), size / 1e6)
@@ -340,7 +340,7 @@ class BatchSink:
                    "then clear the DAG run from its 'begin' task to load a new attempt.")
         cur.execute(
             """UPDATE tidemark_control.batch_attempts SET state = 'refused', message = %s, finished_at = clock_timestamp()
-                WHERE batch_id = %s AND attempt = %s""",
+                WHERE batch_id = %s AND attempt = %s AND state IN ('open', 'sealed')""",
             (message, batch_id, attempt),
         )
         cur.execute(
@@ -353,7 +353,9 @@ class BatchSink:
         log.error("pipeline=%s %s", self.spec.name, message)
 
     def _verify_and_apply(self, cur, batch_id: str, attempt: int, report: MicroBatchReport) -> None:
-        # Lock the attempt: the orchestrator may abort it concurrently (a failed run's clean-up).
+        # Lock the batch, then the attempt (the teardown's order): the orchestrator may abort the
+        # attempt concurrently, and a state read under the lock is the one that counts.
+        cur.execute("SELECT 1 FROM tidemark_control.batches WHERE batch_id = %s FOR UPDATE", (batch_id,))
         cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s FOR UPDATE",
                     (batch_id, attempt))
         state = cur.fetchone()[0]

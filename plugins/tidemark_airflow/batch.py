@@ -28,7 +28,7 @@ PLAN, BEGIN, EXTRACT, END, SINK, COMMITTED, PUBLISH, CLEANUP = (
 
 # What to do next, per step, once Airflow has given up (or at once, for what will not heal).
 NEXT_TRANSIENT = ("Airflow retries this task with backoff; if the last try fails too, check the stack "
-                  "(`make status`, `make logs C=kafka` or `C=postgres`) and clear this task")
+                  "(`make status`, `make logs C=kafka` or `C=postgres`), then clear this DAG run from '{task}'")
 NEXT_FIX_THEN_CLEAR = "fix the cause named here, then clear this DAG run from '{task}' (it loads a new attempt)"
 
 
@@ -47,7 +47,8 @@ def _deterministic(exc: BaseException) -> bool:
 
     if isinstance(exc, SparkJobFailed):
         return exc.deterministic
-    return isinstance(exc, (SpecError, PlanError, ProtocolError, BatchFailed, LookupError,
+    # ValueError: a topic with another partition count, an invalid value: the same input fails again
+    return isinstance(exc, (SpecError, PlanError, ProtocolError, BatchFailed, LookupError, ValueError,
                             psycopg2.ProgrammingError, psycopg2.DataError, psycopg2.IntegrityError))
 
 
@@ -60,8 +61,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def on_call(log, tag: str, next_step: str) -> Iterator[None]:
-    """Turn any failure into one last line for the person on call: what failed and what to do."""
+def on_call(log, tag: str, next_step: str, *, clear_from: str = "begin") -> Iterator[None]:
+    """Turn any failure into one last line for the person on call: what failed and what to do.
+
+    ``clear_from``: where a run must be cleared once Airflow gave up (after the teardown aborted
+    the attempt, only a new attempt from 'begin' can load the batch)."""
     try:
         yield
     except (AirflowSkipException, AirflowFailException):
@@ -70,17 +74,18 @@ def on_call(log, tag: str, next_step: str) -> Iterator[None]:
         if _deterministic(exc):
             log.error("%s FAILED (will not heal by retrying): %s. Next: %s", tag, _one_line(exc), next_step)
             raise AirflowFailException(f"{tag}: {_one_line(exc)}. Next: {next_step}") from exc
-        log.error("%s FAILED: %s. Next: %s", tag, _one_line(exc), NEXT_TRANSIENT)
-        raise BatchTaskError(f"{tag}: {_one_line(exc)}. Next: {NEXT_TRANSIENT}") from exc
+        then = NEXT_TRANSIENT.format(task=clear_from)
+        log.error("%s FAILED: %s. Next: %s", tag, _one_line(exc), then)
+        raise BatchTaskError(f"{tag}: {_one_line(exc)}. Next: {then}") from exc
 
 
-def pg_connect(conn_id: str):
+def pg_connect(conn_id: str, *, application_name: str = "tidemark-airflow"):
     """A psycopg2 connection from an Airflow connection (the core package speaks psycopg2)."""
     import psycopg2
 
     c = Connection.get(conn_id)
     return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password,
-                            application_name="tidemark-airflow")
+                            connect_timeout=10, application_name=application_name)
 
 
 def kafka_bootstrap(conn_id: str = CONN_KAFKA) -> str:
@@ -140,7 +145,8 @@ class PlanWindowOperator(_PipelineOperator):
         if str(getattr(run, "run_type", "")).lower().endswith("backfill"):
             interval = (context["data_interval_start"], context["data_interval_end"])
         tag = f"pipeline={spec.name} run={run.run_id}" + (f" backfill interval={interval}" if interval else "")
-        with on_call(self.log, tag, "fix the cause named here (spec, source table or grants), then clear this task"):
+        with on_call(self.log, tag, "fix the cause named here (spec, source table or grants), then clear this task",
+                     clear_from=PLAN):
             source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
             try:
                 plan = batch.plan(spec, source, warehouse, run_id=run.run_id, interval=interval)
@@ -171,7 +177,8 @@ def open_attempt(op: BaseOperator, spec, plan, context) -> int:
             return batch.begin(spec, warehouse, kafka_bootstrap(op.kafka_conn_id), plan)
         except AlreadyCommitted as done:
             op.log.info("%s: %s. Nothing to do: the rest of this run is skipped. To load this window again, "
-                        "trigger a new run.", _tag(spec, plan), done)
+                        "trigger a new run; if this run never published its Asset event, clear only its "
+                        "'%s' task with downstream.", _tag(spec, plan), done, COMMITTED)
             raise AirflowSkipException(str(done)) from None
         finally:
             warehouse.close()
@@ -269,8 +276,7 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
         tag = _tag(spec, plan, _attempt(context))
         self.job_args = ["--spec", str(Path(self.spec_path).resolve()),
                          "--bootstrap", kafka_bootstrap(self.kafka_conn_id), "--available-now"]
-        with on_call(self.log, tag, "read the sink's error above; once its cause is fixed, clear this task "
-                     "(the sink resumes from the offsets stored in the warehouse)"):
+        with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             super().execute(context)
 
 
@@ -321,18 +327,19 @@ class AbortUnfinishedOperator(_PipelineOperator):
         if plan is None:
             self.log.info("pipeline=%s: nothing was planned in this run; nothing to clean up", spec.name)
             return
+        reason = f"DAG run {context['dag_run'].run_id} ended without committing it (see that run's failed task)"
         warehouse = pg_connect(self.warehouse_conn_id)
-        try:
-            reason = f"DAG run {context['dag_run'].run_id} ended without committing it (see that run's failed task)"
-            try:
-                attempt = batch.abort_unfinished(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan, reason)
-            except Exception as exc:  # the ledger row is what fences the attempt; ABORT only speeds the drop
+        try:  # the ledger row is what fences the attempt: its failure fails this task (and it retries)
+            attempt = batch.abort_in_ledger(spec, warehouse, plan, reason)
+        finally:
+            warehouse.close()
+        if attempt is not None:
+            try:  # ABORT only lets a running sink drop the stage at once
+                batch.abort(spec, kafka_bootstrap(self.kafka_conn_id), plan, attempt, reason)
+            except Exception as exc:
                 self.log.error("%s: could not send ABORT (%s); the ledger marks the attempt aborted, so the sink "
                                "discards its records and drops its stage table at its next start",
                                _tag(spec, plan), _one_line(exc))
-                return
-        finally:
-            warehouse.close()
         if attempt is None:
             self.log.info("%s: no unfinished attempt (committed, refused or never begun): nothing to abort",
                           _tag(spec, plan))

@@ -26,14 +26,10 @@ log = logging.getLogger(__name__)
 def connect(conn_id: str):
     """A psycopg2 connection for an Airflow connection id, resolved per request (``collect`` makes
     its session read-only)."""
-    import psycopg2
-    from airflow.sdk import Connection
-
     from tidemark.status import APPLICATION_NAME
+    from tidemark_airflow.batch import pg_connect
 
-    c = Connection.get(conn_id)
-    return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login,
-                            password=c.password, connect_timeout=10, application_name=APPLICATION_NAME)
+    return pg_connect(conn_id, application_name=APPLICATION_NAME)
 
 
 def current_status():

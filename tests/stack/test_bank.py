@@ -163,6 +163,7 @@ def test_the_demo_drops_only_what_it_owns(source_conn):
             cur.execute(sql, params)
             return cur.fetchone()[0] if cur.description else None
 
+    scalar("DROP TABLE IF EXISTS bank.engineers_own")  # left by an interrupted run
     scalar("CREATE TABLE bank.engineers_own (id int PRIMARY KEY)")
     scalar("INSERT INTO bank.engineers_own VALUES (1)")
     bank.reset(source_conn)

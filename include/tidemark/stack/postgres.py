@@ -189,8 +189,10 @@ class Postgres:
                 if cur.fetchone() is None:
                     say("postgres", f"creating the source's read-only role {self.s.source_user}")
                     cur.execute(f"CREATE ROLE {reader} LOGIN")
-                cur.execute(f"ALTER ROLE {reader} NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD %s",
-                            (self.s.source_password,))
+                # hashed here: the clear password never appears in a statement (server log, pg_stat_activity)
+                hashed = psycopg2.extensions.encrypt_password(self.s.source_password, self.s.source_user, conn,
+                                                              "scram-sha-256")
+                cur.execute(f"ALTER ROLE {reader} NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD %s", (hashed,))
                 cur.execute(f"GRANT pg_read_all_stats TO {reader}")
                 cur.execute(f"GRANT CONNECT ON DATABASE {ident(SOURCE_DB)} TO {reader}")
                 cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT USAGE ON SCHEMAS TO {reader}")
