@@ -3,9 +3,9 @@
 What a hand-written job would do: ``spark.read.jdbc`` of the window's rows (no partitioning),
 then ``DataFrame.write.jdbc`` in append mode, with Spark's defaults.
 
-  spark-submit bench/naive_jdbc_copy.py --jdbc-url jdbc:postgresql://127.0.0.1:55432/src \
+  spark-submit bench/naive_jdbc_copy.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/src \
       --user tidemark --password-env PW --query "SELECT * FROM bank.ledger_entries WHERE ..." \
-      --target-url jdbc:postgresql://127.0.0.1:55432/wh --target-table bench_spark.ledger_entries
+      --target-url jdbc:postgresql://127.0.0.1:25432/wh --target-table bench_spark.ledger_entries
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ offsets stored in the warehouse (not from a Spark checkpoint), after taking a fe
 ``--available-now`` processes what is on the topic and stops (the nightly DAG runs it so);
 without it the query runs until stopped (the streaming supervisor's mode).
 
-  spark-submit spark_jobs/batch_sink.py --jdbc-url jdbc:postgresql://127.0.0.1:55432/wh \
+  spark-submit spark_jobs/batch_sink.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/wh \
       --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \
-      --bootstrap 127.0.0.1:59092 --available-now
+      --bootstrap 127.0.0.1:29092 --available-now
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ with the batch id and attempt in headers, and in the same pass counts rows and s
 hashes per partition. The totals go to ``--report`` (JSON) for the END step. Any inconsistency
 (rows outside the window, Kafka offsets that moved by other amounts than counted) exits 3.
 
-  spark-submit spark_jobs/extract_window.py --jdbc-url jdbc:postgresql://127.0.0.1:55432/src \
+  spark-submit spark_jobs/extract_window.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/src \
       --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \
-      --batch-id B --attempt 1 --window '{"lo": ..., "hi": ...}' --bootstrap 127.0.0.1:59092 \
+      --batch-id B --attempt 1 --window '{"lo": ..., "hi": ...}' --bootstrap 127.0.0.1:29092 \
       --report /tmp/report.json
 """
 

@@ -4,9 +4,9 @@ The smoke job of the local stack: it proves Spark, the JDBC driver and the Kafka
 together. The database password is read from an environment variable, never from argv, so it
 does not show up in process listings or spark-submit logs.
 
-  spark-submit spark_jobs/table_to_topic.py --jdbc-url jdbc:postgresql://127.0.0.1:55432/db \
+  spark-submit spark_jobs/table_to_topic.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/db \
       --user tidemark --password-env TIDEMARK_SOURCE_PASSWORD --table smoke_accounts \
-      --key id --topic tidemark.smoke.accounts --bootstrap 127.0.0.1:59092
+      --key id --topic tidemark.smoke.accounts --bootstrap 127.0.0.1:29092
 """
 
 from __future__ import annotations

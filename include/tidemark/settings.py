@@ -1,7 +1,9 @@
 """Where the embedded stack lives and how to reach it, from environment variables.
 
 Every port and path can be overridden so that two checkouts run side by side. Defaults are
-chosen away from the usual ports (5432, 9092, 8080) so a system service does not collide.
+chosen away from the usual ports (5432, 9092, 8080) so a system service does not collide, and
+below Linux's ephemeral range (32768-60999): a client retrying a connection to a local port in
+that range can end up connected to itself on it, and then the server cannot bind it on restart.
 """
 
 from __future__ import annotations
@@ -73,15 +75,15 @@ class Settings:
         return cls(
             state_dir=state,
             pg_host="127.0.0.1",
-            pg_port=_port("TIDEMARK_PG_PORT", 55432),
+            pg_port=_port("TIDEMARK_PG_PORT", 25432),
             pg_user=_env("TIDEMARK_PG_USER", "tidemark"),
             pg_password=_env("TIDEMARK_PG_PASSWORD", "tidemark-local"),
             source_user=_env("TIDEMARK_SOURCE_USER", "tidemark_reader"),
             source_password=_env("TIDEMARK_SOURCE_PASSWORD", "tidemark-reader-local"),
             os_user=_env("TIDEMARK_OS_USER", "tidemark"),
-            kafka_port=_port("TIDEMARK_KAFKA_PORT", 59092),
-            kafka_controller_port=_port("TIDEMARK_KAFKA_CONTROLLER_PORT", 59093),
-            airflow_port=_port("TIDEMARK_AIRFLOW_PORT", 58080),
+            kafka_port=_port("TIDEMARK_KAFKA_PORT", 29092),
+            kafka_controller_port=_port("TIDEMARK_KAFKA_CONTROLLER_PORT", 29093),
+            airflow_port=_port("TIDEMARK_AIRFLOW_PORT", 28080),
             spark_master=_env("TIDEMARK_SPARK_MASTER", "local[2]"),
         )
 

@@ -15,7 +15,7 @@ def test_a_repeated_cause_passes_once_per_interval_and_counts_what_it_held(monke
     clock = [100.0]
     monkeypatch.setattr("tidemark.kafka_io.time.monotonic", lambda: clock[0])
     f = OncePerCause(every_s=60)
-    refused = "FAIL [thrd:127.0.0.1:59092/bootstrap]: Connect to ipv4#127.0.0.1:59092 failed: Connection refused (after {}ms)"
+    refused = "FAIL [thrd:127.0.0.1:29092/bootstrap]: Connect to ipv4#127.0.0.1:29092 failed: Connection refused (after {}ms)"
     passed = [f.filter(_record(refused.format(ms))) for ms in range(580)]
     assert passed.count(True) == 1  # 580 lines differing only in numbers: one cause
     assert f.filter(_record("another cause: broker transport failure"))

@@ -39,4 +39,18 @@ def test_connections_are_json_with_the_shared_ids(monkeypatch):
 
 def test_jdbc_url_defaults_the_port_like_an_airflow_connection_without_one():
     assert jdbc_url("warehouse.internal", None, "tidemark_warehouse") == "jdbc:postgresql://warehouse.internal:5432/tidemark_warehouse"
-    assert jdbc_url("127.0.0.1", 55432, "src") == "jdbc:postgresql://127.0.0.1:55432/src"
+    assert jdbc_url("127.0.0.1", 25432, "src") == "jdbc:postgresql://127.0.0.1:25432/src"
+
+
+def test_default_ports_are_below_the_ephemeral_range(monkeypatch):
+    """A broker restarted while clients retry must find its port free: an outgoing connection can
+    take any port of the ephemeral range as its own (even connect to itself on it)."""
+    from pathlib import Path
+
+    for name in ("TIDEMARK_PG_PORT", "TIDEMARK_KAFKA_PORT", "TIDEMARK_KAFKA_CONTROLLER_PORT", "TIDEMARK_AIRFLOW_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    s = Settings.from_env()
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    for port in (s.pg_port, s.kafka_port, s.kafka_controller_port, s.airflow_port):
+        assert 1024 < port < low, f"port {port} is inside the ephemeral range starting at {low}"
