@@ -3,8 +3,9 @@
 
 Touches every part of the stack for real, once:
 
-1. **seed_source**: (re)creates `smoke_accounts` in the source database (1,000 deterministic
-   accounts) and notes the topic's end offsets.
+1. **seed_source**: (re)creates `smoke_accounts` (1,000 deterministic accounts) in the warehouse
+   database, since the pipelines' source connection may only read, and notes the topic's end
+   offsets.
 2. **extract**: a Spark job (`spark_jobs/table_to_topic.py`, through `SparkSubmitOperator`) reads
    the table over JDBC and writes every row to `tidemark.smoke.accounts`, keyed by `id`.
 3. **verify**: consumes what this run wrote (`read_committed`) and compares row count, sum of
@@ -22,7 +23,7 @@ import pendulum
 from airflow.sdk import Connection, dag, task
 
 from tidemark import smoke
-from tidemark.settings import CONN_KAFKA, CONN_SOURCE
+from tidemark.settings import CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.summary import summary_line
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
 
@@ -52,7 +53,7 @@ def tidemark_smoke():
         bootstrap = _bootstrap()
         kafka_io.ensure_topic(bootstrap, smoke.TOPIC, smoke.PARTITIONS)
         start = kafka_io.end_offsets(bootstrap, smoke.TOPIC)
-        conn = PostgresHook(postgres_conn_id=CONN_SOURCE).get_conn()
+        conn = PostgresHook(postgres_conn_id=CONN_WAREHOUSE).get_conn()
         try:
             totals = smoke.seed_source(conn)
         finally:
@@ -83,7 +84,7 @@ def tidemark_smoke():
     extract = SparkJdbcSubmitOperator(
         task_id="extract",
         script="table_to_topic.py",
-        jdbc_conn_id=CONN_SOURCE,
+        jdbc_conn_id=CONN_WAREHOUSE,
         job_args=["--table", smoke.TABLE, "--key", "id", "--topic", smoke.TOPIC,
                   "--bootstrap", "{{ conn.tidemark_kafka.extra_dejson['bootstrap.servers'] }}"],
     )
