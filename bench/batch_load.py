@@ -117,6 +117,7 @@ def _pipeline(settings: Settings, partitions: int, contender: str) -> Pipeline:
         "name": name, "table": f"{bank.SCHEMA}.ledger_entries", "primary_key": ["entry_id"],
         "cursor": {"kind": "timestamp", "column": "created_at"}, "safe_lag": "PT0S",
         "target_table": f"{SCHEMAS[contender]}.ledger_entries", "write_mode": "append_window_replace",
+        "create_target_schema": True,
         "partitions": partitions,
     }
     path = settings.state_dir / "bench" / f"{name}.yaml"
@@ -232,6 +233,7 @@ def _empty_target(src, wh, contender: str) -> str:
     shape = PipelineSpec.model_validate({
         "name": "bench_shape", "table": f"{bank.SCHEMA}.ledger_entries", "primary_key": ["entry_id"],
         "cursor": {"kind": "timestamp", "column": "created_at"}, "safe_lag": "PT0S", "target_table": target,
+        "create_target_schema": True,
     })
     with src, src.cursor() as s, wh, wh.cursor() as w:
         ensure_target(s, w, shape)

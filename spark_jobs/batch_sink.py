@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
     conn = connect(args.jdbc_url, args.user, password(args))
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
-    sink = BatchSink(conn, spec)
+    sink = BatchSink(conn, spec, dead_letters=lambda rejects: send_dead_letters(
+        args.bootstrap, args.dead_letter_topic, spec.topic, rejects))
     sink.acquire_fence()
     sink.sweep_stages()
     starting = sink.starting_offsets()
@@ -83,8 +84,6 @@ def main(argv: list[str]) -> int:
             totals[key] += getattr(report, key)
         totals["committed"] += report.committed
         totals["refused"] += report.refused
-        if report.rejects:
-            send_dead_letters(args.bootstrap, args.dead_letter_topic, spec.topic, report.rejects)
 
     spark = session(f"tidemark-batch-sink-{spec.name}")
     try:
@@ -98,9 +97,11 @@ def main(argv: list[str]) -> int:
             .option("maxOffsetsPerTrigger", args.max_records_per_trigger)
             .load()
         )
+        # Key and value stay bytes: the sink checks their UTF-8 itself (a bad record is a dead letter,
+        # not a crash). The row hash is over the same bytes, as the extract hashed its strings.
         key, value = F.col("key").cast("string"), F.col("value").cast("string")
         records = stream.select(
-            F.col("partition"), F.col("offset"), key.alias("key"), value.alias("value"),
+            F.col("partition"), F.col("offset"), F.col("key"), F.col("value"),
             header(HEADER_CONTROL).alias("control"), header(HEADER_BATCH).alias("batch_id"),
             header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
             F.xxhash64(key, value).alias("row_hash"),

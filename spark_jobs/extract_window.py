@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
         if missing:
             raise JobError(f"{tag}: source table {spec.table} has no column(s) {missing}")
         pk = [F.col(c) for c in spec.primary_key]
-        key = pk[0].cast("string") if len(pk) == 1 else F.to_json(F.struct(*pk))
+        key = pk[0].cast("string") if len(pk) == 1 else F.to_json(F.struct(*pk), JSON_OPTIONS)  # as in values
         records = df.select(
             key.alias("key"), F.to_json(F.struct(*[F.col(c) for c in df.columns]), JSON_OPTIONS).alias("value"),
             F.col(spec.cursor.column).alias("_cursor"),

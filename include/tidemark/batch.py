@@ -16,7 +16,7 @@ from tidemark import control, ledger
 from tidemark.control import PartitionTotals
 from tidemark.kafka_io import ensure_topic
 from tidemark.spec import PipelineSpec
-from tidemark.window import MICROSECOND, Window, plan_window, read_source_clock
+from tidemark.window import MICROSECOND, PlanError, Window, plan_window, read_source_clock
 
 log = logging.getLogger("tidemark.batch")
 
@@ -47,23 +47,39 @@ def plan(
     with source_conn, source_conn.cursor() as src, warehouse_conn, warehouse_conn.cursor() as wh:
         ledger.check_source_access(src, spec)
         ledger.ensure_target(src, wh, spec)
+        # Id cursors: the largest id, then the clock, then the open transactions (in that order).
+        observed = ledger.observe_id_high(src, spec) if spec.cursor.kind == "id" else None
         clock = read_source_clock(src)
-        id_high = ledger.id_high(src, spec) if spec.cursor.kind == "id" else None
+        id_high = (ledger.safe_id_high(wh, spec.name, observed, clock.oldest_open_xact)
+                   if observed is not None else None)
         committed = ledger.committed_watermark(wh, spec.name)
-        window = plan_window(spec, clock, committed, interval=interval, id_high=id_high)
+        try:
+            window = plan_window(spec, clock, committed, interval=interval, id_high=id_high)
+        except PlanError:
+            wh.connection.commit()  # keep the id observation: it is what lets a later plan move on
+            raise
         planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window)
     if bootstrap:
         ensure_topic(bootstrap, spec.topic, spec.partitions)
-    held = (  # say so only when an open transaction, not the safe lag, set the window's end
-        f"; held back by a source transaction open since {clock.oldest_open_xact.isoformat()}"
-        if clock.oldest_open_xact and clock.oldest_open_xact - MICROSECOND < clock.now - spec.safe_lag else ""
-    )
-    log.info(
-        "pipeline=%s batch=%s window=%s %s (source clock %s, safe lag %s%s, committed watermark %s)",
+    held = _held(spec, clock, observed, id_high)
+    log.log(
+        logging.WARNING if held else logging.INFO,
+        "pipeline=%s batch=%s window=%s %s (source clock %s, safe lag %s, committed watermark %s)%s",
         spec.name, planned.batch_id, planned.window, "re-used from an earlier try" if planned.reused else "planned",
-        clock.now.isoformat(), spec.safe_lag, held, committed,
+        clock.now.isoformat(), spec.safe_lag, committed, f"; window held back by {held}" if held else "",
     )
     return Plan(planned.batch_id, planned.window, planned.reused)
+
+
+def _held(spec: PipelineSpec, clock, observed, id_high) -> str:
+    """Who holds the window's end back, when a source transaction (not the safe lag) set it."""
+    if clock.prepared is not None:
+        return clock.holders() + " (a pending prepared transaction holds the window at the watermark)"
+    if clock.oldest_open_xact is None:
+        return ""
+    if spec.cursor.kind == "id":
+        return clock.holders() if observed and observed[0] is not None and id_high != observed[0] else ""
+    return clock.holders() if clock.oldest_open_xact - MICROSECOND < clock.now - spec.safe_lag else ""
 
 
 def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, **extra: Any) -> None:

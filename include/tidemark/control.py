@@ -8,10 +8,11 @@ per step; readers use read_committed. Data records carry the batch id and attemp
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 PROTOCOL_VERSION = 1
 HEADER_CONTROL = "tidemark.control"  # header on control messages: BEGIN | END | ABORT
@@ -24,9 +25,17 @@ Kind = Literal["BEGIN", "END", "ABORT"]
 class PartitionTotals(BaseModel):
     """What one partition carries for one attempt: rows and the sum of their 64-bit row hashes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     rows: Annotated[int, Field(ge=0)]
     checksum: int  # exact sum of xxhash64(key, value) over the partition's records
+
+    @field_validator("checksum", mode="before")
+    @classmethod
+    def _checksum_from_text(cls, value: Any) -> Any:
+        # Written as a decimal string (see below); an integer is read too (older producers).
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,40}", value):
+            return int(value)
+        return value
 
     @field_serializer("checksum")
     def _checksum_text(self, value: int) -> str:
@@ -35,8 +44,12 @@ class PartitionTotals(BaseModel):
         return str(value)
 
 
+SCHEMA_VERSIONS = (1,)  # record schema versions this sink can read
+
+
 class ControlMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no lax coercion ("5" is not 5, 1.0 is not 1); the window is checked in _shape
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     version: Literal[1] = PROTOCOL_VERSION
     kind: Kind
@@ -44,7 +57,7 @@ class ControlMessage(BaseModel):
     batch_id: Annotated[str, Field(min_length=1, max_length=200)]
     attempt: Annotated[int, Field(ge=1)]
     window: dict[str, Any]  # tidemark.window.Window.to_json()
-    schema_version: Annotated[int, Field(ge=1)] = 1
+    schema_version: Literal[SCHEMA_VERSIONS] = 1  # type: ignore[valid-type]
     partitions: Annotated[int, Field(ge=1, le=64)]
     partition: Annotated[int, Field(ge=0)]  # the partition this copy was written to
     totals: PartitionTotals | None = None  # END only: this partition's rows and checksum
@@ -62,11 +75,21 @@ class ControlMessage(BaseModel):
             raise ValueError(f"{self.kind} carries no totals")
         from tidemark.window import Window
 
+        if self.kind != "END" and self.batch_rows is not None:
+            raise ValueError(f"{self.kind} carries no batch_rows")
+        if self.kind != "ABORT" and self.reason is not None:
+            raise ValueError(f"{self.kind} carries no reason")
         try:
             Window.from_json(self.window)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"window is not a window ({{lo, hi}} bounds): {exc!r}") from None
+            raise ValueError(f"window is not a window: {exc}") from None
         return self
+
+    @property
+    def parsed_window(self):
+        from tidemark.window import Window
+
+        return Window.from_json(self.window)
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

@@ -251,10 +251,16 @@ def check_source_access(cur, spec: PipelineSpec) -> None:
 
 
 def ensure_target(source_cur, warehouse_cur, spec: PipelineSpec) -> bool:
-    """Create the target table from the source table's columns if it does not exist yet."""
+    """Create the target table from the source table's columns if it does not exist yet (its
+    schema only if the spec says ``create_target_schema: true``)."""
     warehouse_cur.execute("SELECT to_regclass(%s)", (quote(spec.target_table),))
     if warehouse_cur.fetchone()[0] is not None:
         return False
+    schema = spec.target_table.split(".")[0] if "." in spec.target_table else "public"
+    warehouse_cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+    if warehouse_cur.fetchone() is None and not spec.create_target_schema:
+        raise PlanError(f"pipeline {spec.name}: the warehouse has no schema {schema} for target_table "
+                        f"{spec.target_table}: create it, or set create_target_schema: true in the spec")
     columns = source_columns(source_cur, spec.table)
     names = {c[0] for c in columns}
     missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in names]
@@ -270,6 +276,31 @@ def ensure_target(source_cur, warehouse_cur, spec: PipelineSpec) -> bool:
     return True
 
 
-def id_high(cur, spec: PipelineSpec) -> int | None:
+def observe_id_high(cur, spec: PipelineSpec) -> tuple[int | None, Any]:
+    """The largest visible id, then the source's clock: two statements, so every transaction
+    the first one's snapshot could not see started before the time returned."""
     cur.execute(f"SELECT max({quote(spec.cursor.column)}) FROM {quote(spec.table)}")
-    return cur.fetchone()[0]
+    high = cur.fetchone()[0]
+    cur.execute("SELECT clock_timestamp()")
+    return high, cur.fetchone()[0]
+
+
+def safe_id_high(cur, pipeline: str, observed: tuple[int | None, Any], horizon: Any) -> int | None:
+    """Record this plan's id observation and return the largest id that is final: seen at a time
+    before the oldest transaction open now started (``horizon``; None: none open). A transaction
+    open when an id was read may commit a lower id; once all of them have ended, none can.
+    (Ids must come from a sequence or identity without a per-session cache.)"""
+    high, at = observed
+    if high is not None:
+        cur.execute("INSERT INTO tidemark_control.id_observations (pipeline, observed_at, max_id) "
+                    "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (pipeline, at, high))
+    cur.execute(
+        "SELECT max(max_id), max(observed_at) FROM tidemark_control.id_observations "
+        "WHERE pipeline = %s AND (%s::timestamptz IS NULL OR observed_at < %s::timestamptz)",
+        (pipeline, horizon, horizon),
+    )
+    final, newest = cur.fetchone()
+    if newest is not None:  # older observations can never be needed again
+        cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s AND observed_at < %s",
+                    (pipeline, newest))
+    return final

@@ -4,13 +4,20 @@
 table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
 
 1. checks the sink still holds the newest fencing token (a zombie sink can never commit);
-2. handles BEGIN and ABORT in offset order (a newer attempt supersedes older ones);
-3. stages the data records of open attempts (COPY into the attempt's own table, plus running
-   per-partition counts and checksums) and rejects records of unknown batches;
+2. handles BEGIN and ABORT in offset order. Control messages are trusted only as far as the
+   ledger confirms them: a BEGIN must name an attempt the orchestrator opened for a batch it
+   planned, with the planned window; anything else goes to the dead-letter topic;
+3. validates every data record of an open attempt (``tidemark.records``: encoding, shape, key,
+   lossless fit to the target's columns, inside the batch's window) and stages the good ones
+   (COPY into the attempt's own table, plus running per-partition counts and checksums); bad
+   records, records of unknown batches and late records of committed ones are dead letters;
 4. records END messages; for every attempt whose END has arrived on all partitions, compares
    per-partition row counts and checksums with what was staged, then either applies the batch
-   (merge into the target, ledger, watermark) or refuses it with expected and actual numbers;
-5. stores the next offset of every partition it read.
+   (merge into the target, ledger, watermark) or refuses it: with expected and actual numbers,
+   or with the count and first reasons of its dead letters;
+5. writes the dead letters (``sink_rejects``, and the dead-letter topic before the commit: a
+   crash in between sends them again, never loses them) and stores the next offset of every
+   partition it read.
 
 A crash anywhere rolls the whole micro-batch back, and the next start resumes from the stored
 offsets, so every record has exactly one effect. No reader sees part of a batch: the target is
@@ -27,12 +34,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import psycopg2
+import psycopg2.errors
 
-from tidemark.control import HEADER_CONTROL, ControlMessage, ProtocolError, decode
-from tidemark.ledger import record_attempt
+from tidemark.control import ControlMessage, ProtocolError, decode
+from tidemark.records import RecordRules, target_columns
 from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import arrow_totals
 from tidemark.window import Bound, Window, predicate
@@ -51,6 +59,14 @@ class FencedError(RuntimeError):
     """Another sink instance took over this consumer; this one must stop without committing."""
 
 
+class SinkError(RuntimeError):
+    """An error the sink cannot classify as bad input: the job fails, naming where it was."""
+
+
+PAYLOAD_LIMIT = 65_536  # characters of a rejected payload kept in sink_rejects (the DLQ gets it whole)
+FIRST_REASONS = 3  # how many dead-letter reasons a refusal message quotes
+
+
 @dataclass
 class MicroBatchReport:
     staged: int = 0
@@ -59,16 +75,19 @@ class MicroBatchReport:
     committed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     rejects: list[dict[str, Any]] = field(default_factory=list)
+    recorded: int = 0  # how many of ``rejects`` are already in sink_rejects
 
 
 class BatchSink:
-    def __init__(self, conn, spec: PipelineSpec, *, consumer: str | None = None, topic: str | None = None):
+    def __init__(self, conn, spec: PipelineSpec, *, consumer: str | None = None, topic: str | None = None,
+                 dead_letters: Callable[[list[dict[str, Any]]], None] | None = None):
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
         self.topic = topic or spec.topic
         self.consumer = consumer or f"batch-sink.{spec.name}"
+        self.dead_letters = dead_letters  # sends rejects to the DLQ; called before each commit
         self.fence: int | None = None
-        self._columns: list[str] | None = None
+        self._rules: RecordRules | None = None
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self) -> int:
@@ -123,44 +142,64 @@ class BatchSink:
     def apply(self, table) -> MicroBatchReport:
         """Apply one micro-batch (a pyarrow table with partition, offset, key, value, control,
         batch_id, attempt, row_hash) in one transaction."""
-        import pyarrow.compute as pc
-
         report = MicroBatchReport()
         if table.num_rows == 0:
             return report
         started = time.monotonic()
         table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
-        is_control = pc.is_valid(table["control"])
-        controls = table.filter(is_control).to_pylist()
-        data = table.filter(pc.invert(is_control))
-        with self.conn, self.conn.cursor() as cur:
-            self._check_fence(cur)
-            ends: list[tuple[dict[str, Any], ControlMessage]] = []
-            for rec in controls:
-                msg = self._decode(cur, rec, report)
-                if msg is None:
-                    continue
-                if msg.kind == "BEGIN":
-                    self._begin(cur, msg)
-                elif msg.kind == "ABORT":
-                    self._abort(cur, msg)
-                else:
-                    ends.append((rec, msg))
-            if data.num_rows:
-                self._stage(cur, data, report)
-            complete: list[tuple[str, int]] = []
-            for rec, msg in ends:
-                if self._end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
-                    complete.append((msg.batch_id, msg.attempt))
-            for batch_id, attempt in complete:
-                self._verify_and_apply(cur, batch_id, attempt, report)
-            self._record_rejects(cur, report)
-            self._store_offsets(cur, table)
+        try:
+            with self.conn, self.conn.cursor() as cur:
+                controls = self._apply(cur, table, report)
+        except (FencedError, SinkError):
+            raise
+        except Exception as exc:  # name where it happened: the next start resumes at the same offsets
+            raise SinkError(
+                f"pipeline={self.spec.name} micro-batch {_positions(table)} failed and was rolled back "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:2000]}); the sink resumes from the same offsets "
+                "when restarted. Next: if this repeats at the same offsets, see the error above"
+            ) from exc
         log.info("pipeline=%s micro-batch of %s records (%s control): staged %s, discarded %s, rejected %s, "
-                 "committed %s, refused %s in %.1f s", self.spec.name, table.num_rows, len(controls), report.staged,
+                 "committed %s, refused %s in %.1f s", self.spec.name, table.num_rows, controls, report.staged,
                  report.discarded, report.rejected, report.committed or "-", report.refused or "-",
                  time.monotonic() - started)
         return report
+
+    def _apply(self, cur, table, report: MicroBatchReport) -> int:
+        import pyarrow.compute as pc
+
+        is_control = pc.is_valid(table["control"])
+        controls = table.filter(is_control).to_pylist()
+        data = table.filter(pc.invert(is_control))
+        self._check_fence(cur)
+        ends: list[tuple[dict[str, Any], ControlMessage]] = []
+        for rec in controls:
+            msg = self._decode(cur, rec, report)
+            if msg is None:
+                continue
+            if msg.kind == "BEGIN":
+                self._begin(cur, rec, msg, report)
+            elif msg.kind == "ABORT":
+                why = self._planned(cur, msg)
+                if why is None:
+                    self._abort(cur, msg)
+                else:
+                    self._reject(report, rec, f"{why}: ABORT rejected", msg)
+            else:
+                ends.append((rec, msg))
+        if data.num_rows:
+            self._stage(cur, data, report)
+        self._record_rejects(cur, report)  # before verifying: an attempt with dead letters is refused
+        complete: list[tuple[str, int]] = []
+        for rec, msg in ends:
+            if self._end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
+                complete.append((msg.batch_id, msg.attempt))
+        for batch_id, attempt in complete:
+            self._verify_and_apply(cur, batch_id, attempt, report)
+        self._record_rejects(cur, report)
+        if report.rejects and self.dead_letters is not None:
+            self.dead_letters(report.rejects)  # before the commit: a crash after it re-sends, never loses
+        self._store_offsets(cur, table)
+        return len(controls)
 
     def _check_fence(self, cur) -> None:
         cur.execute("SELECT fence FROM tidemark_control.sink_fences WHERE consumer = %s FOR UPDATE", (self.consumer,))
@@ -174,13 +213,16 @@ class BatchSink:
     def _reject(self, report: MicroBatchReport, rec: dict[str, Any], reason: str,
                 msg: ControlMessage | None = None) -> None:
         report.rejected += 1
+        batch_id = msg.batch_id if msg else rec.get("batch_id")
+        attempt = msg.attempt if msg else _int_or_none(rec.get("attempt"))
         report.rejects.append({
-            "partition": rec["partition"], "offset": rec["offset"],
-            "batch_id": msg.batch_id if msg else rec.get("batch_id"),
-            "attempt": msg.attempt if msg else _int_or_none(rec.get("attempt")),
-            "reason": reason, "payload": rec.get("value"),
+            "partition": rec["partition"], "offset": rec["offset"], "batch_id": batch_id, "attempt": attempt,
+            "reason": reason, "payload": rec.get("value"), "key": rec.get("key"),
         })
-        log.error("pipeline=%s %s (partition %s offset %s)", self.spec.name, reason, rec["partition"], rec["offset"])
+        if report.rejected <= 20 or report.rejected % 1000 == 0:  # a flood of bad records: a sample and counts
+            log.error("pipeline=%s batch=%s attempt=%s partition=%s offset=%s DEAD LETTER (%s so far in this "
+                      "micro-batch): %s", self.spec.name, batch_id, attempt, rec["partition"], rec["offset"],
+                      report.rejected, reason)
 
     def _decode(self, cur, rec: dict[str, Any], report: MicroBatchReport) -> ControlMessage | None:
         try:
@@ -198,25 +240,44 @@ class BatchSink:
         if msg.partitions != self.spec.partitions:
             self._reject(report, rec, f"{msg.describe()} rejected: {msg.partitions} partitions, topic has {self.spec.partitions}")
             return None
+        if msg.parsed_window.lo.kind != self.spec.cursor.kind:
+            self._reject(report, rec, f"{msg.describe()} rejected: its window {msg.parsed_window} has {msg.parsed_window.lo.kind} "
+                         f"cursors, pipeline {self.spec.name} has a {self.spec.cursor.kind} cursor", msg)
+            return None
         return msg
 
-    def _begin(self, cur, msg: ControlMessage) -> None:
-        window = Window.from_json(msg.window)
-        cur.execute(
-            """INSERT INTO tidemark_control.batches
-                   (batch_id, pipeline, window_lo, window_hi, backfill, partitions, state, attempt)
-               VALUES (%s, %s, %s, %s, %s, %s, 'open', %s)
-               ON CONFLICT (batch_id) DO UPDATE SET attempt = greatest(batches.attempt, EXCLUDED.attempt),
-                   state = CASE WHEN EXCLUDED.attempt > batches.attempt
-                                     OR (EXCLUDED.attempt = batches.attempt AND batches.state = 'planned')
-                                THEN 'open' ELSE batches.state END,
-                   updated_at = clock_timestamp()""",
-            (msg.batch_id, msg.pipeline, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
-             window.backfill, msg.partitions, msg.attempt),
-        )
-        for old in record_attempt(cur, msg.batch_id, msg.attempt):
-            log.warning("pipeline=%s batch=%s attempt=%s superseded by attempt %s: its staged records are discarded",
-                        msg.pipeline, msg.batch_id, old, msg.attempt)
+    def _planned(self, cur, msg: ControlMessage) -> str | None:
+        """Why the ledger does not confirm this control message's batch and window (None: it does)."""
+        cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt FROM tidemark_control.batches "
+                    "WHERE batch_id = %s", (msg.batch_id,))
+        row = cur.fetchone()
+        if row is None:
+            return f"{msg.kind} for batch {msg.batch_id}, which was never planned (no ledger row)"
+        pipeline, lo, hi, backfill, latest = row
+        if pipeline != self.spec.name:
+            return f"{msg.kind} for batch {msg.batch_id}, which the ledger plans for pipeline {pipeline}"
+        planned = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
+        if msg.parsed_window != planned:
+            return f"{msg.kind} for batch {msg.batch_id} carries window {msg.parsed_window}, the ledger planned {planned}"
+        if msg.attempt > latest:
+            return (f"{msg.kind} for batch {msg.batch_id} attempt {msg.attempt}, which the orchestrator never opened "
+                    f"(latest attempt {latest})")
+        return None
+
+    def _begin(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> None:
+        """A BEGIN changes nothing in the ledger: the orchestrator opened the attempt (and superseded
+        older ones) before sending it. It is checked against the plan, and frees older stages."""
+        why = self._planned(cur, msg)
+        if why is not None:
+            self._reject(report, rec, f"{why}: BEGIN rejected, nothing of it is staged", msg)
+            return
+        cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
+                    (msg.batch_id, msg.attempt))
+        state = (cur.fetchone() or [None])[0]
+        if state not in ("open", "sealed"):
+            log.info("pipeline=%s batch=%s attempt=%s p%s BEGIN of a%s attempt (late or replayed): no-op",
+                     msg.pipeline, msg.batch_id, msg.attempt, msg.partition, f" {state}" if state else "n unrecorded")
+            return
         for older in range(1, msg.attempt):
             self._drop_stage(cur, msg.batch_id, older)
 
@@ -238,33 +299,57 @@ class BatchSink:
                         msg.pipeline, msg.batch_id, msg.attempt, msg.reason)
 
     def _stage(self, cur, data, report: MicroBatchReport) -> None:
-        """COPY the records of open attempts into their stage tables, adding to their running totals;
-        discard those of finished attempts; reject those of unknown batches."""
+        """Validate and COPY the records of open attempts into their stage tables, adding to their
+        running totals; discard those of superseded, aborted or refused attempts; dead-letter the
+        bad ones, those of unknown batches and late ones of committed batches."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         attempts = data.group_by(["batch_id", "attempt"]).aggregate([]).to_pylist()
+        columns = ["partition", "offset", "batch_id", "attempt", "key", "value"]
         for a in attempts:
             batch_id, attempt = a["batch_id"], a["attempt"]
             if batch_id is None or attempt is None:
                 mine = data.filter(pc.or_(pc.is_null(data["batch_id"]), pc.is_null(data["attempt"])))
-                state, why = None, "record without valid batch headers"
+                state, why = None, "record without valid batch headers (tidemark.batch, tidemark.attempt)"
             else:
                 mine = data.filter(pc.and_(pc.equal(data["batch_id"], batch_id), pc.equal(data["attempt"], attempt)))
-                cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
-                            (batch_id, attempt))
+                cur.execute(
+                    """SELECT a.state, b.pipeline, b.window_lo, b.window_hi, b.backfill, a.finished_at
+                         FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b USING (batch_id)
+                        WHERE a.batch_id = %s AND a.attempt = %s""", (batch_id, attempt))
                 row = cur.fetchone()
-                state = row[0] if row else None
-                why = f"record for unknown batch {batch_id} attempt {attempt} (no BEGIN seen)"
+                state = row[0] if row and row[1] == self.spec.name else None
+                why = (f"record for batch {batch_id} attempt {attempt}, which the orchestrator never opened for "
+                       f"pipeline {self.spec.name} (no ledger row)")
+                if state == "committed":
+                    state, why = None, (f"late record of batch {batch_id} attempt {attempt}, committed at "
+                                        f"{row[5]:%Y-%m-%dT%H:%M:%S%z}: not applied")
             if state in ("open", "sealed"):
-                self._copy_in(cur, batch_id, attempt, mine)
-                report.staged += mine.num_rows
+                window = Window(Bound.from_json(row[2]), Bound.from_json(row[3]), row[4])
+                rules = self._record_rules(cur)
+                good = []
+                for rec in mine.select(columns).to_pylist():
+                    reason = rules.check(rec["key"], rec["value"], window)
+                    if reason is not None:
+                        self._reject(report, rec, f"batch {batch_id} attempt {attempt}: {reason}")
+                    good.append(reason is None)
+                kept = mine.filter(pa.array(good, pa.bool_())) if not all(good) else mine
+                if kept.num_rows:
+                    self._copy_in(cur, batch_id, attempt, kept)
+                report.staged += kept.num_rows
             elif state is None:
-                for rec in mine.select(["partition", "offset", "batch_id", "attempt", "value"]).to_pylist():
+                for rec in mine.select(columns).to_pylist():
                     self._reject(report, rec, why)
             else:
                 report.discarded += mine.num_rows
-                log.info("pipeline=%s batch=%s attempt=%s: %s record(s) of a %s attempt discarded",
-                         self.spec.name, batch_id, attempt, mine.num_rows, state)
+                log.warning("pipeline=%s batch=%s attempt=%s: %s record(s) of a %s attempt discarded (its "
+                            "attempt can never be applied)", self.spec.name, batch_id, attempt, mine.num_rows, state)
+
+    def _record_rules(self, cur) -> RecordRules:
+        if self._rules is None:
+            self._rules = RecordRules(self.spec, target_columns(cur, self.spec.target_table))
+        return self._rules
 
     def _copy_in(self, cur, batch_id: str, attempt: int, records) -> None:
         import pyarrow as pa
@@ -272,7 +357,8 @@ class BatchSink:
 
         stage = self._ensure_stage(cur, batch_id, attempt)
         buf = io.BytesIO()
-        pacsv.write_csv(pa.table({"value": records["value"]}), buf,
+        values = pa.array([v.decode() for v in records["value"].to_pylist()], pa.string())  # validated UTF-8
+        pacsv.write_csv(pa.table({"value": values}), buf,
                         pacsv.WriteOptions(include_header=False, quoting_style="needed"))
         buf.seek(0)
         cur.copy_expert(f"COPY {stage} (value) FROM STDIN WITH (FORMAT csv)", buf)
@@ -310,10 +396,16 @@ class BatchSink:
             log.info("pipeline=%s batch=%s attempt=%s p%s %s", msg.pipeline, msg.batch_id, msg.attempt, msg.partition, verb)
             return False
         assert msg.totals is not None
+        why = self._planned(cur, msg)
+        if why is not None:
+            self._reject(report, rec, f"{why}: END rejected", msg)
+            return False
         cur.execute(
-            """INSERT INTO tidemark_control.batch_ends (batch_id, attempt, partition, rows, checksum, kafka_offset)
-               VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-            (msg.batch_id, msg.attempt, msg.partition, msg.totals.rows, msg.totals.checksum, rec["offset"]),
+            """INSERT INTO tidemark_control.batch_ends
+                   (batch_id, attempt, partition, rows, checksum, kafka_offset, batch_rows)
+               VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+            (msg.batch_id, msg.attempt, msg.partition, msg.totals.rows, msg.totals.checksum, rec["offset"],
+             msg.batch_rows),
         )
         if cur.rowcount == 0:
             cur.execute(
@@ -364,10 +456,34 @@ class BatchSink:
             self._drop_stage(cur, batch_id, attempt)
             return
         cur.execute(
-            "SELECT partition, rows, checksum FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s",
+            """SELECT count(*), (array_agg(reason ORDER BY partition, kafka_offset))[1:%s]
+                 FROM tidemark_control.sink_rejects WHERE consumer = %s AND batch_id = %s AND attempt = %s""",
+            (FIRST_REASONS, self.consumer, batch_id, attempt),
+        )
+        bad, reasons = cur.fetchone()
+        if bad:
+            fit = any(" target " in r for r in reasons)
+            self._refuse(
+                cur, batch_id, attempt, report,
+                f"{bad} record(s) of this attempt were refused and sent to the dead-letter topic; first: "
+                + " | ".join(reasons),
+                f"change the target table {self.spec.target_table} so it can hold the value, or the spec"
+                if fit else "fix the source rows the dead letters name (their tidemark.source header gives "
+                "topic/partition@offset; tidemark_control.sink_rejects has the same), or the spec")
+            return
+        cur.execute(
+            "SELECT partition, rows, checksum, batch_rows FROM tidemark_control.batch_ends "
+            "WHERE batch_id = %s AND attempt = %s",
             (batch_id, attempt),
         )
-        expected = {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
+        ends = cur.fetchall()
+        expected = {p: (rows, int(checksum)) for p, rows, checksum, _ in ends}
+        claimed = {b for *_, b in ends if b is not None}
+        if claimed and claimed != {sum(r for r, _ in expected.values())}:
+            self._refuse(cur, batch_id, attempt, report,
+                         f"END messages claim batch_rows {sorted(claimed)}, their partitions sum to "
+                         f"{sum(r for r, _ in expected.values())}")
+            return
         cur.execute(
             "SELECT partition, rows, checksum FROM tidemark_control.staged_totals WHERE batch_id = %s AND attempt = %s",
             (batch_id, attempt),
@@ -392,7 +508,8 @@ class BatchSink:
         merge_started = time.monotonic()
         try:
             applied = self._merge(cur, batch_id, attempt, window)
-        except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # the target cannot take it: refuse, no crash-loop
+        except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded) as exc:
+            # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
             self._refuse(cur, batch_id, attempt, report,
                          f"the target {self.spec.target_table} rejected a record: {' '.join(str(exc).split())}",
@@ -421,17 +538,7 @@ class BatchSink:
         )
 
     def target_columns(self, cur) -> list[str]:
-        if self._columns is None:
-            schema, _, name = self.spec.target_table.rpartition(".")
-            cur.execute(
-                """SELECT column_name FROM information_schema.columns
-                    WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position""",
-                (schema or "public", name),
-            )
-            self._columns = [r[0] for r in cur.fetchall()]
-            if not self._columns:
-                raise LookupError(f"pipeline {self.spec.name}: target table {self.spec.target_table} does not exist")
-        return self._columns
+        return list(self._record_rules(cur).columns)
 
     def _merge(self, cur, batch_id: str, attempt: int, window: Window) -> int:
         spec = self.spec
@@ -480,13 +587,15 @@ class BatchSink:
         return cur.rowcount == 1
 
     def _record_rejects(self, cur, report: MicroBatchReport) -> None:
-        for r in report.rejects:
+        for r in report.rejects[report.recorded:]:
             cur.execute(
                 """INSERT INTO tidemark_control.sink_rejects
                        (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload)
                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
-                (self.consumer, self.topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"], r["payload"]),
+                (self.consumer, self.topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"],
+                 _payload_text(r["payload"])),
             )
+        report.recorded = len(report.rejects)
 
     def _store_offsets(self, cur, table) -> None:
         import pyarrow.compute as pc
@@ -500,6 +609,24 @@ class BatchSink:
                       SET next_offset = EXCLUDED.next_offset, fence = EXCLUDED.fence, updated_at = clock_timestamp()""",
                 (self.consumer, self.topic, p, last + 1, self.fence),
             )
+
+
+def _payload_text(payload: bytes | str | None) -> str | None:
+    """The rejected value as PostgreSQL text can hold it: invalid UTF-8 escaped, NUL shown, capped."""
+    if payload is None:
+        return None
+    text = payload.decode("utf-8", "backslashreplace") if isinstance(payload, bytes) else payload
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= PAYLOAD_LIMIT else f"{text[:PAYLOAD_LIMIT]}... ({len(text)} characters in all)"
+
+
+def _positions(table) -> str:
+    """Partitions and offset ranges of a micro-batch, for error messages."""
+    import pyarrow.compute as pc
+
+    ranges = table.group_by("partition").aggregate([("offset", "min"), ("offset", "max")]).to_pylist()
+    return ", ".join(f"p{r['partition']}@{r['offset_min']}..{r['offset_max']}" for r in
+                     sorted(ranges, key=lambda r: r["partition"])) or "(empty)"
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
@@ -69,10 +69,34 @@ class PipelineSpec(BaseModel):
     cursor: Cursor
     safe_lag: Annotated[timedelta, Field(ge=timedelta(0), le=timedelta(days=7))]
     schedule: Annotated[str, AfterValidator(_schedule)] = "@daily"
-    initial_watermark: Annotated[datetime, AfterValidator(_aware)] = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    # Where the first batch starts: a timestamp with a zone, or an id (id cursors); everything
+    # after it is loaded. Default: 1970-01-01T00:00:00Z, or for ids the smallest bigint.
+    initial_watermark: datetime | int | None = None
     target_table: TableName
+    create_target_schema: bool = False  # a missing target schema is an error unless this says to create it
     write_mode: Literal["upsert", "append_window_replace"] = "upsert"
     partitions: Annotated[int, Field(ge=1, le=64)] = 3
+    append_only: bool = False  # the source table is never updated (required with an id cursor)
+    # What the sink refuses (each refused record goes to the dead-letter topic with its reason).
+    unknown_fields: Literal["reject", "ignore"] = "reject"
+    allow_non_finite_numbers: bool = False  # NaN and infinity in numeric columns
+    max_record_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 1024 * 1024
+    # The longest a source transaction may hold the window back before the plan fails loudly.
+    max_hold: Annotated[timedelta, Field(gt=timedelta(0), le=timedelta(days=7))] = timedelta(hours=6)
+
+    @field_validator("initial_watermark", mode="before")
+    @classmethod
+    def _start(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an ISO timestamp (e.g. 2026-01-01T00:00:00Z)") from None
+        if isinstance(value, datetime):
+            return _aware(value)
+        if isinstance(value, bool) or not isinstance(value, (int, type(None))):
+            raise ValueError(f"{value!r} is neither a timestamp with a zone nor an integer id")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "PipelineSpec":
@@ -83,7 +107,23 @@ class PipelineSpec(BaseModel):
                 f"cursor.column {self.cursor.column!r}: an id cursor must be a primary-key column "
                 f"({self.primary_key}), or its values are not unique"
             )
+        if self.cursor.kind == "id" and not self.append_only:
+            raise ValueError(
+                "cursor.kind 'id' sees only new rows, never updated ones: declare append_only: true if the "
+                "source table is never updated, or use a timestamp cursor that every update sets"
+            )
+        if self.cursor.kind == "id" and isinstance(self.initial_watermark, datetime):
+            raise ValueError("initial_watermark: an id cursor starts after an integer id, not a timestamp")
+        if self.cursor.kind == "timestamp" and isinstance(self.initial_watermark, int):
+            raise ValueError("initial_watermark: a timestamp cursor starts after a timestamp with a zone, not an id")
         return self
+
+    @property
+    def start(self) -> datetime | int:
+        """The cursor value the first batch starts after."""
+        if self.initial_watermark is not None:
+            return self.initial_watermark
+        return -(1 << 63) if self.cursor.kind == "id" else datetime(1970, 1, 1, tzinfo=timezone.utc)
 
     @property
     def topic(self) -> str:

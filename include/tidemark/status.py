@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tidemark.ledger import id_high
+from tidemark.ledger import observe_id_high
 from tidemark.settings import CONN_SOURCE
 from tidemark.sink import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec, load_specs
@@ -365,7 +365,7 @@ def watermark_lag(cur, spec: PipelineSpec, watermark: Watermark | None, source: 
     if watermark is None or clock is None:
         return None
     if spec.cursor.kind == "id":
-        high = id_high(cur, spec)
+        high = observe_id_high(cur, spec)[0]
         return Lag(ids=max(int(high or 0) - int(watermark.cursor), 0))
     held = clock.safe_bound(spec.safe_lag) < clock.now - spec.safe_lag
     return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=held)

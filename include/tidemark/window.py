@@ -40,9 +40,26 @@ class Bound:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> "Bound":
-        value = raw["cursor"]
-        cursor = value if isinstance(value, int) else _aware(datetime.fromisoformat(value))
-        return cls(cursor, tuple(raw["pk"]) if raw.get("pk") is not None else None)
+        """Strict: an int id or an ISO timestamp with its zone, and a key list or null; nothing else."""
+        if not isinstance(raw, dict) or set(raw) - {"cursor", "pk"} or "cursor" not in raw:
+            raise ValueError(f"a bound is {{cursor, pk}}, got {raw!r}")
+        value, pk = raw["cursor"], raw.get("pk")
+        if isinstance(value, int) and not isinstance(value, bool):
+            cursor: datetime | int = value
+        elif isinstance(value, str):
+            cursor = datetime.fromisoformat(value)
+            if cursor.tzinfo is None:
+                raise ValueError(f"timestamp bound {value!r} has no time zone")
+        else:
+            raise ValueError(f"a bound's cursor is an integer id or an ISO timestamp, got {value!r}")
+        if pk is not None and (not isinstance(pk, list) or not pk
+                               or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in pk)):
+            raise ValueError(f"a bound's pk is a non-empty list of strings or integers, got {pk!r}")
+        return cls(cursor, tuple(pk) if pk is not None else None)
+
+    @property
+    def kind(self) -> str:
+        return "timestamp" if isinstance(self.cursor, datetime) else "id"
 
     def __str__(self) -> str:
         value = self.cursor.isoformat() if isinstance(self.cursor, datetime) else str(self.cursor)
@@ -66,12 +83,26 @@ class Window:
         def aware(v):
             return _aware(v) if isinstance(v, datetime) else v
 
-        return aware(lo) >= self.lo.cursor and aware(hi) <= self.hi.cursor
+        lo, hi = aware(lo), aware(hi)
+        above = lo > self.lo.cursor or (lo == self.lo.cursor and self.lo.pk is not None)
+        return above and hi <= self.hi.cursor
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | str) -> "Window":
+        """Strict: both bounds of one cursor kind, ``lo <= hi``, ``hi`` without a key."""
         data = json.loads(raw) if isinstance(raw, str) else raw
-        return cls(Bound.from_json(data["lo"]), Bound.from_json(data["hi"]), bool(data.get("backfill")))
+        if not isinstance(data, dict) or set(data) - {"lo", "hi", "backfill"} or not {"lo", "hi"} <= set(data):
+            raise ValueError(f"a window is {{lo, hi, backfill}}, got {data!r}")
+        if not isinstance(data.get("backfill", False), bool):
+            raise ValueError(f"backfill is true or false, got {data['backfill']!r}")
+        lo, hi = Bound.from_json(data["lo"]), Bound.from_json(data["hi"])
+        if lo.kind != hi.kind:
+            raise ValueError(f"window bounds of two kinds: lo {lo} is a {lo.kind}, hi {hi} a {hi.kind}")
+        if hi.pk is not None:
+            raise ValueError(f"a window ends after a whole cursor value: hi {hi} carries a key")
+        if hi.cursor < lo.cursor:
+            raise ValueError(f"window lo {lo} is after hi {hi}")
+        return cls(lo, hi, bool(data.get("backfill", False)))
 
     @property
     def empty(self) -> bool:
@@ -132,8 +163,12 @@ def split_predicates(spec: PipelineSpec, window: Window, edges: list[datetime | 
 
 @dataclass(frozen=True)
 class SourceClock:
+    """The source's clock, its oldest open transaction and its oldest prepared (two-phase) one."""
+
     now: datetime
     oldest_open_xact: datetime | None
+    holder: dict[str, Any] | None = None  # the session of the oldest open transaction (pg_stat_activity)
+    prepared: dict[str, Any] | None = None  # the oldest prepared transaction (pg_prepared_xacts)
 
     def __post_init__(self) -> None:  # naive values are UTC, like everything else here
         object.__setattr__(self, "now", _aware(self.now))
@@ -141,35 +176,73 @@ class SourceClock:
             object.__setattr__(self, "oldest_open_xact", _aware(self.oldest_open_xact))
 
     def safe_bound(self, safe_lag: timedelta) -> datetime:
+        """The clock minus the safe lag, held strictly before the oldest open transaction
+        (a pending prepared transaction holds the window at its lower bound: see ``plan_window``)."""
         hi = self.now - safe_lag
         if self.oldest_open_xact is not None:
             hi = min(hi, self.oldest_open_xact - MICROSECOND)
         return hi
 
+    @property
+    def prepared_at(self) -> datetime | None:
+        return _aware(datetime.fromisoformat(self.prepared["prepared"])) if self.prepared else None
+
+    def held_since(self) -> datetime | None:
+        """Since when the oldest open or prepared transaction holds the window back."""
+        starts = [t for t in (self.oldest_open_xact, self.prepared_at) if t is not None]
+        return min(starts) if starts else None
+
+    def holders(self) -> str:
+        """Who holds the window back, as ops need it to act (empty if nothing does)."""
+        parts = []
+        if self.oldest_open_xact is not None:
+            h = self.holder or {}
+            age = (self.now - self.oldest_open_xact).total_seconds()
+            parts.append(
+                f"session pid={h.get('pid')} user={h.get('usename')} application={h.get('application_name')!r} "
+                f"client={h.get('client_addr') or 'local'} state={h.get('state')!r} in a transaction open since "
+                f"{self.oldest_open_xact.isoformat()} ({age:.0f} s)")
+        if self.prepared is not None:
+            age = (self.now - self.prepared_at).total_seconds()  # type: ignore[operator]
+            parts.append(
+                f"prepared transaction gid={self.prepared.get('gid')!r} owner={self.prepared.get('owner')} "
+                f"prepared at {self.prepared_at.isoformat()} ({age:.0f} s)"  # type: ignore[union-attr]
+                + (f", {self.prepared['count']} prepared in all" if self.prepared.get("count", 1) > 1 else ""))
+        return "; ".join(parts)
+
 
 SOURCE_CLOCK_SQL = """
 SELECT clock_timestamp(),
-       (SELECT min(xact_start) FROM pg_stat_activity
-         WHERE datname = current_database() AND backend_type = 'client backend'
-           AND pid <> pg_backend_pid() AND xact_start IS NOT NULL),
+       (SELECT row_to_json(a) FROM (
+          SELECT pid, usename, application_name, client_addr::text AS client_addr, state, xact_start
+            FROM pg_stat_activity
+           WHERE datname = current_database() AND backend_type = 'client backend'
+             AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+           ORDER BY xact_start LIMIT 1) a),
        (SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND backend_type = 'client backend' AND state IS NULL),
        (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-         OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')
+         OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER'),
+       (SELECT row_to_json(p) FROM (
+          SELECT gid, prepared, owner, count(*) OVER () AS count FROM pg_prepared_xacts
+           WHERE database = current_database() ORDER BY prepared LIMIT 1) p)
 """
 
 
 def read_source_clock(cur) -> SourceClock:
-    """The source's clock and the start of its oldest open transaction (a DB-API cursor)."""
+    """The source's clock, its oldest open transaction and oldest prepared one (a DB-API cursor)."""
     cur.execute(SOURCE_CLOCK_SQL)
-    now, oldest, hidden, can_see = cur.fetchone()
+    now, holder, hidden, can_see, prepared = cur.fetchone()
     if not can_see and hidden:
         raise PlanError(
             f"cannot see {hidden} session(s) on the source: grant pg_read_all_stats (or pg_monitor) to "
             "the source connection's user, or open transactions could not be detected and rows "
             "committed late would be lost"
         )
-    return SourceClock(_aware(now), _aware(oldest) if oldest is not None else None)
+    holder = json.loads(holder) if isinstance(holder, str) else holder
+    prepared = json.loads(prepared) if isinstance(prepared, str) else prepared
+    oldest = _aware(datetime.fromisoformat(holder["xact_start"])) if holder else None
+    return SourceClock(_aware(now), oldest, holder, prepared)
 
 
 def plan_window(
@@ -182,17 +255,38 @@ def plan_window(
 ) -> Window:
     """The next window for ``spec``.
 
-    Scheduled runs: from the committed watermark (or the spec's initial point) up to the safe
-    bound. Backfill runs (``interval`` = Airflow's data interval, half-open ``[start, end)``):
-    exactly that interval, clamped to the safe bound. Id cursors use ``id_high``, the largest id
-    visible on the source when planning.
+    Scheduled runs: from the committed watermark (or the spec's start) up to the safe bound.
+    Backfill runs (``interval`` = Airflow's data interval, half-open ``[start, end)``): exactly
+    that interval, clamped to the safe bound. Id cursors use ``id_high``, the largest id known to
+    be final (``ledger.safe_id_high``: no transaction that was open when it was read is still open).
+
+    A pending prepared transaction started at an unknown time before it was prepared, but after
+    the committed watermark (every earlier plan held the window before it while it was open): it
+    holds the window at its lower bound. A hold older than ``spec.max_hold`` fails the plan.
     """
+    window = _window(spec, clock, committed, interval, id_high)
+    held_since = clock.held_since()
+    if held_since is not None and clock.now - held_since > spec.max_hold:
+        free = _window(spec, SourceClock(clock.now, None), committed, interval, id_high)
+        if spec.cursor.kind == "id" or window.hi.cursor < free.hi.cursor:
+            raise PlanError(
+                f"pipeline {spec.name}: the source has held the window back for longer than max_hold "
+                f"{spec.max_hold}: {clock.holders()}. Next: end that transaction on the source (SELECT "
+                "pg_terminate_backend(<pid>), or COMMIT PREPARED / ROLLBACK PREPARED '<gid>'), or raise max_hold "
+                "in the spec; then clear this task"
+            )
+    return window
+
+
+def _window(spec: PipelineSpec, clock: SourceClock, committed: Bound | None,
+            interval: tuple[datetime, datetime] | None, id_high: int | None) -> Window:
+    lo = committed or Bound(spec.start)
     if spec.cursor.kind == "id":
         if interval is not None:
             raise PlanError(f"pipeline {spec.name}: backfill by data interval needs a timestamp cursor")
-        lo = committed or Bound(0)
-        hi = max(int(id_high or 0), int(lo.cursor))
-        return Window(lo, Bound(hi))
+        if clock.prepared is not None or id_high is None:
+            return Window(lo, Bound(lo.cursor))
+        return Window(lo, Bound(max(int(id_high), int(lo.cursor))))
     safe = clock.safe_bound(spec.safe_lag)
     if interval is not None:
         start, end = (_aware(t) for t in interval)
@@ -208,8 +302,16 @@ def plan_window(
                 f"the source's safe bound {safe.isoformat()} (source clock minus safe lag {spec.safe_lag}, held "
                 "before any open source transaction); run it again once that interval has passed"
             )
-        lo = Bound(start - MICROSECOND)
-        hi = max(min(end - MICROSECOND, safe), lo.cursor)
-        return Window(lo, Bound(hi), backfill=True)
-    lo = committed or Bound(spec.initial_watermark)
+        lo_b = Bound(start - MICROSECOND)
+        hi = max(min(end - MICROSECOND, safe), lo_b.cursor)
+        if clock.prepared is not None and (committed is None or hi > committed.cursor):
+            raise PlanError(
+                f"pipeline {spec.name}: backfill interval [{start.isoformat()}, {end.isoformat()}) reaches past the "
+                f"committed watermark while a prepared transaction is pending ({clock.holders()}); its rows may "
+                "lie anywhere after the watermark. Next: COMMIT PREPARED or ROLLBACK PREPARED it on the source, "
+                "then clear this task"
+            )
+        return Window(lo_b, Bound(hi), backfill=True)
+    if clock.prepared is not None:
+        return Window(lo, Bound(lo.cursor))
     return Window(lo, Bound(max(safe, lo.cursor)))  # type: ignore[type-var]

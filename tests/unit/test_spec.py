@@ -32,7 +32,8 @@ def test_a_good_spec_loads_with_defaults(tmp_path):
     spec = load_spec(_write(tmp_path, GOOD))
     assert spec.safe_lag == timedelta(minutes=5)
     assert spec.schedule == "@daily" and spec.source_conn_id == "tidemark_source"
-    assert spec.initial_watermark.tzinfo is not None
+    assert spec.initial_watermark is None and spec.start.tzinfo is not None
+    assert spec.unknown_fields == "reject" and spec.allow_non_finite_numbers is False and not spec.create_target_schema
     assert spec.topic == "tidemark.ledger_entries"
 
 
@@ -57,6 +58,14 @@ INVALID = [
     ("id cursor outside key", _with(cursor={"kind": "id", "column": "seq"}), "an id cursor must be a primary-key column"),
     ("name not the file name", _with(name="other"), "must equal the file name"),
     ("upper-case name", _with(name="Ledger"), "field 'name'"),
+    ("id cursor without append_only", _with(cursor={"kind": "id", "column": "entry_id"}),
+     "declare append_only: true if the source table is never updated"),
+    ("id cursor with a timestamp start", _with(cursor={"kind": "id", "column": "entry_id"}, append_only=True,
+                                               initial_watermark="2026-01-01T00:00:00Z"), "not a timestamp"),
+    ("timestamp cursor with an id start", _with(initial_watermark=5), "not an id"),
+    ("unknown-field policy", _with(unknown_fields="keep"), "field 'unknown_fields'"),
+    ("tiny record limit", _with(max_record_bytes=10), "field 'max_record_bytes'"),
+    ("zero max_hold", _with(max_hold="PT0S"), "field 'max_hold'"),
 ]
 
 

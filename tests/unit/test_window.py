@@ -53,7 +53,7 @@ def _spec(**changes) -> PipelineSpec:
 
 
 TS = _spec()
-ID = _spec(cursor={"kind": "id", "column": "entry_id"})
+ID = _spec(cursor={"kind": "id", "column": "entry_id"}, append_only=True)
 # Case-sensitive and reserved-word identifiers: only correct if every identifier is quoted.
 QUOTED = _spec(primary_key=["order", "Line_No"], cursor={"kind": "timestamp", "column": "Booked_At"})
 
@@ -124,26 +124,30 @@ class _FakeCursor:
 
 
 def test_read_source_clock_treats_naive_database_times_as_utc():
-    cur = _FakeCursor((datetime(2026, 3, 1, 12, 0), datetime(2026, 3, 1, 11, 0), 0, True))
+    holder = {"pid": 7, "usename": "app", "application_name": "teller", "client_addr": None,
+              "state": "idle in transaction", "xact_start": "2026-03-01T11:00:00"}
+    cur = _FakeCursor((datetime(2026, 3, 1, 12, 0), holder, 0, True, None))
     clock = read_source_clock(cur)
     assert cur.executed == [SOURCE_CLOCK_SQL]
-    assert clock == SourceClock(NOW, datetime(2026, 3, 1, 11, 0, tzinfo=UTC))
+    assert clock == SourceClock(NOW, datetime(2026, 3, 1, 11, 0, tzinfo=UTC), holder, None)
+    assert "session pid=7 user=app application='teller' client=local state='idle in transaction'" in clock.holders()
+    assert "open since 2026-03-01T11:00:00+00:00 (3600 s)" in clock.holders()
     assert clock.now.tzinfo is UTC and clock.oldest_open_xact.tzinfo is UTC
 
 
 def test_read_source_clock_keeps_aware_times_and_no_open_transaction():
-    clock = read_source_clock(_FakeCursor((NOW.astimezone(PLUS2), None, 0, False)))
+    clock = read_source_clock(_FakeCursor((NOW.astimezone(PLUS2), None, 0, False, None)))
     assert clock.now == NOW and clock.now.utcoffset() == timedelta(hours=2)
     assert clock.oldest_open_xact is None
 
 
 def test_read_source_clock_refuses_to_plan_when_sessions_are_hidden():
     with pytest.raises(PlanError, match=r"cannot see 2 session\(s\) on the source: grant pg_read_all_stats"):
-        read_source_clock(_FakeCursor((NOW, None, 2, False)))
+        read_source_clock(_FakeCursor((NOW, None, 2, False, None)))
 
 
 def test_read_source_clock_accepts_hidden_count_when_the_user_may_see_all_sessions():
-    assert read_source_clock(_FakeCursor((NOW, None, 2, True))) == SourceClock(NOW, None)
+    assert read_source_clock(_FakeCursor((NOW, None, 2, True, None))) == SourceClock(NOW, None)
 
 
 # --- plan_window: scheduled runs ---------------------------------------------------------------
@@ -240,9 +244,10 @@ def test_backfill_hi_is_clamped_to_the_safe_bound():
 
 
 def test_backfill_hi_is_clamped_below_the_oldest_open_transaction():
-    oldest = datetime(2026, 2, 10, tzinfo=UTC)
-    window = plan_window(TS, SourceClock(datetime(2026, 3, 2, tzinfo=UTC), oldest), None, interval=FEB)
-    assert window.hi.cursor == datetime(2026, 2, 9, 23, 59, 59, 999999, tzinfo=UTC)
+    oldest = datetime(2026, 2, 27, tzinfo=UTC)
+    spec = _spec(max_hold="P7D")
+    window = plan_window(spec, SourceClock(datetime(2026, 3, 2, tzinfo=UTC), oldest), None, interval=FEB)
+    assert window.hi.cursor == datetime(2026, 2, 26, 23, 59, 59, 999999, tzinfo=UTC)
 
 
 def test_backfill_entirely_after_the_safe_bound_fails_instead_of_committing_nothing():
@@ -285,10 +290,15 @@ def test_a_naive_source_clock_is_treated_as_utc():
 
 # --- plan_window: id cursors -------------------------------------------------------------------
 
-def test_id_cursor_first_run_reads_from_zero_to_the_highest_visible_id():
+def test_id_cursor_first_run_reads_every_id_up_to_the_final_high_even_zero_and_negative():
     window = plan_window(ID, SourceClock(NOW, None), None, id_high=500)
-    assert window == Window(Bound(0), Bound(500), backfill=False)
-    assert predicate(ID, window) == '"entry_id" > 0 AND "entry_id" <= 500'
+    assert window == Window(Bound(-(1 << 63)), Bound(500), backfill=False)
+    assert predicate(ID, window) == '"entry_id" > -9223372036854775808 AND "entry_id" <= 500'
+
+
+def test_id_cursor_first_run_honours_initial_watermark():
+    spec = _spec(cursor={"kind": "id", "column": "entry_id"}, append_only=True, initial_watermark=-5)
+    assert plan_window(spec, SourceClock(NOW, None), None, id_high=500) == Window(Bound(-5), Bound(500))
 
 
 def test_id_cursor_continues_from_the_committed_watermark():
@@ -298,7 +308,7 @@ def test_id_cursor_continues_from_the_committed_watermark():
 
 
 @pytest.mark.parametrize(("committed", "id_high", "hi"), [
-    (None, None, 0),  # empty source table
+    (None, None, -(1 << 63)),  # empty source table
     (Bound(120), None, 120),
     (Bound(120), 90, 120),  # never below lo
     (Bound(120), 120, 120),
@@ -469,7 +479,6 @@ def test_bound_to_json_exact():
 @pytest.mark.parametrize("bound", [
     Bound(datetime(2026, 1, 1, 0, 0, 0, 5, tzinfo=UTC)),
     Bound(datetime(2026, 1, 1, tzinfo=UTC), ("a'b", 5)),
-    Bound(datetime(2026, 1, 1, tzinfo=UTC), ()),
     Bound(7),
     Bound(0, (3,)),
 ])
@@ -479,9 +488,9 @@ def test_bound_json_round_trip(bound):
     assert type(back.cursor) is type(bound.cursor)
 
 
-def test_bound_from_json_treats_naive_as_utc_and_keeps_aware_zones():
-    naive = Bound.from_json({"cursor": "2026-01-01T00:00:00", "pk": None})
-    assert naive.cursor == T0 and naive.cursor.tzinfo is UTC
+def test_bound_from_json_refuses_naive_times_and_keeps_aware_zones():
+    with pytest.raises(ValueError, match="has no time zone"):
+        Bound.from_json({"cursor": "2026-01-01T00:00:00", "pk": None})
     zulu = Bound.from_json({"cursor": "2026-01-01T00:00:00Z"})
     assert zulu.cursor == T0 and zulu.pk is None
     local = Bound.from_json(Bound(datetime(2026, 1, 1, 2, 0, tzinfo=PLUS2)).to_json())
@@ -526,9 +535,10 @@ def test_window_and_bound_text():
 
 def test_holds_cursors_checks_read_values_against_the_bounds_with_naive_as_utc():
     window = Window(Bound(T0), Bound(T1))
-    assert window.holds_cursors(T0, T1)  # the lower bound itself: rows with a greater key belong to it
-    assert window.holds_cursors(T0.replace(tzinfo=None), T1.replace(tzinfo=None))
-    assert not window.holds_cursors(T0 - timedelta(microseconds=1), T1)
-    assert not window.holds_cursors(T0, T1 + timedelta(microseconds=1))
-    assert Window(Bound(10), Bound(20)).holds_cursors(10, 20)
-    assert not Window(Bound(10), Bound(20)).holds_cursors(9, 20)
+    after = T0 + timedelta(microseconds=1)
+    assert not window.holds_cursors(T0, T1)  # lo without a key: every row at T0 is already loaded
+    assert Window(Bound(T0, (7,)), Bound(T1)).holds_cursors(T0, T1)  # lo with a key: greater keys at T0 belong
+    assert window.holds_cursors(after.replace(tzinfo=None), T1.replace(tzinfo=None))
+    assert not window.holds_cursors(after, T1 + timedelta(microseconds=1))
+    assert Window(Bound(10), Bound(20)).holds_cursors(11, 20)
+    assert not Window(Bound(10), Bound(20)).holds_cursors(10, 20)

@@ -106,3 +106,15 @@ CREATE TABLE IF NOT EXISTS tidemark_control.sink_rejects (
     payload       text,
     rejected_at   timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+
+-- Id cursors: the largest id seen at each plan and when (read after it). An observation is final,
+-- and may end a window, once no transaction that was open when it was taken is still open.
+CREATE TABLE IF NOT EXISTS tidemark_control.id_observations (
+    pipeline     text NOT NULL,
+    observed_at  timestamptz NOT NULL,            -- the source's clock, read after max(id)
+    max_id       bigint NOT NULL,
+    PRIMARY KEY (pipeline, observed_at)
+);
+
+-- Added after the first release (kept idempotent for existing control schemas).
+ALTER TABLE tidemark_control.batch_ends ADD COLUMN IF NOT EXISTS batch_rows bigint;

@@ -1,0 +1,353 @@
+"""Per-record validation at the sink: what a data record must be before it may be staged.
+
+Nothing on a topic is trusted. A record is staged only if it can be applied to the target
+exactly: valid UTF-8, not oversized or nested too deep, one JSON object without duplicate
+fields, its Kafka key equal to the primary key in its value, every field castable to its target
+column without loss (no NaN or infinity in numerics unless the spec allows it, no rounding of
+scale, timestamps with an explicit zone and within range), no field the target lacks (unless the
+spec says ``unknown_fields: ignore``), and its cursor inside its batch's window. ``check``
+returns the reason a record is refused, or None. Pure logic: no database, no Spark, no Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from decimal import Decimal, InvalidOperation, localcontext
+from typing import Any, Callable
+
+from tidemark.spec import PipelineSpec
+from tidemark.window import Window
+
+MAX_DEPTH = 32  # a row is flat; json columns may nest, but not without limit
+
+_TS = re.compile(r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)(Z|[+-]\d{2}(?::?\d{2})?)?$")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
+_INT_RANGE = {"smallint": 15, "integer": 31, "bigint": 63}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A target column as ``information_schema.columns`` describes it."""
+
+    name: str
+    data_type: str  # e.g. "numeric", "bigint", "timestamp with time zone", "character varying"
+    not_null: bool = False
+    precision: int | None = None  # numeric only
+    scale: int | None = None
+    max_length: int | None = None  # character types
+
+    def describe(self) -> str:
+        if self.data_type == "numeric" and self.precision is not None:
+            return f"numeric({self.precision},{self.scale or 0})"
+        if self.max_length is not None:
+            return f"{self.data_type}({self.max_length})"
+        return self.data_type
+
+
+TARGET_COLUMNS_SQL = """
+SELECT column_name, data_type, is_nullable = 'NO', numeric_precision, numeric_scale, character_maximum_length
+  FROM information_schema.columns WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position"""
+
+
+def target_columns(cur, table: str) -> list[Column]:
+    schema, _, name = table.rpartition(".")
+    cur.execute(TARGET_COLUMNS_SQL, (schema or "public", name))
+    return [Column(n, t, bool(nn), p if t == "numeric" else None, s if t == "numeric" else None, ml)
+            for n, t, nn, p, s, ml in cur.fetchall()]
+
+
+class Refused(ValueError):
+    """Why one record cannot be staged (the message goes to the DLQ and ``sink_rejects``)."""
+
+
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise Refused(f"field {dup!r} appears twice in one object")
+    return obj
+
+
+def _constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity literals; JSON (and PostgreSQL) does not.
+    raise Refused(f"value is not JSON: the literal {name} is not a JSON number")
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_pairs, parse_float=Decimal, parse_constant=_constant)
+    except RecursionError:
+        raise Refused(f"value nested deeper than {MAX_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise Refused(f"value is not JSON: {exc}") from None
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in node if isinstance(child, (dict, list)))
+    return deepest
+
+
+def _timestamp(text: Any, column: Column, *, zoned: bool) -> datetime:
+    if not isinstance(text, str) or not (m := _TS.match(text)):
+        raise Refused(f"field {column.name!r}: {_show(text)} is not an ISO-8601 timestamp with at most 6 "
+                      f"fractional digits (target {column.describe()})")
+    zone = m.group(3)
+    if zoned and zone is None:
+        raise Refused(f"field {column.name!r}: {text!r} has no time zone (target {column.describe()} needs an "
+                      "explicit one, e.g. Z)")
+    if not zoned and zone not in (None, "Z", "+00", "+00:00", "+0000", "-00:00"):
+        raise Refused(f"field {column.name!r}: {text!r} carries zone {zone}, which target {column.describe()} "
+                      "would drop silently")
+    try:
+        value = datetime.fromisoformat(text.replace(" ", "T", 1))
+    except ValueError as exc:
+        raise Refused(f"field {column.name!r}: {text!r} is not a valid timestamp ({exc})") from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    try:
+        value.astimezone(timezone.utc)
+    except OverflowError:
+        raise Refused(f"field {column.name!r}: {text!r} lies outside the years 1..9999") from None
+    return value
+
+
+def _numeric(value: Any, column: Column, allow_non_finite: bool) -> Decimal | float:
+    if isinstance(value, str) and value in _NON_FINITE:
+        if allow_non_finite:
+            return value
+        raise Refused(f"field {column.name!r}: {value!r} is not a number a financial column may hold "
+                      f"(target {column.describe()}; set allow_non_finite_numbers in the spec to accept it)")
+    if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+        raise Refused(f"field {column.name!r}: {_show(value)} is not a JSON number (target {column.describe()}; "
+                      "numbers travel as JSON numbers, never as strings)")
+    if column.data_type in ("double precision", "real"):
+        return value
+    number = Decimal(value)
+    if column.precision is None:
+        return number
+    scale = column.scale or 0
+    with localcontext() as ctx:
+        ctx.prec = max(len(number.as_tuple().digits), column.precision) + 2
+        try:
+            exact = number.quantize(Decimal(1).scaleb(-scale)) == number
+        except InvalidOperation:
+            exact = False
+    if not exact:
+        raise Refused(f"field {column.name!r}: {value} has more than {scale} decimal place(s) and would be "
+                      f"rounded by target {column.describe()}")
+    if abs(number) >= Decimal(10) ** (column.precision - scale):
+        raise Refused(f"field {column.name!r}: {value} does not fit target {column.describe()} "
+                      "(numeric field overflow)")
+    return number
+
+
+def _text(value: Any, column: Column) -> str:
+    if not isinstance(value, str):
+        raise Refused(f"field {column.name!r}: {_show(value)} is not a JSON string (target {column.describe()})")
+    if "\x00" in value:
+        raise Refused(f"field {column.name!r}: contains a NUL character, which PostgreSQL text cannot hold")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refused(f"field {column.name!r}: contains an unpaired UTF-16 surrogate (\\ud800-\\udfff)") from None
+    if column.max_length is not None and len(value) > column.max_length:
+        raise Refused(f"field {column.name!r}: {len(value)} characters do not fit target {column.describe()}")
+    return value
+
+
+def _checker(column: Column, allow_non_finite: bool) -> Callable[[Any], Any]:
+    t = column.data_type
+    if t in _INT_RANGE:
+        bits = _INT_RANGE[t]
+
+        def integer(v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise Refused(f"field {column.name!r}: {_show(v)} is not a JSON integer (target {t})")
+            if not -(1 << bits) <= v < (1 << bits):
+                raise Refused(f"field {column.name!r}: {v} is out of range for target {t}")
+            return v
+        return integer
+    if t in ("numeric", "double precision", "real"):
+        return lambda v: _numeric(v, column, allow_non_finite)
+    if t in ("text", "character varying", "character"):
+        return lambda v: _text(v, column)
+    if t == "timestamp with time zone":
+        return lambda v: _timestamp(v, column, zoned=True)
+    if t == "timestamp without time zone":
+        return lambda v: _timestamp(v, column, zoned=False)
+    if t == "date":
+        def day(v: Any) -> date:
+            if not isinstance(v, str) or not _DATE.match(v):
+                raise Refused(f"field {column.name!r}: {_show(v)} is not a date yyyy-MM-dd")
+            try:
+                return date.fromisoformat(v)
+            except ValueError as exc:
+                raise Refused(f"field {column.name!r}: {v!r} is not a valid date ({exc})") from None
+        return day
+    if t == "boolean":
+        def boolean(v: Any) -> bool:
+            if not isinstance(v, bool):
+                raise Refused(f"field {column.name!r}: {_show(v)} is not a JSON boolean")
+            return v
+        return boolean
+    if t == "uuid":
+        def ident(v: Any) -> str:
+            if not isinstance(v, str) or not _UUID.match(v):
+                raise Refused(f"field {column.name!r}: {_show(v)} is not a UUID")
+            return v.lower().replace("-", "")
+        return ident
+    if t in ("json", "jsonb"):
+        return lambda v: v
+
+    def other(v: Any) -> Any:  # types without a rule here: PostgreSQL casts them in the merge
+        if isinstance(v, str):
+            return _text(v, column)
+        if isinstance(v, (dict, list)):
+            raise Refused(f"field {column.name!r}: a JSON {type(v).__name__} cannot be cast to target {t}")
+        return v
+    return other
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class RecordRules:
+    """The checks for one pipeline's records against its target table's columns."""
+
+    def __init__(self, spec: PipelineSpec, columns: list[Column]):
+        if not columns:
+            raise LookupError(f"pipeline {spec.name}: target table {spec.target_table} does not exist")
+        self.spec = spec
+        self.columns = {c.name: c for c in columns}
+        missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in self.columns]
+        if missing:
+            raise LookupError(f"pipeline {spec.name}: target table {spec.target_table} has no column(s) {missing}")
+        allow = spec.allow_non_finite_numbers
+        self.checks = {c.name: _checker(c, allow) for c in columns}
+        # A single timestamp key travels as Spark's cast to string: UTC, without a zone.
+        self.key_checks = {n: (lambda v, c=self.columns[n]: _timestamp(v, c, zoned=False))
+                           if self.columns[n].data_type == "timestamp with time zone" else self.checks[n]
+                           for n in spec.primary_key}
+        self.required = [c.name for c in columns if c.not_null]
+        self.max_bytes = spec.max_record_bytes
+
+    def check(self, key: bytes | None, value: bytes | None, window: Window) -> str | None:
+        """None if the record may be staged, else why not."""
+        try:
+            self._check(key, value, window)
+        except Refused as exc:
+            return str(exc)
+        return None
+
+    def _check(self, key: bytes | None, value: bytes | None, window: Window) -> None:
+        if value is None:
+            raise Refused("record without a value")
+        if len(value) > self.max_bytes:
+            raise Refused(f"value of {len(value)} bytes exceeds max_record_bytes {self.max_bytes}")
+        text, key_text = _utf8(value, "value"), _utf8(key, "key") if key is not None else None
+        row = _parse(text)
+        if not isinstance(row, dict):
+            raise Refused(f"value is a JSON {type(row).__name__}, not an object")
+        if ("{" in text[1:] or "[" in text) and _depth(row) > MAX_DEPTH:
+            raise Refused(f"value nested deeper than {MAX_DEPTH} levels")
+        typed: dict[str, Any] = {}
+        for name, raw in row.items():
+            check = self.checks.get(name)
+            if check is None:
+                if self.spec.unknown_fields == "reject":
+                    raise Refused(f"field {name!r} is not a column of target {self.spec.target_table} "
+                                  "(set unknown_fields: ignore in the spec to drop such fields)")
+                continue
+            if raw is not None:
+                typed[name] = check(raw)
+        for name in self.required:
+            if typed.get(name) is None:
+                raise Refused(f"field {name!r} is missing or null, but target column {name} is NOT NULL")
+        pk = tuple(typed.get(c) for c in self.spec.primary_key)
+        if any(v is None for v in pk):
+            raise Refused(f"primary key {self.spec.primary_key} missing or null in the value")
+        self._check_key(key_text, pk)
+        self._check_window(typed.get(self.spec.cursor.column), pk, window)
+
+    def _check_key(self, key: str | None, pk: tuple[Any, ...]) -> None:
+        names = self.spec.primary_key
+        if key is None:
+            raise Refused("record without a key")
+        if len(names) == 1:
+            parts: dict[str, Any] = {names[0]: _key_literal(key, self.columns[names[0]])}
+        else:
+            try:
+                parts = _parse(key)
+            except Refused as exc:
+                raise Refused(f"key {key!r} is not the JSON object of {names}: {exc}") from None
+            if not isinstance(parts, dict) or sorted(parts) != sorted(names):
+                raise Refused(f"key {key!r} is not the JSON object of {names}")
+        try:
+            from_key = tuple(self.key_checks[n](parts[n]) for n in names)
+        except Refused as exc:
+            raise Refused(f"key {key!r} does not match the primary key in the value: {exc}") from None
+        if from_key != pk:
+            raise Refused(f"key {key!r} does not match the primary key in the value "
+                          f"{dict(zip(names, map(str, pk)))}")
+
+    def _check_window(self, cursor: Any, pk: tuple[Any, ...], window: Window) -> None:
+        if cursor is None:
+            raise Refused(f"cursor field {self.spec.cursor.column!r} is missing or null")
+        if isinstance(cursor, datetime) != isinstance(window.hi.cursor, datetime):
+            raise Refused(f"cursor field {self.spec.cursor.column!r}: {cursor} is not a {self.spec.cursor.kind}")
+        lo = window.lo
+        inside = cursor <= window.hi.cursor and (
+            cursor > lo.cursor or (cursor == lo.cursor and lo.pk is not None and _after(pk, lo.pk)))
+        if not inside:
+            raise Refused(f"cursor {self.spec.cursor.column}={_plain(cursor)} (key {', '.join(map(str, pk))}) lies "
+                          f"outside the batch's window {window}")
+
+
+def _utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"{what} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _key_literal(key: str, column: Column) -> Any:
+    """A single-column key as text, read as its column's JSON value would be."""
+    if column.data_type in _INT_RANGE and re.fullmatch(r"-?\d{1,20}", key):
+        return int(key)
+    if column.data_type in ("numeric", "double precision", "real"):
+        try:
+            return Decimal(key) if re.fullmatch(r"-?\d+(\.\d+)?", key) else key
+        except InvalidOperation:
+            return key
+    return key
+
+
+def _after(pk: tuple[Any, ...], lo: tuple[Any, ...]) -> bool:
+    try:
+        return pk > tuple(lo)
+    except TypeError:  # a key the JSON bound holds as text: PostgreSQL decided its order at extract time
+        return True
+
+
+def _plain(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)

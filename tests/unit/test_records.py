@@ -1,0 +1,150 @@
+"""Per-record validation at the sink (tidemark.records): what may be staged, and why not."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from tidemark.records import Column, RecordRules
+from tidemark.spec import PipelineSpec
+from tidemark.window import Bound, Window
+
+UTC = timezone.utc
+COLUMNS = [
+    Column("id", "bigint", True),
+    Column("amount", "numeric", True, 18, 2),
+    Column("currency", "character", True, max_length=3),
+    Column("memo", "text"),
+    Column("booked_on", "date"),
+    Column("updated_at", "timestamp with time zone", True),
+]
+WINDOW = Window(Bound(datetime(2026, 1, 1, tzinfo=UTC)), Bound(datetime(2026, 1, 2, tzinfo=UTC)))
+GOOD = {"id": 42, "amount": 125.5, "currency": "EUR", "updated_at": "2026-01-01T12:00:00.000001Z"}
+
+
+def _spec(**extra) -> PipelineSpec:
+    return PipelineSpec(name="payments", table="core.payments", primary_key=["id"],
+                        cursor={"kind": "timestamp", "column": "updated_at"}, safe_lag="PT0S",
+                        target_table="dw.payments", **extra)
+
+
+RULES = RecordRules(_spec(), COLUMNS)
+
+
+def _raw(row: dict | str) -> bytes:
+    return (row if isinstance(row, str) else json.dumps(row)).encode()
+
+
+def check(row: dict | str | bytes, key: bytes | None = b"42", rules: RecordRules = RULES, window: Window = WINDOW):
+    return rules.check(key, row if isinstance(row, bytes) else _raw(row), window)
+
+
+def test_a_good_record_passes_and_exact_trailing_zeros_are_not_rounding():
+    assert check(GOOD) is None
+    assert check('{"id": 42, "amount": 125.5000, "currency": "EUR", "updated_at": "2026-01-01T12:00:00Z"}') is None
+    assert check({**GOOD, "memo": None, "booked_on": "2026-01-01"}) is None  # a null optional column
+
+
+@pytest.mark.parametrize(("row", "key", "reason"), [
+    (b'{"id": 42, "memo": "\xff\xfe"}', b"42", "value is not valid UTF-8"),
+    (GOOD, b"\xff", "key is not valid UTF-8"),
+    ("[1, 2]", b"42", "value is a JSON list, not an object"),
+    ("{not json", b"42", "value is not JSON"),
+    ('{"id": 42, "id": 43}', b"42", "field 'id' appears twice in one object"),
+    ({**GOOD, "amount": "NaN"}, b"42", "field 'amount': 'NaN' is not a number a financial column may hold"),
+    ({**GOOD, "amount": "-Infinity"}, b"42", "'-Infinity' is not a number a financial column may hold"),
+    ({**GOOD, "amount": "12.5"}, b"42", "field 'amount': \"12.5\" is not a JSON number"),
+    ('{"id": 42, "amount": NaN, "currency": "EUR", "updated_at": "2026-01-01T12:00:00Z"}', b"42",
+     "the literal NaN is not a JSON number"),
+    ('{"id": 42, "amount": Infinity, "currency": "EUR", "updated_at": "2026-01-01T12:00:00Z"}', b"42",
+     "the literal Infinity is not a JSON number"),
+    ('{"id": 42, "amount": 1.123456789012345678901234567890, "currency": "EUR", '
+     '"updated_at": "2026-01-01T12:00:00Z"}', b"42", "has more than 2 decimal place(s) and would be rounded"),
+    ({**GOOD, "amount": 12345678901234567890}, b"42", "does not fit target numeric(18,2) (numeric field overflow)"),
+    ({**GOOD, "updated_at": "10000-01-01T00:00:00Z"}, b"42", "is not an ISO-8601 timestamp"),
+    ({**GOOD, "updated_at": "2026-01-01T12:00:00"}, b"42", "has no time zone"),
+    ({**GOOD, "updated_at": "2026-01-01T12:00:00.1234567Z"}, b"42", "at most 6 fractional digits"),
+    ({**GOOD, "updated_at": "2026-02-30T12:00:00Z"}, b"42", "is not a valid timestamp"),
+    ({**GOOD, "currency": "EURO"}, b"42", "4 characters do not fit target character(3)"),
+    ({**GOOD, "memo": "a\u0000b"}, b"42", "contains a NUL character"),
+    ('{"id": 42, "amount": 1, "currency": "EUR", "memo": "\\ud800", "updated_at": "2026-01-01T12:00:00Z"}', b"42",
+     "unpaired UTF-16 surrogate"),
+    ({**GOOD, "id": "42"}, b"42", "field 'id': \"42\" is not a JSON integer"),
+    ({**GOOD, "id": True}, b"42", "is not a JSON integer"),
+    ({**GOOD, "id": 1 << 63}, b"42", "out of range for target bigint"),
+    ({**GOOD, "booked_on": "2026-13-01"}, b"42", "is not a valid date"),
+    ({**GOOD, "extra": 1}, b"42", "field 'extra' is not a column of target dw.payments"),
+    ({k: v for k, v in GOOD.items() if k != "currency"}, b"42", "field 'currency' is missing or null"),
+    (GOOD, b"43", "key '43' does not match the primary key in the value"),
+    (GOOD, None, "record without a key"),
+    ({**GOOD, "updated_at": "2026-01-02T00:00:00.000001Z"}, b"42", "outside the batch's window"),
+    ({**GOOD, "updated_at": "2026-01-01T00:00:00Z"}, b"42", "outside the batch's window"),  # lo is exclusive
+])
+def test_a_bad_record_is_refused_with_a_reason_naming_the_field(row, key, reason):
+    got = check(row if isinstance(row, (bytes, str)) else _raw(row), key)
+    assert got is not None and reason in got, got
+
+
+def test_deep_nesting_is_refused_without_crashing():
+    deep = '{"id": 42, "memo": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    assert "nested deeper than 32 levels" in check(deep)
+    assert "nested deeper than 32 levels" in check('{"id": 42, "memo": ' + "[" * 40 + "]" * 40 + "}")
+
+
+def test_an_oversized_value_is_refused_before_parsing():
+    rules = RecordRules(_spec(max_record_bytes=2048), COLUMNS)
+    assert "exceeds max_record_bytes 2048" in check({**GOOD, "memo": "x" * 3000}, rules=rules)
+
+
+def test_spec_policies_loosen_only_what_they_name():
+    lax = RecordRules(_spec(unknown_fields="ignore", allow_non_finite_numbers=True), COLUMNS)
+    assert check({**GOOD, "extra": 1}, rules=lax) is None
+    assert check({**GOOD, "amount": "NaN"}, rules=lax) is None  # PostgreSQL's numeric NaN, as a JSON string
+    assert "is not a JSON number" in check({**GOOD, "amount": "12.5"}, rules=lax)  # other strings stay refused
+    assert "literal NaN" in check('{"id": 42, "amount": NaN, "currency": "EUR", "updated_at": "2026-01-01T12:00:00Z"}',
+                                  rules=lax)  # not JSON at all
+
+
+def test_the_lower_bound_key_admits_greater_keys_at_the_same_cursor():
+    at = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    window = Window(Bound(at, (41,)), Bound(datetime(2026, 1, 2, tzinfo=UTC)))
+    row = {**GOOD, "updated_at": "2026-01-01T12:00:00Z"}
+    assert check(row, window=window) is None
+    assert "outside the batch's window" in check({**row, "id": 41}, key=b"41", window=window)
+
+
+def test_composite_and_timestamp_keys_compare_as_typed_values():
+    columns = [Column("account_id", "bigint", True), Column("business_date", "date", True),
+               Column("updated_at", "timestamp with time zone", True)]
+    spec = PipelineSpec(name="balances", table="core.b", primary_key=["account_id", "business_date"],
+                        cursor={"kind": "timestamp", "column": "updated_at"}, safe_lag="PT0S", target_table="dw.b")
+    rules = RecordRules(spec, columns)
+    row = {"account_id": 7, "business_date": "2026-01-01", "updated_at": "2026-01-01T12:00:00Z"}
+    assert check(row, key=b'{"account_id":7,"business_date":"2026-01-01"}', rules=rules) is None
+    assert "does not match" in check(row, key=b'{"account_id":8,"business_date":"2026-01-01"}', rules=rules)
+    assert "is not the JSON object" in check(row, key=b'{"account_id":7}', rules=rules)
+
+    ts_key = [Column("at", "timestamp with time zone", True), Column("updated_at", "timestamp with time zone", True)]
+    spec = PipelineSpec(name="ticks", table="core.t", primary_key=["at"],
+                        cursor={"kind": "timestamp", "column": "updated_at"}, safe_lag="PT0S", target_table="dw.t")
+    row = {"at": "2026-01-01T10:00:00.500000Z", "updated_at": "2026-01-01T12:00:00Z"}
+    assert check(row, key=b"2026-01-01 10:00:00.5", rules=RecordRules(spec, ts_key)) is None  # Spark's cast
+
+
+def test_an_id_cursor_window_is_checked_on_ids():
+    spec = PipelineSpec(name="ids", table="core.i", primary_key=["id"], cursor={"kind": "id", "column": "id"},
+                        append_only=True, safe_lag="PT0S", target_table="dw.i")
+    rules = RecordRules(spec, [Column("id", "bigint", True)])
+    window = Window(Bound(10), Bound(20))
+    assert check({"id": 11}, key=b"11", rules=rules, window=window) is None
+    assert "outside the batch's window" in check({"id": 10}, key=b"10", rules=rules, window=window)
+    assert "outside the batch's window" in check({"id": 21}, key=b"21", rules=rules, window=window)
+
+
+def test_a_target_without_the_key_or_cursor_columns_is_a_lookup_error():
+    with pytest.raises(LookupError, match="target table dw.payments does not exist"):
+        RecordRules(_spec(), [])
+    with pytest.raises(LookupError, match=r"has no column\(s\) \['updated_at'\]"):
+        RecordRules(_spec(), COLUMNS[:2])
