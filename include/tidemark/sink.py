@@ -217,7 +217,7 @@ class BatchSink:
         attempt = msg.attempt if msg else _int_or_none(rec.get("attempt"))
         report.rejects.append({
             "partition": rec["partition"], "offset": rec["offset"], "batch_id": batch_id, "attempt": attempt,
-            "reason": reason, "payload": rec.get("value"), "key": rec.get("key"),
+            "reason": reason, "payload": rec.get("value"), "key": rec.get("key"), "control": rec.get("control"),
         })
         if report.rejected <= 20 or report.rejected % 1000 == 0:  # a flood of bad records: a sample and counts
             log.error("pipeline=%s batch=%s attempt=%s partition=%s offset=%s DEAD LETTER (%s so far in this "
@@ -457,19 +457,20 @@ class BatchSink:
             return
         cur.execute(
             """SELECT count(*), (array_agg(reason ORDER BY partition, kafka_offset))[1:%s]
-                 FROM tidemark_control.sink_rejects WHERE consumer = %s AND batch_id = %s AND attempt = %s""",
+                 FROM tidemark_control.sink_rejects
+                WHERE consumer = %s AND batch_id = %s AND attempt = %s AND control IS NULL""",
             (FIRST_REASONS, self.consumer, batch_id, attempt),
         )
         bad, reasons = cur.fetchone()
         if bad:
-            fit = any(" target " in r for r in reasons)
             self._refuse(
                 cur, batch_id, attempt, report,
                 f"{bad} record(s) of this attempt were refused and sent to the dead-letter topic; first: "
                 + " | ".join(reasons),
-                f"change the target table {self.spec.target_table} so it can hold the value, or the spec"
-                if fit else "fix the source rows the dead letters name (their tidemark.source header gives "
-                "topic/partition@offset; tidemark_control.sink_rejects has the same), or the spec")
+                "read every reason in tidemark_control.sink_rejects (or the dead-letter topic: header "
+                f"tidemark.source gives topic/partition@offset); where the target cannot hold a value, change the "
+                f"target table {self.spec.target_table} (or the spec); where a record is malformed, fix the source "
+                "rows they name")
             return
         cur.execute(
             "SELECT partition, rows, checksum, batch_rows FROM tidemark_control.batch_ends "
@@ -590,10 +591,10 @@ class BatchSink:
         for r in report.rejects[report.recorded:]:
             cur.execute(
                 """INSERT INTO tidemark_control.sink_rejects
-                       (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+                       (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload, control)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
                 (self.consumer, self.topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"],
-                 _payload_text(r["payload"])),
+                 _payload_text(r["payload"]), r.get("control")),
             )
         report.recorded = len(report.rejects)
 

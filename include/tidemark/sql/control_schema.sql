@@ -118,3 +118,4 @@ CREATE TABLE IF NOT EXISTS tidemark_control.id_observations (
 
 -- Added after the first release (kept idempotent for existing control schemas).
 ALTER TABLE tidemark_control.batch_ends ADD COLUMN IF NOT EXISTS batch_rows bigint;
+ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS control text;  -- BEGIN/END/ABORT; NULL: a data record
