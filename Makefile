@@ -2,6 +2,7 @@
 #   make demo   installs what is missing, starts the stack, runs the demo end to end
 #   make test   installs what is missing, starts the stack, runs the test suite
 #   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
+#   make campaign  id-cursor campaign: writers hold transactions 20-60 s while batches run back to back
 SHELL := /bin/bash
 ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
 STATE := $(or $(TIDEMARK_STATE_DIR),$(ROOT)/.state)
@@ -11,8 +12,9 @@ PY := $(STATE)/venv/bin/python
 STACK := $(PY) -m tidemark.stack
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+CAMPAIGN_ARGS ?=
 
-.PHONY: help bootstrap up down status logs ui demo test bench clean
+.PHONY: help bootstrap up down status logs ui demo test bench campaign clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -43,6 +45,9 @@ test: up
 
 bench: up
 	@$(STACK) run -- $(PY) bench/batch_load.py $(BENCH_ARGS)
+
+campaign: up
+	@$(STACK) run -- $(PY) bench/id_cursor_campaign.py $(CAMPAIGN_ARGS)
 
 clean: down
 	rm -rf $(STATE)
