@@ -90,6 +90,7 @@ def _prove(settings: Settings) -> list[str]:
     """
     import psycopg2
 
+    from tidemark.ledger import committed_watermark
     from tidemark.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
@@ -105,12 +106,11 @@ def _prove(settings: Settings) -> list[str]:
         for name in PIPELINES:
             spec = load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml")
             with wh, wh.cursor() as cur:
-                cur.execute("SELECT cursor_ts FROM tidemark_control.watermarks WHERE pipeline = %s", (name,))
-                row = cur.fetchone()
-            if row is None:
+                bound = committed_watermark(cur, name)
+            if bound is None:
                 lines.append(f"{name}: no watermark: MISMATCH")
                 continue
-            mark = row[0]
+            mark = bound.cursor
             source, target = keyed(src, spec, spec.table), keyed(wh, spec, spec.target_table)
             due = {k: v for k, v in source.items() if v <= mark}
             missing = [k for k, v in due.items() if target.get(k) != v]
@@ -133,7 +133,7 @@ def _start_afresh(settings: Settings) -> None:
 
     from tidemark import bank
     from tidemark.kafka_io import delete_topic
-    from tidemark.ledger import ensure_control_schema
+    from tidemark.ledger import ensure_control_schema, forget_pipeline
     from tidemark.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
@@ -146,12 +146,7 @@ def _start_afresh(settings: Settings) -> None:
             for name in PIPELINES:
                 spec = load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml")
                 cur.execute(f"DROP TABLE IF EXISTS {quote(spec.target_table)}")
-                prefix = f"{name}:"
-                for table in ("batch_ends", "staged_totals", "batch_attempts", "batches"):
-                    cur.execute(f"DELETE FROM tidemark_control.{table} WHERE starts_with(batch_id, %s)", (prefix,))
-                cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (name,))
-                for table in ("sink_offsets", "sink_fences"):
-                    cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (f"batch-sink.{name}",))
+                forget_pipeline(cur, name, f"batch-sink.{name}")
                 delete_topic(settings.kafka_bootstrap, spec.topic)
     finally:
         src.close()

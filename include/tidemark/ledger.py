@@ -64,8 +64,58 @@ class AlreadyCommitted(RuntimeError):
     """The batch is committed: nothing may reopen it (a cleared run, a replay)."""
 
 
+# --- the one state machine ---------------------------------------------------------------------
+#   batches:        planned -> open -> sealed -> committed | refused | aborted   (a new attempt: -> open)
+#   batch_attempts: open -> sealed -> committed | refused | aborted | superseded
+# Nothing leaves committed, refused, aborted or superseded. Every state change goes through
+# ``open_attempt`` (a new attempt) or ``transition`` (everything else), each guarded in SQL.
+FINAL = ("committed", "refused", "aborted", "superseded")
+MOVES = {  # target state -> the attempt states it may come from
+    "sealed": ("open",),
+    "committed": ("open", "sealed"),
+    "refused": ("open", "sealed"),
+    "aborted": ("open", "sealed"),
+    "superseded": ("open", "sealed"),
+}
+
+
+def transition(cur, batch_id: str, attempt: int, to: str, *, message: str | None = None,
+               rows: int | None = None, checksum: int | None = None) -> bool:
+    """Move an attempt to ``to`` if its current state allows it (else False, nothing changed), and
+    the batch with it when this is the batch's current attempt and the batch is not committed."""
+    if to not in MOVES:
+        raise ValueError(f"no transition to {to!r}; states reachable: {sorted(MOVES)}")
+    cur.execute(
+        """UPDATE tidemark_control.batch_attempts
+              SET state = %(to)s, message = coalesce(%(message)s, message), rows = coalesce(%(rows)s, rows),
+                  checksum = coalesce(%(checksum)s, checksum),
+                  sealed_at = CASE WHEN %(to)s = 'sealed' THEN clock_timestamp() ELSE sealed_at END,
+                  finished_at = CASE WHEN %(to)s = 'sealed' THEN finished_at ELSE clock_timestamp() END
+            WHERE batch_id = %(batch)s AND attempt = %(attempt)s AND state = ANY(%(froms)s)""",
+        {"to": to, "message": message, "rows": rows, "checksum": checksum, "batch": batch_id, "attempt": attempt,
+         "froms": list(MOVES[to])},
+    )
+    if cur.rowcount != 1:
+        return False
+    if to == "superseded":  # a newer attempt is the batch's current one
+        return True
+    cur.execute(
+        """UPDATE tidemark_control.batches
+              SET state = %(to)s, updated_at = clock_timestamp(),
+                  message = CASE WHEN %(to)s = 'committed' THEN NULL ELSE coalesce(%(message)s, message) END,
+                  committed_attempt = CASE WHEN %(to)s = 'committed' THEN attempt ELSE committed_attempt END,
+                  rows = CASE WHEN %(to)s = 'committed' THEN %(rows)s ELSE rows END,
+                  checksum = CASE WHEN %(to)s = 'committed' THEN %(checksum)s ELSE checksum END,
+                  committed_at = CASE WHEN %(to)s = 'committed' THEN clock_timestamp() ELSE committed_at END
+            WHERE batch_id = %(batch)s AND attempt = %(attempt)s AND state <> 'committed'""",
+        {"to": to, "message": message, "rows": rows, "checksum": checksum, "batch": batch_id, "attempt": attempt},
+    )
+    return True
+
+
 def open_attempt(cur, batch_id: str) -> int:
-    """The next attempt number for the batch, recorded as open (it fences all older ones)."""
+    """The next attempt number for the batch, recorded as open; every older open or sealed attempt
+    is superseded (fenced). A committed batch is never reopened (``AlreadyCommitted``)."""
     cur.execute(
         """UPDATE tidemark_control.batches SET attempt = attempt + 1, state = 'open',
                   updated_at = clock_timestamp()
@@ -82,27 +132,13 @@ def open_attempt(cur, batch_id: str) -> int:
         raise AlreadyCommitted(f"batch {batch_id} was committed by attempt {done[0]} at {done[2]:%Y-%m-%dT%H:%M:%S%z} "
                                f"with rows={done[1]}; it is never reopened")
     attempt = row[0]
-    record_attempt(cur, batch_id, attempt)
+    cur.execute("INSERT INTO tidemark_control.batch_attempts (batch_id, attempt, state) VALUES (%s, %s, 'open') "
+                "ON CONFLICT DO NOTHING", (batch_id, attempt))
+    cur.execute("SELECT attempt FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt < %s "
+                "AND state IN ('open', 'sealed')", (batch_id, attempt))
+    for (older,) in cur.fetchall():
+        transition(cur, batch_id, older, "superseded", message=f"superseded by attempt {attempt}")
     return attempt
-
-
-def record_attempt(cur, batch_id: str, attempt: int) -> list[int]:
-    """Record ``attempt`` as open and supersede every older open or sealed attempt (returned).
-
-    Used by the orchestration side when it opens an attempt and by the sink when BEGIN arrives.
-    """
-    cur.execute(
-        "INSERT INTO tidemark_control.batch_attempts (batch_id, attempt, state) VALUES (%s, %s, 'open') "
-        "ON CONFLICT DO NOTHING",
-        (batch_id, attempt),
-    )
-    cur.execute(
-        """UPDATE tidemark_control.batch_attempts SET state = 'superseded', finished_at = clock_timestamp(),
-                  message = coalesce(message, '') || format('superseded by attempt %%s', %s::int)
-            WHERE batch_id = %s AND attempt < %s AND state IN ('open', 'sealed') RETURNING attempt""",
-        (attempt, batch_id, attempt),
-    )
-    return [old for (old,) in cur.fetchall()]
 
 
 def record_extract(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:
@@ -131,19 +167,21 @@ def extract_totals(cur, batch_id: str, attempt: int) -> dict[int, PartitionTotal
 
 
 def seal_attempt(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:
+    """The attempt's extract is complete: sealed, with the totals END will carry. Sealing again
+    (a retried END step) only rewrites the same totals."""
     cur.execute(
-        """UPDATE tidemark_control.batch_attempts
-              SET state = CASE WHEN state = 'open' THEN 'sealed' ELSE state END,
-                  extract_totals = %s, sealed_at = clock_timestamp(), rows = %s, checksum = %s
-            WHERE batch_id = %s AND attempt = %s""",
+        """UPDATE tidemark_control.batch_attempts SET extract_totals = %s, rows = %s, checksum = %s
+            WHERE batch_id = %s AND attempt = %s AND state IN ('open', 'sealed')""",
         (dumps_totals(totals), sum(t.rows for t in totals.values()), sum(t.checksum for t in totals.values()),
          batch_id, attempt),
     )
-    cur.execute(
-        "UPDATE tidemark_control.batches SET state = 'sealed', updated_at = clock_timestamp() "
-        "WHERE batch_id = %s AND attempt = %s AND state = 'open'",
-        (batch_id, attempt),
-    )
+    transition(cur, batch_id, attempt, "sealed")
+
+
+def lock_batch(cur, batch_id: str) -> None:
+    """Lock a batch's row, then read its attempts: the one lock order of the orchestrator and the
+    sink, so an abort and an apply never deadlock and the state read under it is the one that counts."""
+    cur.execute("SELECT 1 FROM tidemark_control.batches WHERE batch_id = %s FOR UPDATE", (batch_id,))
 
 
 def abort_unfinished(cur, batch_id: str, reason: str) -> int | None:
@@ -152,25 +190,13 @@ def abort_unfinished(cur, batch_id: str, reason: str) -> int | None:
     The sink discards records of attempts that are not open or sealed, so once this commits
     nothing of the attempt can be applied, whether or not an ABORT message ever reaches it.
     """
-    # Lock order batches, then batch_attempts, as the sink takes them: no deadlock with a running sink.
-    cur.execute("SELECT 1 FROM tidemark_control.batches WHERE batch_id = %s FOR UPDATE", (batch_id,))
-    cur.execute(
-        """UPDATE tidemark_control.batch_attempts a SET state = 'aborted', finished_at = clock_timestamp(),
-                  message = %s
-             FROM tidemark_control.batches b
-            WHERE a.batch_id = b.batch_id AND b.batch_id = %s AND a.attempt = b.attempt
-              AND a.state IN ('open', 'sealed')
-        RETURNING a.attempt""",
-        (reason, batch_id),
-    )
+    lock_batch(cur, batch_id)
+    cur.execute("SELECT attempt FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
     row = cur.fetchone()
-    if row is None:
+    if row is None or not transition(cur, batch_id, row[0], "aborted", message=reason):
         return None
-    cur.execute(
-        "UPDATE tidemark_control.batches SET state = 'aborted', message = %s, updated_at = clock_timestamp() "
-        "WHERE batch_id = %s AND attempt = %s",
-        (f"attempt {row[0]} aborted: {reason}", batch_id, row[0]),
-    )
+    cur.execute("UPDATE tidemark_control.batches SET message = %s WHERE batch_id = %s AND attempt = %s",
+                (f"attempt {row[0]} aborted: {reason}", batch_id, row[0]))
     return row[0]
 
 
@@ -217,6 +243,189 @@ def batch_summary(cur, batch_id: str) -> dict[str, Any]:
         "checksum": checksum, "window": str(Window(Bound.from_json(lo), Bound.from_json(hi), backfill)),
         "watermark": str(Bound.from_json(bound)) if bound else None,
     }
+
+
+# --- the sink's side: fences, offsets, ENDs, staged totals, rejects, the watermark ---------------
+
+def acquire_fence(cur, consumer: str, holder: str) -> int:
+    """Take the next fencing token for ``consumer``; any older holder fails on its next commit."""
+    cur.execute(
+        """INSERT INTO tidemark_control.sink_fences (consumer, fence, holder) VALUES (%s, 1, %s)
+           ON CONFLICT (consumer) DO UPDATE
+              SET fence = sink_fences.fence + 1, holder = EXCLUDED.holder, acquired_at = clock_timestamp()
+           RETURNING fence""",
+        (consumer, holder),
+    )
+    return cur.fetchone()[0]
+
+
+def current_fence(cur, consumer: str) -> int | None:
+    """The latest token, locked until the transaction ends (so no takeover lands mid-commit)."""
+    cur.execute("SELECT fence FROM tidemark_control.sink_fences WHERE consumer = %s FOR UPDATE", (consumer,))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def stored_offsets(cur, consumer: str, topic: str) -> dict[int, int]:
+    cur.execute("SELECT partition, next_offset FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
+                (consumer, topic))
+    return dict(cur.fetchall())
+
+
+def store_offset(cur, consumer: str, topic: str, partition: int, next_offset: int, fence: int | None) -> None:
+    cur.execute(
+        """INSERT INTO tidemark_control.sink_offsets (consumer, topic, partition, next_offset, fence)
+           VALUES (%s, %s, %s, %s, %s)
+           ON CONFLICT (consumer, topic, partition) DO UPDATE
+              SET next_offset = EXCLUDED.next_offset, fence = EXCLUDED.fence, updated_at = clock_timestamp()""",
+        (consumer, topic, partition, next_offset, fence),
+    )
+
+
+def finished_attempts(cur, pipeline: str) -> list[tuple[str, int, str]]:
+    """(batch_id, attempt, state) of the pipeline's attempts that can no longer be applied."""
+    cur.execute(
+        """SELECT a.batch_id, a.attempt, a.state FROM tidemark_control.batch_attempts a
+             JOIN tidemark_control.batches b USING (batch_id)
+            WHERE b.pipeline = %s AND a.state NOT IN ('open', 'sealed')""",
+        (pipeline,),
+    )
+    return cur.fetchall()
+
+
+@dataclass(frozen=True)
+class LedgerBatch:
+    pipeline: str
+    window: Window
+    latest_attempt: int
+
+
+def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
+    """What the orchestrator planned for a batch (None: never planned)."""
+    cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt FROM tidemark_control.batches "
+                "WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    pipeline, lo, hi, backfill, latest = row
+    return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest)
+
+
+def attempt_state(cur, batch_id: str, attempt: int, *, lock: bool = False) -> str | None:
+    """The attempt's state (None: no such attempt). ``lock``: batch row, then attempt row, locked."""
+    if lock:
+        lock_batch(cur, batch_id)
+    cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s"
+                + (" FOR UPDATE" if lock else ""), (batch_id, attempt))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def attempt_finished_at(cur, batch_id: str, attempt: int):
+    cur.execute("SELECT finished_at FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
+                (batch_id, attempt))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def add_staged(cur, batch_id: str, attempt: int, partition: int, rows: int, checksum: int) -> None:
+    cur.execute(
+        """INSERT INTO tidemark_control.staged_totals (batch_id, attempt, partition, rows, checksum)
+           VALUES (%s, %s, %s, %s, %s)
+           ON CONFLICT (batch_id, attempt, partition) DO UPDATE
+              SET rows = staged_totals.rows + EXCLUDED.rows, checksum = staged_totals.checksum + EXCLUDED.checksum""",
+        (batch_id, attempt, partition, rows, checksum),
+    )
+
+
+def staged(cur, batch_id: str, attempt: int) -> dict[int, tuple[int, int]]:
+    cur.execute("SELECT partition, rows, checksum FROM tidemark_control.staged_totals WHERE batch_id = %s "
+                "AND attempt = %s", (batch_id, attempt))
+    return {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
+
+
+def forget_staged(cur, batch_id: str, attempt: int) -> None:
+    cur.execute("DELETE FROM tidemark_control.staged_totals WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+
+
+def record_end(cur, batch_id: str, attempt: int, partition: int, totals: PartitionTotals, batch_rows: int | None,
+               kafka_offset: int) -> tuple[int, int] | None:
+    """Store an END's totals; if this partition's END was stored before, return its (rows, checksum)."""
+    cur.execute(
+        """INSERT INTO tidemark_control.batch_ends
+               (batch_id, attempt, partition, rows, checksum, kafka_offset, batch_rows)
+           VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+        (batch_id, attempt, partition, totals.rows, totals.checksum, kafka_offset, batch_rows),
+    )
+    if cur.rowcount == 1:
+        return None
+    cur.execute("SELECT rows, checksum FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s "
+                "AND partition = %s", (batch_id, attempt, partition))
+    rows, checksum = cur.fetchone()
+    return rows, int(checksum)
+
+
+def ends(cur, batch_id: str, attempt: int) -> tuple[dict[int, tuple[int, int]], set[int]]:
+    """The ENDs received: (rows, checksum) per partition, and the batch_rows they claim."""
+    cur.execute("SELECT partition, rows, checksum, batch_rows FROM tidemark_control.batch_ends "
+                "WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+    found = cur.fetchall()
+    return {p: (rows, int(checksum)) for p, rows, checksum, _ in found}, {b for *_, b in found if b is not None}
+
+
+def record_rejects(cur, consumer: str, topic: str, rejects: list[dict[str, Any]]) -> None:
+    for r in rejects:
+        cur.execute(
+            """INSERT INTO tidemark_control.sink_rejects
+                   (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload, control)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+            (consumer, topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"], r["payload"],
+             r.get("control")),
+        )
+
+
+def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int) -> tuple[int, list[str]]:
+    """How many data records of the attempt were rejected, and the first reasons (offset order)."""
+    cur.execute(
+        """SELECT count(*), (array_agg(reason ORDER BY partition, kafka_offset))[1:%s]
+             FROM tidemark_control.sink_rejects
+            WHERE consumer = %s AND batch_id = %s AND attempt = %s AND control IS NULL""",
+        (first, consumer, batch_id, attempt),
+    )
+    count, reasons = cur.fetchone()
+    return count, reasons or []
+
+
+def advance_watermark(cur, pipeline: str, batch_id: str, window: Window) -> bool:
+    """Move the pipeline's watermark to a committed window's end: never for a backfill, never
+    backwards (the window is the ledger's planned one, never a message's)."""
+    if window.backfill:
+        return False
+    hi = window.hi
+    ts = hi.cursor if hi.kind == "timestamp" else None
+    ident = hi.cursor if hi.kind == "id" else None
+    cur.execute(
+        """INSERT INTO tidemark_control.watermarks (pipeline, bound, cursor_ts, cursor_id, batch_id)
+           VALUES (%s, %s, %s, %s, %s)
+           ON CONFLICT (pipeline) DO UPDATE SET bound = EXCLUDED.bound, cursor_ts = EXCLUDED.cursor_ts,
+               cursor_id = EXCLUDED.cursor_id, batch_id = EXCLUDED.batch_id, updated_at = clock_timestamp()
+            WHERE coalesce(watermarks.cursor_ts < EXCLUDED.cursor_ts, watermarks.cursor_id < EXCLUDED.cursor_id)""",
+        (pipeline, json.dumps(hi.to_json()), ts, ident, batch_id),
+    )
+    return cur.rowcount == 1
+
+
+def forget_pipeline(cur, pipeline: str, consumer: str) -> None:
+    """Remove everything the ledger holds for a pipeline (its batches by their ``<pipeline>:`` ids,
+    watermark, id observations) and its sink's offsets, fences and rejects: for a demo that starts
+    afresh, never for a production pipeline (the ledger is its audit trail)."""
+    prefix = f"{pipeline}:"
+    for table in ("batch_ends", "staged_totals", "batch_attempts", "batches"):
+        cur.execute(f"DELETE FROM tidemark_control.{table} WHERE starts_with(batch_id, %s)", (prefix,))
+    cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))
+    cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s", (pipeline,))
+    for table in ("sink_offsets", "sink_fences", "sink_rejects"):
+        cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer,))
 
 
 # --- source side -----------------------------------------------------------------------------

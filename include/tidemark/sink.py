@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import os
 import socket
@@ -39,11 +38,12 @@ from typing import Any, Callable
 import psycopg2
 import psycopg2.errors
 
+from tidemark import ledger
 from tidemark.control import ControlMessage, ProtocolError, decode
 from tidemark.records import RecordRules, target_columns
 from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import arrow_totals
-from tidemark.window import Bound, Window, predicate
+from tidemark.window import Window, predicate
 
 log = logging.getLogger("tidemark.sink")
 
@@ -94,14 +94,7 @@ class BatchSink:
         """Take the next fencing token; any older instance fails on its next commit."""
         holder = f"{socket.gethostname()}:{os.getpid()}"
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(
-                """INSERT INTO tidemark_control.sink_fences (consumer, fence, holder) VALUES (%s, 1, %s)
-                   ON CONFLICT (consumer) DO UPDATE
-                      SET fence = sink_fences.fence + 1, holder = EXCLUDED.holder, acquired_at = clock_timestamp()
-                   RETURNING fence""",
-                (self.consumer, holder),
-            )
-            self.fence = cur.fetchone()[0]
+            self.fence = ledger.acquire_fence(cur, self.consumer, holder)
         log.info("sink %s: took fencing token %s for topic %s", self.consumer, self.fence, self.topic)
         return self.fence
 
@@ -113,13 +106,8 @@ class BatchSink:
             present = {f"{STAGE_SCHEMA}.{name}" for (name,) in cur.fetchall()}
             if not present:
                 return []
-            cur.execute(
-                """SELECT a.batch_id, a.attempt, a.state FROM tidemark_control.batch_attempts a
-                     JOIN tidemark_control.batches b USING (batch_id)
-                    WHERE b.pipeline = %s AND a.state NOT IN ('open', 'sealed')""",
-                (self.spec.name,),
-            )
-            dead = [(b, a, st) for b, a, st in cur.fetchall() if stage_table(b, a) in present]
+            dead = [(b, a, st) for b, a, st in ledger.finished_attempts(cur, self.spec.name)
+                    if stage_table(b, a) in present]
             for batch_id, attempt, state in dead:
                 cur.execute("SELECT pg_total_relation_size(to_regclass(%s))", (stage_table(batch_id, attempt),))
                 size = cur.fetchone()[0] or 0  # dropped meanwhile: nothing to free
@@ -131,11 +119,7 @@ class BatchSink:
     def starting_offsets(self) -> dict[int, int]:
         """Next offset per partition as committed with the data (-2 = earliest: never read)."""
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(
-                "SELECT partition, next_offset FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
-                (self.consumer, self.topic),
-            )
-            stored = dict(cur.fetchall())
+            stored = ledger.stored_offsets(cur, self.consumer, self.topic)
         return {p: stored.get(p, -2) for p in range(self.spec.partitions)}
 
     # --- one micro-batch ---------------------------------------------------------------------
@@ -202,12 +186,11 @@ class BatchSink:
         return len(controls)
 
     def _check_fence(self, cur) -> None:
-        cur.execute("SELECT fence FROM tidemark_control.sink_fences WHERE consumer = %s FOR UPDATE", (self.consumer,))
-        row = cur.fetchone()
-        if self.fence is None or row is None or row[0] != self.fence:
+        now = ledger.current_fence(cur, self.consumer)
+        if self.fence is None or now != self.fence:
             raise FencedError(
                 f"sink {self.consumer}: fencing token {self.fence} is no longer current "
-                f"(now {row[0] if row else None}); another instance took over, stopping without commit"
+                f"(now {now}); another instance took over, stopping without commit"
             )
 
     def _reject(self, report: MicroBatchReport, rec: dict[str, Any], reason: str,
@@ -248,20 +231,17 @@ class BatchSink:
 
     def _planned(self, cur, msg: ControlMessage) -> str | None:
         """Why the ledger does not confirm this control message's batch and window (None: it does)."""
-        cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt FROM tidemark_control.batches "
-                    "WHERE batch_id = %s", (msg.batch_id,))
-        row = cur.fetchone()
-        if row is None:
+        planned = ledger.planned_batch(cur, msg.batch_id)
+        if planned is None:
             return f"{msg.kind} for batch {msg.batch_id}, which was never planned (no ledger row)"
-        pipeline, lo, hi, backfill, latest = row
-        if pipeline != self.spec.name:
-            return f"{msg.kind} for batch {msg.batch_id}, which the ledger plans for pipeline {pipeline}"
-        planned = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
-        if msg.parsed_window != planned:
-            return f"{msg.kind} for batch {msg.batch_id} carries window {msg.parsed_window}, the ledger planned {planned}"
-        if msg.attempt > latest:
+        if planned.pipeline != self.spec.name:
+            return f"{msg.kind} for batch {msg.batch_id}, which the ledger plans for pipeline {planned.pipeline}"
+        if msg.parsed_window != planned.window:
+            return (f"{msg.kind} for batch {msg.batch_id} carries window {msg.parsed_window}, the ledger planned "
+                    f"{planned.window}")
+        if msg.attempt > planned.latest_attempt:
             return (f"{msg.kind} for batch {msg.batch_id} attempt {msg.attempt}, which the orchestrator never opened "
-                    f"(latest attempt {latest})")
+                    f"(latest attempt {planned.latest_attempt})")
         return None
 
     def _begin(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> None:
@@ -271,9 +251,7 @@ class BatchSink:
         if why is not None:
             self._reject(report, rec, f"{why}: BEGIN rejected, nothing of it is staged", msg)
             return
-        cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
-                    (msg.batch_id, msg.attempt))
-        state = (cur.fetchone() or [None])[0]
+        state = ledger.attempt_state(cur, msg.batch_id, msg.attempt)
         if state not in ("open", "sealed"):
             log.info("pipeline=%s batch=%s attempt=%s p%s BEGIN of a%s attempt (late or replayed): no-op",
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition, f" {state}" if state else "n unrecorded")
@@ -282,19 +260,11 @@ class BatchSink:
             self._drop_stage(cur, msg.batch_id, older)
 
     def _abort(self, cur, msg: ControlMessage) -> None:
-        cur.execute(
-            """UPDATE tidemark_control.batch_attempts SET state = 'aborted', finished_at = clock_timestamp(),
-                      message = %s WHERE batch_id = %s AND attempt = %s AND state IN ('open', 'sealed')""",
-            (f"aborted by producer: {msg.reason or 'no reason given'}", msg.batch_id, msg.attempt),
-        )
-        aborted_now = cur.rowcount == 1
+        ledger.lock_batch(cur, msg.batch_id)
+        aborted_now = ledger.transition(cur, msg.batch_id, msg.attempt, "aborted",
+                                        message=f"aborted by producer: {msg.reason or 'no reason given'}")
         self._drop_stage(cur, msg.batch_id, msg.attempt)  # also when the orchestrator marked it aborted first
         if aborted_now:
-            cur.execute(
-                "UPDATE tidemark_control.batches SET state = 'aborted', message = %s, updated_at = clock_timestamp() "
-                "WHERE batch_id = %s AND attempt = %s",
-                (f"attempt {msg.attempt} aborted: {msg.reason}", msg.batch_id, msg.attempt),
-            )
             log.warning("pipeline=%s batch=%s attempt=%s ABORT received (%s): staged records discarded",
                         msg.pipeline, msg.batch_id, msg.attempt, msg.reason)
 
@@ -314,19 +284,17 @@ class BatchSink:
                 state, why = None, "record without valid batch headers (tidemark.batch, tidemark.attempt)"
             else:
                 mine = data.filter(pc.and_(pc.equal(data["batch_id"], batch_id), pc.equal(data["attempt"], attempt)))
-                cur.execute(
-                    """SELECT a.state, b.pipeline, b.window_lo, b.window_hi, b.backfill, a.finished_at
-                         FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b USING (batch_id)
-                        WHERE a.batch_id = %s AND a.attempt = %s""", (batch_id, attempt))
-                row = cur.fetchone()
-                state = row[0] if row and row[1] == self.spec.name else None
+                planned = ledger.planned_batch(cur, batch_id)
+                state = (ledger.attempt_state(cur, batch_id, attempt)
+                         if planned and planned.pipeline == self.spec.name else None)
                 why = (f"record for batch {batch_id} attempt {attempt}, which the orchestrator never opened for "
                        f"pipeline {self.spec.name} (no ledger row)")
                 if state == "committed":
                     state, why = None, (f"late record of batch {batch_id} attempt {attempt}, committed at "
-                                        f"{row[5]:%Y-%m-%dT%H:%M:%S%z}: not applied")
+                                        f"{ledger.attempt_finished_at(cur, batch_id, attempt):%Y-%m-%dT%H:%M:%S%z}: "
+                                        "not applied")
             if state in ("open", "sealed"):
-                window = Window(Bound.from_json(row[2]), Bound.from_json(row[3]), row[4])
+                window = planned.window
                 rules = self._record_rules(cur)
                 good = []
                 for rec in mine.select(columns).to_pylist():
@@ -363,13 +331,7 @@ class BatchSink:
         buf.seek(0)
         cur.copy_expert(f"COPY {stage} (value) FROM STDIN WITH (FORMAT csv)", buf)
         for p, t in arrow_totals(records).items():
-            cur.execute(
-                """INSERT INTO tidemark_control.staged_totals (batch_id, attempt, partition, rows, checksum)
-                   VALUES (%s, %s, %s, %s, %s)
-                   ON CONFLICT (batch_id, attempt, partition) DO UPDATE
-                      SET rows = staged_totals.rows + EXCLUDED.rows, checksum = staged_totals.checksum + EXCLUDED.checksum""",
-                (batch_id, attempt, p, t["rows"], t["checksum"]),
-            )
+            ledger.add_staged(cur, batch_id, attempt, p, t["rows"], t["checksum"])
 
     def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:
         stage = quote(stage_table(batch_id, attempt))
@@ -378,19 +340,14 @@ class BatchSink:
 
     def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
         cur.execute(f"DROP TABLE IF EXISTS {quote(stage_table(batch_id, attempt))}")
-        cur.execute("DELETE FROM tidemark_control.staged_totals WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+        ledger.forget_staged(cur, batch_id, attempt)
 
     def _end(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> bool:
         """Record an END; True when the attempt now has END on every partition and is open."""
-        cur.execute(
-            "SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
-            (msg.batch_id, msg.attempt),
-        )
-        row = cur.fetchone()
-        if row is None:
+        state = ledger.attempt_state(cur, msg.batch_id, msg.attempt)
+        if state is None:
             self._reject(report, rec, f"END for unknown batch {msg.batch_id} attempt {msg.attempt}: no BEGIN was seen; ignored", msg)
             return False
-        state = row[0]
         if state not in ("open", "sealed"):
             verb = "replayed END for a committed batch: no-op" if state == "committed" else f"END for a {state} attempt: ignored"
             log.info("pipeline=%s batch=%s attempt=%s p%s %s", msg.pipeline, msg.batch_id, msg.attempt, msg.partition, verb)
@@ -400,46 +357,23 @@ class BatchSink:
         if why is not None:
             self._reject(report, rec, f"{why}: END rejected", msg)
             return False
-        cur.execute(
-            """INSERT INTO tidemark_control.batch_ends
-                   (batch_id, attempt, partition, rows, checksum, kafka_offset, batch_rows)
-               VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-            (msg.batch_id, msg.attempt, msg.partition, msg.totals.rows, msg.totals.checksum, rec["offset"],
-             msg.batch_rows),
-        )
-        if cur.rowcount == 0:
-            cur.execute(
-                "SELECT rows, checksum FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s AND partition = %s",
-                (msg.batch_id, msg.attempt, msg.partition),
-            )
-            rows, checksum = cur.fetchone()
-            if (rows, int(checksum)) != (msg.totals.rows, msg.totals.checksum):
+        earlier = ledger.record_end(cur, msg.batch_id, msg.attempt, msg.partition, msg.totals, msg.batch_rows,
+                                    rec["offset"])
+        if earlier is not None:
+            if earlier != (msg.totals.rows, msg.totals.checksum):
                 self._refuse(cur, msg.batch_id, msg.attempt, report,
-                             f"conflicting END on partition {msg.partition}: first said rows={rows} checksum={checksum}, "
-                             f"now rows={msg.totals.rows} checksum={msg.totals.checksum}")
+                             f"conflicting END on partition {msg.partition}: first said rows={earlier[0]} "
+                             f"checksum={earlier[1]}, now rows={msg.totals.rows} checksum={msg.totals.checksum}")
                 return False
             log.info("pipeline=%s batch=%s attempt=%s p%s duplicate END (same totals): no-op",
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition)
-        cur.execute(
-            "SELECT count(*) FROM tidemark_control.batch_ends WHERE batch_id = %s AND attempt = %s",
-            (msg.batch_id, msg.attempt),
-        )
-        return cur.fetchone()[0] == msg.partitions
+        return len(ledger.ends(cur, msg.batch_id, msg.attempt)[0]) == msg.partitions
 
     def _refuse(self, cur, batch_id: str, attempt: int, report: MicroBatchReport, why: str,
                 next_step: str = "check the extract log for this attempt") -> None:
         message = (f"batch {batch_id} attempt {attempt} REFUSED: {why}. Nothing was applied. Next: {next_step}, "
                    "then clear the DAG run from its 'begin' task to load a new attempt.")
-        cur.execute(
-            """UPDATE tidemark_control.batch_attempts SET state = 'refused', message = %s, finished_at = clock_timestamp()
-                WHERE batch_id = %s AND attempt = %s AND state IN ('open', 'sealed')""",
-            (message, batch_id, attempt),
-        )
-        cur.execute(
-            "UPDATE tidemark_control.batches SET state = 'refused', message = %s, updated_at = clock_timestamp() "
-            "WHERE batch_id = %s AND attempt = %s",
-            (message, batch_id, attempt),
-        )
+        ledger.transition(cur, batch_id, attempt, "refused", message=message)
         self._drop_stage(cur, batch_id, attempt)
         report.refused.append(f"{batch_id}#{attempt}")
         log.error("pipeline=%s %s", self.spec.name, message)
@@ -447,21 +381,12 @@ class BatchSink:
     def _verify_and_apply(self, cur, batch_id: str, attempt: int, report: MicroBatchReport) -> None:
         # Lock the batch, then the attempt (the teardown's order): the orchestrator may abort the
         # attempt concurrently, and a state read under the lock is the one that counts.
-        cur.execute("SELECT 1 FROM tidemark_control.batches WHERE batch_id = %s FOR UPDATE", (batch_id,))
-        cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s FOR UPDATE",
-                    (batch_id, attempt))
-        state = cur.fetchone()[0]
+        state = ledger.attempt_state(cur, batch_id, attempt, lock=True)
         if state not in ("open", "sealed"):
             log.warning("pipeline=%s batch=%s attempt=%s is %s: not applied", self.spec.name, batch_id, attempt, state)
             self._drop_stage(cur, batch_id, attempt)
             return
-        cur.execute(
-            """SELECT count(*), (array_agg(reason ORDER BY partition, kafka_offset))[1:%s]
-                 FROM tidemark_control.sink_rejects
-                WHERE consumer = %s AND batch_id = %s AND attempt = %s AND control IS NULL""",
-            (FIRST_REASONS, self.consumer, batch_id, attempt),
-        )
-        bad, reasons = cur.fetchone()
+        bad, reasons = ledger.data_rejects(cur, self.consumer, batch_id, attempt, FIRST_REASONS)
         if bad:
             self._refuse(
                 cur, batch_id, attempt, report,
@@ -472,24 +397,13 @@ class BatchSink:
                 f"target table {self.spec.target_table} (or the spec); where a record is malformed, fix the source "
                 "rows they name")
             return
-        cur.execute(
-            "SELECT partition, rows, checksum, batch_rows FROM tidemark_control.batch_ends "
-            "WHERE batch_id = %s AND attempt = %s",
-            (batch_id, attempt),
-        )
-        ends = cur.fetchall()
-        expected = {p: (rows, int(checksum)) for p, rows, checksum, _ in ends}
-        claimed = {b for *_, b in ends if b is not None}
+        expected, claimed = ledger.ends(cur, batch_id, attempt)
         if claimed and claimed != {sum(r for r, _ in expected.values())}:
             self._refuse(cur, batch_id, attempt, report,
                          f"END messages claim batch_rows {sorted(claimed)}, their partitions sum to "
                          f"{sum(r for r, _ in expected.values())}")
             return
-        cur.execute(
-            "SELECT partition, rows, checksum FROM tidemark_control.staged_totals WHERE batch_id = %s AND attempt = %s",
-            (batch_id, attempt),
-        )
-        actual = {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
+        actual = ledger.staged(cur, batch_id, attempt)
         wrong = [
             f"partition {p}: END says rows={exp[0]} checksum={exp[1]}, staged rows={act[0]} checksum={act[1]}"
             for p, exp in sorted(expected.items())
@@ -498,11 +412,7 @@ class BatchSink:
         if wrong:
             self._refuse(cur, batch_id, attempt, report, "count/checksum mismatch: " + "; ".join(wrong))
             return
-        cur.execute(
-            "SELECT window_lo, window_hi, backfill FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,)
-        )
-        lo, hi, backfill = cur.fetchone()
-        window = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
+        window = ledger.planned_batch(cur, batch_id).window
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
         cur.execute("SAVEPOINT merge")
@@ -517,18 +427,10 @@ class BatchSink:
                          f"change the target table {self.spec.target_table} so it can hold the value (the error "
                          "names the type or constraint; e.g. ALTER TABLE ... ALTER COLUMN ... TYPE a wider type)")
             return
-        cur.execute(
-            """UPDATE tidemark_control.batch_attempts SET state = 'committed', rows = %s, checksum = %s,
-                      finished_at = clock_timestamp() WHERE batch_id = %s AND attempt = %s""",
-            (rows, checksum, batch_id, attempt),
-        )
-        cur.execute(
-            """UPDATE tidemark_control.batches SET state = 'committed', committed_attempt = %s, rows = %s,
-                      checksum = %s, message = NULL, committed_at = clock_timestamp(), updated_at = clock_timestamp()
-                WHERE batch_id = %s""",
-            (attempt, rows, checksum, batch_id),
-        )
-        moved = self._advance_watermark(cur, batch_id, window)
+        if not ledger.transition(cur, batch_id, attempt, "committed", rows=rows, checksum=checksum):
+            raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the ledger refused the move "
+                            "to committed (state changed under the lock?); rolled back")
+        moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
         self._drop_stage(cur, batch_id, attempt)
         report.committed.append(f"{batch_id}#{attempt}")
         log.info(
@@ -570,32 +472,10 @@ class BatchSink:
         )
         return cur.rowcount
 
-    def _advance_watermark(self, cur, batch_id: str, window: Window) -> bool:
-        """Move the watermark to the window's end, never backwards, never across a gap."""
-        if window.backfill:
-            return False
-        hi = window.hi
-        ts = hi.cursor if self.spec.cursor.kind == "timestamp" else None
-        ident = hi.cursor if self.spec.cursor.kind == "id" else None
-        cur.execute(
-            """INSERT INTO tidemark_control.watermarks (pipeline, bound, cursor_ts, cursor_id, batch_id)
-               VALUES (%s, %s, %s, %s, %s)
-               ON CONFLICT (pipeline) DO UPDATE SET bound = EXCLUDED.bound, cursor_ts = EXCLUDED.cursor_ts,
-                   cursor_id = EXCLUDED.cursor_id, batch_id = EXCLUDED.batch_id, updated_at = clock_timestamp()
-                WHERE coalesce(watermarks.cursor_ts < EXCLUDED.cursor_ts, watermarks.cursor_id < EXCLUDED.cursor_id)""",
-            (self.spec.name, json.dumps(hi.to_json()), ts, ident, batch_id),
-        )
-        return cur.rowcount == 1
-
     def _record_rejects(self, cur, report: MicroBatchReport) -> None:
-        for r in report.rejects[report.recorded:]:
-            cur.execute(
-                """INSERT INTO tidemark_control.sink_rejects
-                       (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload, control)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
-                (self.consumer, self.topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"],
-                 _payload_text(r["payload"]), r.get("control")),
-            )
+        fresh = report.rejects[report.recorded:]
+        ledger.record_rejects(cur, self.consumer, self.topic,
+                              [{**r, "payload": _payload_text(r["payload"])} for r in fresh])
         report.recorded = len(report.rejects)
 
     def _store_offsets(self, cur, table) -> None:
@@ -603,13 +483,7 @@ class BatchSink:
 
         for p in pc.unique(table["partition"]).to_pylist():
             last = pc.max(table.filter(pc.equal(table["partition"], p))["offset"]).as_py()
-            cur.execute(
-                """INSERT INTO tidemark_control.sink_offsets (consumer, topic, partition, next_offset, fence)
-                   VALUES (%s, %s, %s, %s, %s)
-                   ON CONFLICT (consumer, topic, partition) DO UPDATE
-                      SET next_offset = EXCLUDED.next_offset, fence = EXCLUDED.fence, updated_at = clock_timestamp()""",
-                (self.consumer, self.topic, p, last + 1, self.fence),
-            )
+            ledger.store_offset(cur, self.consumer, self.topic, p, last + 1, self.fence)
 
 
 def _payload_text(payload: bytes | str | None) -> str | None:

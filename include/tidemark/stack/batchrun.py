@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark import batch
+from tidemark import batch, ledger
 from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
 from tidemark.stack.spark import Submitted, submit
@@ -115,11 +115,12 @@ class Pipeline:
 
     # --- inspection ------------------------------------------------------------------------
     def state(self, batch_id: str, attempt: int) -> str | None:
-        rows = self.query_wh(
-            "SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
-            (batch_id, attempt),
-        )
-        return rows[0][0] if rows else None
+        conn = self.wh()
+        try:
+            with conn, conn.cursor() as cur:
+                return ledger.attempt_state(cur, batch_id, attempt)
+        finally:
+            conn.close()
 
     def ledger(self, batch_id: str) -> list[tuple]:
         return self.query_wh(
@@ -128,8 +129,13 @@ class Pipeline:
         )
 
     def watermark(self):
-        rows = self.query_wh("SELECT bound FROM tidemark_control.watermarks WHERE pipeline = %s", (self.spec.name,))
-        return rows[0][0] if rows else None
+        conn = self.wh()
+        try:
+            with conn, conn.cursor() as cur:
+                bound = ledger.committed_watermark(cur, self.spec.name)
+        finally:
+            conn.close()
+        return bound.to_json() if bound else None
 
     def query_wh(self, sql: str, params=()) -> list[tuple]:
         conn = self.wh()
