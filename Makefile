@@ -9,7 +9,7 @@ STATE := $(or $(TIDEMARK_STATE_DIR),$(ROOT)/.state)
 export TIDEMARK_STATE_DIR := $(STATE)
 export PYTHONPATH := $(ROOT)/include
 PY := $(STATE)/venv/bin/python
-STACK := $(PY) -m tidemark.stack
+STACK := $(PY) -m tidemark_workshop.stack
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CAMPAIGN_ARGS ?=
@@ -38,7 +38,7 @@ ui: up
 	@$(STACK) ui
 
 demo: up
-	@$(STACK) run -- $(PY) -m tidemark.demo
+	@$(STACK) run -- $(PY) -m tidemark_workshop.demo
 
 test: up
 	@$(STACK) run -- $(PY) -m pytest $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 """Benchmark: one incremental batch of ledger rows end to end, against two baselines on the same data.
 
-1. The demo source gets ``--rows`` ledger entries (``tidemark.bank.bulk_ledger``), vacuumed.
+1. The demo source gets ``--rows`` ledger entries (``tidemark_workshop.bank.bulk_ledger``), vacuumed.
 2. Tidemark: plan, BEGIN, extract (spark-submit), END, sink (spark-submit), until the ledger says
    committed, exactly as the nightly DAG runs them.
 3. The raw pipe ``COPY (SELECT ... window ...) TO STDOUT | COPY ... FROM STDIN`` between the
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark import bank
+from tidemark_workshop import bank
 from tidemark.kafka_io import delete_topic, ensure_topic
-from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.ledger import ensure_target
 from tidemark.spec import PipelineSpec, load_spec, quote
-from tidemark.stack.batchrun import Pipeline
-from tidemark.stack.spark import PeakRss, Submitted, submit, submit_command
+from tidemark_workshop.stack.batchrun import Pipeline
+from tidemark_workshop.stack.spark import PeakRss, Submitted, submit, submit_command
 from tidemark.summary import parse_summaries
 from tidemark.window import predicate
 

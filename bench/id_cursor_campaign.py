@@ -22,8 +22,8 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark.settings import SOURCE_DB, Settings
-from tidemark.stack.batchrun import make_pipeline
+from tidemark_workshop.settings import SOURCE_DB, Settings
+from tidemark_workshop.stack.batchrun import make_pipeline
 
 DDL = "CREATE TABLE {table} (id bigserial PRIMARY KEY, amount numeric(18,2) NOT NULL)"
 

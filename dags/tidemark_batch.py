@@ -30,7 +30,7 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG, CronDataIntervalTimetable
 
-from tidemark.settings import pipelines_dir
+from tidemark.config import pipelines_dir
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark_airflow.batch import batch_pipeline
 

@@ -23,7 +23,7 @@ import pendulum
 from airflow.sdk import Connection, dag, task
 
 from tidemark import smoke
-from tidemark.settings import CONN_KAFKA, CONN_WAREHOUSE
+from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.summary import summary_line
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
 

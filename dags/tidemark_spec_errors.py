@@ -9,7 +9,7 @@ DAGs come from `tidemark_batch.py` and keep working. Defines no DAG.
 
 from __future__ import annotations
 
-from tidemark.settings import pipelines_dir
+from tidemark.config import pipelines_dir
 from tidemark.spec import SpecError, load_specs
 
 _, _errors = load_specs(pipelines_dir())

@@ -7,7 +7,7 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 
 PARSE_TIMES = pytest.StashKey[dict]()
 
@@ -27,7 +27,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="session")
 def bootstrap(settings: Settings) -> str:
-    from tidemark.stack.kafka import require_broker
+    from tidemark_workshop.stack.kafka import require_broker
 
     require_broker(settings)
     return settings.kafka_bootstrap

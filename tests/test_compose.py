@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from tidemark.settings import CONNECTION_IDS, REPO_ROOT, Settings
+from tidemark_workshop.settings import CONNECTION_IDS, REPO_ROOT, Settings
 
 COMPOSE = REPO_ROOT / "docker-compose.yaml"
 AIRFLOW_SERVICES = {"airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-init"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.settings import REPO_ROOT
+from tidemark_workshop.settings import REPO_ROOT
 from conftest import PARSE_TIMES
 
 DAGS_DIR = REPO_ROOT / "dags"

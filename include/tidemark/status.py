@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.ledger import observe_id_high
-from tidemark.settings import CONN_SOURCE
+from tidemark.config import CONN_SOURCE
 from tidemark.sink import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark.window import Bound, SourceClock, Window

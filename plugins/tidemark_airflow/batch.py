@@ -20,7 +20,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, BaseSensorOperator, Connection
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tidemark.settings import CONN_KAFKA, CONN_WAREHOUSE
+from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
 
 PLAN, BEGIN, EXTRACT, END, SINK, COMMITTED, PUBLISH, CLEANUP = (

@@ -13,7 +13,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
-from tidemark.settings import CONN_SPARK, REPO_ROOT, SPARK_DRIVER_MEMORY, jdbc_url
+from tidemark.config import CONN_SPARK, SPARK_DRIVER_MEMORY, jdbc_url, spark_job
 from tidemark.sparkjob import ERROR_FILE_ENV, EXIT_JOB_ERROR
 
 PASSWORD_ENV = "TIDEMARK_JDBC_PASSWORD"
@@ -35,7 +35,7 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
         kwargs.setdefault("conn_id", CONN_SPARK)
         kwargs.setdefault("driver_memory", SPARK_DRIVER_MEMORY)
         kwargs.setdefault("name", f"tidemark-{script.removesuffix('.py')}")
-        super().__init__(application=str(REPO_ROOT / "spark_jobs" / script), **kwargs)
+        super().__init__(application=str(spark_job(script)), **kwargs)
         self.jdbc_conn_id = jdbc_conn_id
         self.job_args = list(job_args)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from tidemark.settings import CONN_WAREHOUSE
+from tidemark.config import CONN_WAREHOUSE
 
 URL_PREFIX = "/tidemark"
 NAME = "Tidemark status"
@@ -33,7 +33,7 @@ def connect(conn_id: str):
 
 
 def current_status():
-    from tidemark.settings import pipelines_dir
+    from tidemark.config import pipelines_dir
     from tidemark.status import collect, load_pipelines
 
     directory = pipelines_dir()

@@ -1,4 +1,4 @@
-"""The demo core-banking source (tidemark.bank) against the real source PostgreSQL.
+"""The demo core-banking source (tidemark_workshop.bank) against the real source PostgreSQL.
 
 The nightly pipelines are only as well tested as their source is realistic: these tests pin the
 books' invariants under concurrent writers and the late-commit behaviour the window planner has
@@ -14,8 +14,8 @@ from datetime import date, timedelta
 import psycopg2
 import pytest
 
-from tidemark import bank
-from tidemark.settings import SOURCE_DB
+from tidemark_workshop import bank
+from tidemark_workshop.settings import SOURCE_DB
 from tidemark.window import read_source_clock
 
 pytestmark = pytest.mark.stack

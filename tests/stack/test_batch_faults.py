@@ -15,8 +15,8 @@ from tidemark import control
 from tidemark.batch import BatchFailed, commit_state
 from tidemark.kafka_io import end_offsets
 from tidemark.sink import stage_table
-from tidemark.stack.batchrun import make_pipeline
-from tidemark.stack.spark import submit_command
+from tidemark_workshop.stack.batchrun import make_pipeline
+from tidemark_workshop.stack.spark import submit_command
 
 DDL = """
 CREATE TABLE {table} (

@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 
-from tidemark.settings import REPO_ROOT
+from tidemark_workshop.settings import REPO_ROOT
 
 
 def test_bench_subset_reports_every_figure():

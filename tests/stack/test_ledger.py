@@ -10,7 +10,7 @@ import pytest
 
 from tidemark import ledger
 from tidemark.control import PartitionTotals
-from tidemark.settings import WAREHOUSE_DB
+from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark.spec import PipelineSpec
 from tidemark.window import Bound, Window
 

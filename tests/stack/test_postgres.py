@@ -5,7 +5,7 @@ import dataclasses
 import psycopg2
 import pytest
 
-from tidemark.settings import DATABASES
+from tidemark_workshop.settings import DATABASES
 
 pytestmark = pytest.mark.stack
 

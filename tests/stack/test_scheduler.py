@@ -17,9 +17,9 @@ from decimal import Decimal
 import psycopg2
 import pytest
 
-from tidemark.settings import SOURCE_DB, WAREHOUSE_DB
-from tidemark.stack.airflow import AirflowUI, RestApi
-from tidemark.stack.batchrun import make_pipeline
+from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+from tidemark_workshop.stack.airflow import AirflowUI, RestApi
+from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.sink import stage_table
 
 UTC = timezone.utc
@@ -318,7 +318,7 @@ def test_a_worker_killed_mid_extract_is_retried_as_a_new_attempt_and_leaves_no_d
 
 
 def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(scheduled, settings):
-    from tidemark.stack.kafka import Kafka
+    from tidemark_workshop.stack.kafka import Kafka
 
     api, _, _, _, pipe, _ = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"
@@ -348,7 +348,7 @@ def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(schedu
 def test_a_broker_restart_mid_extract_ends_with_every_row_loaded_once(scheduled, settings):
     """However the extract weathers it (its producer retries, or the task fails and a new attempt
     loads the batch), the run ends committed with the source's rows exactly once."""
-    from tidemark.stack.kafka import Kafka
+    from tidemark_workshop.stack.kafka import Kafka
 
     api, *_, pipe = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tidemark.demo import run_dag
+from tidemark_workshop.demo import run_dag
 
 pytestmark = pytest.mark.stack
 

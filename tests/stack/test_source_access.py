@@ -8,8 +8,8 @@ import psycopg2
 import pytest
 
 from tidemark import batch
-from tidemark.settings import SOURCE_DB, WAREHOUSE_DB
-from tidemark.stack.batchrun import make_pipeline
+from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.window import PlanError
 
 pytestmark = pytest.mark.stack

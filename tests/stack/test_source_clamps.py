@@ -13,8 +13,8 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark.settings import SOURCE_DB
-from tidemark.stack.batchrun import make_pipeline
+from tidemark_workshop.settings import SOURCE_DB
+from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.window import PlanError
 
 DDL = """

@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 
 from tidemark import smoke
 from tidemark.kafka_io import end_offsets, producer_config, read_committed
-from tidemark.settings import REPO_ROOT, SOURCE_DB
+from tidemark_workshop.settings import REPO_ROOT, SOURCE_DB
 
 pytestmark = pytest.mark.stack
 
@@ -17,7 +17,7 @@ JOB = REPO_ROOT / "spark_jobs" / "table_to_topic.py"
 
 
 def _submit(settings, topic: str) -> subprocess.CompletedProcess:
-    from tidemark.stack.spark import submit
+    from tidemark_workshop.stack.spark import submit
 
     return submit(settings, JOB.name, [
         "--jdbc-url", settings.jdbc_url(SOURCE_DB), "--user", settings.pg_user,

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.stack
 
 
 def _stack(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tidemark.stack", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "tidemark_workshop.stack", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_up_again_changes_nothing():

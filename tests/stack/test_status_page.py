@@ -14,9 +14,9 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark.settings import SOURCE_DB, WAREHOUSE_DB
+from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
 from tidemark.sink import stage_table
-from tidemark.stack.batchrun import make_pipeline
+from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.status import APPLICATION_NAME
 
 pytestmark = pytest.mark.stack

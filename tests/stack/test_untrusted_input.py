@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from tidemark import batch
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, ControlMessage
 from tidemark.kafka_io import producer_config
-from tidemark.stack.batchrun import make_pipeline
+from tidemark_workshop.stack.batchrun import make_pipeline
 
 DDL = """
 CREATE TABLE {table} (

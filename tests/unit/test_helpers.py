@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from tidemark import smoke
-from tidemark.stack.maven import artifact_name
+from tidemark_workshop.stack.maven import artifact_name
 from tidemark.summary import parse_summaries, summary_line
 
 

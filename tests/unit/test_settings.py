@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tidemark.settings import CONNECTION_IDS, Settings, jdbc_url
+from tidemark_workshop.settings import CONNECTION_IDS, Settings, jdbc_url
 
 
 def test_ports_and_paths_come_from_the_environment(monkeypatch, tmp_path):

@@ -9,9 +9,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tidemark.settings import REPO_ROOT, SPARK_DRIVER_MEMORY, Settings
-from tidemark.stack.maven import artifact_name, resolve
-from tidemark.stack.proc import StackError, run, say
+from tidemark_workshop.settings import REPO_ROOT, SPARK_DRIVER_MEMORY, Settings
+from tidemark_workshop.stack.maven import artifact_name, resolve
+from tidemark_workshop.stack.proc import StackError, run, say
 
 POM = REPO_ROOT / "stack" / "spark" / "pom.xml"
 UDF_SOURCES = REPO_ROOT / "stack" / "spark" / "udf"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import socket
 
-from tidemark.settings import REPO_ROOT, Settings
-from tidemark.stack.maven import resolve
-from tidemark.stack.proc import StackError, read_pid, run, say, spawn, stop_pid, wait_until
+from tidemark_workshop.settings import REPO_ROOT, Settings
+from tidemark_workshop.stack.maven import resolve
+from tidemark_workshop.stack.proc import StackError, read_pid, run, say, spawn, stop_pid, wait_until
 
 POM = REPO_ROOT / "stack" / "kafka" / "pom.xml"
 LOG4J = REPO_ROOT / "stack" / "kafka" / "log4j2.properties"

@@ -1,6 +1,6 @@
 """`make demo`: the nightly batch of the core-banking demo, run through Airflow.
 
-Seeds the source (tidemark.bank), starts concurrent writers and a transaction held open longer
+Seeds the source (tidemark_workshop.bank), starts concurrent writers and a transaction held open longer
 than the safe lag, starts the Airflow services (api-server, scheduler, dag-processor, triggerer)
 and runs every nightly pipeline DAG through the scheduler while they write (its scheduled run, or
 a manual run made through the REST API as the UI makes it), prints per pipeline the window, batch
@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 
-from tidemark.settings import Settings
-from tidemark.stack.airflow import AirflowUI, RestApi
-from tidemark.stack.proc import StackError
+from tidemark_workshop.settings import Settings
+from tidemark_workshop.stack.airflow import AirflowUI, RestApi
+from tidemark_workshop.stack.proc import StackError
 from tidemark.summary import parse_summaries
 
 PIPELINES = ("bank_customers", "bank_accounts", "bank_ledger_entries", "bank_daily_balances")
@@ -48,7 +48,7 @@ def _run_pipeline(settings: Settings, api, name: str) -> bool:
 
     from tidemark import batch
     from tidemark.ledger import batch_id_for
-    from tidemark.settings import WAREHOUSE_DB
+    from tidemark_workshop.settings import WAREHOUSE_DB
 
     dag_id = f"tidemark_batch_{name}"
     api.wait_for(f"{dag_id} to be parsed", lambda: api.exists(dag_id), timeout_s=180)
@@ -91,7 +91,7 @@ def _prove(settings: Settings) -> list[str]:
     import psycopg2
 
     from tidemark.ledger import committed_watermark
-    from tidemark.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
+    from tidemark_workshop.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
     def keyed(conn, spec, table):
@@ -131,10 +131,10 @@ def _start_afresh(settings: Settings) -> None:
     target, ledger, offsets or topic of the demo pipelines (the benchmark also reuses the source)."""
     import psycopg2
 
-    from tidemark import bank
+    from tidemark_workshop import bank
     from tidemark.kafka_io import delete_topic
     from tidemark.ledger import ensure_control_schema, forget_pipeline
-    from tidemark.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
+    from tidemark_workshop.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
     src = psycopg2.connect(settings.dsn(SOURCE_DB))
@@ -156,8 +156,8 @@ def _start_afresh(settings: Settings) -> None:
 def main() -> int:
     import psycopg2
 
-    from tidemark import bank
-    from tidemark.settings import SOURCE_DB
+    from tidemark_workshop import bank
+    from tidemark_workshop.settings import SOURCE_DB
 
     settings = Settings.from_env()
     dsn = settings.dsn(SOURCE_DB)

@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from tidemark.stack.proc import run, say
+from tidemark_workshop.stack.proc import run, say
 
 
 def resolve(pom: Path, target: Path, *, skip_names: frozenset[str] = frozenset()) -> list[Path]:

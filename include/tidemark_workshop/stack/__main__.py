@@ -1,4 +1,4 @@
-"""python -m tidemark.stack COMMAND: manage the embedded local stack.
+"""python -m tidemark_workshop.stack COMMAND: manage the embedded local stack.
 
   up        start PostgreSQL and Kafka, resolve Spark's jars, migrate Airflow (idempotent)
   down      stop everything this checkout started (Airflow UI, Kafka, PostgreSQL)
@@ -15,11 +15,11 @@ import shlex
 import sys
 import time
 
-from tidemark.settings import Settings
-from tidemark.stack import airflow, spark
-from tidemark.stack.kafka import Kafka
-from tidemark.stack.postgres import Postgres
-from tidemark.stack.proc import StackError, say, tail
+from tidemark_workshop.settings import Settings
+from tidemark_workshop.stack import airflow, spark
+from tidemark_workshop.stack.kafka import Kafka
+from tidemark_workshop.stack.postgres import Postgres
+from tidemark_workshop.stack.proc import StackError, say, tail
 
 
 def up(s: Settings) -> None:
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
             if rest[:1] == ["--"]:
                 rest = rest[1:]
             if not rest:
-                raise StackError("usage: python -m tidemark.stack run -- COMMAND [ARGS...]")
+                raise StackError("usage: python -m tidemark_workshop.stack run -- COMMAND [ARGS...]")
             return airflow.exec_in_env(s, rest)
         elif command == "ui":
             airflow.AirflowUI(s).start()

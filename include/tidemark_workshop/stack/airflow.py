@@ -7,8 +7,8 @@ import subprocess
 import time
 from urllib.parse import quote
 
-from tidemark.settings import Settings
-from tidemark.stack.proc import StackError, read_pid, run, say, spawn, stop_pid, wait_until
+from tidemark_workshop.settings import Settings
+from tidemark_workshop.stack.proc import StackError, read_pid, run, say, spawn, stop_pid, wait_until
 
 
 def _env(settings: Settings) -> dict[str, str]:

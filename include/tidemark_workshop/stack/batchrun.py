@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg2
 
 from tidemark import batch, ledger
-from tidemark.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
-from tidemark.stack.spark import Submitted, submit
+from tidemark_workshop.stack.spark import Submitted, submit
 
 
 @dataclass

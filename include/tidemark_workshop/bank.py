@@ -138,14 +138,14 @@ def _reading(conn: Connection) -> Iterator[Any]:
 # engineer added to the schema stays, and so does the schema if the demo did not create it.
 _TABLES = ("daily_balances", "ledger_entries", "accounts", "customers")
 _SEQUENCES = ("entry_id_seq", "account_id_seq", "customer_id_seq")
-OWNED_MARK = "created by the Tidemark demo (tidemark.bank)"
+OWNED_MARK = "created by the Tidemark demo (tidemark_workshop.bank)"
 
 
 def create_schema(conn: Connection) -> None:
     """Create schema ``bank`` if missing; never touches existing rows (safe to call every run)."""
     with _transaction(conn) as cur:
         # concurrent first calls would otherwise race on the catalogs
-        cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.bank.create_schema'))")
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark_workshop.bank.create_schema'))")
         cur.execute("SELECT to_regnamespace(%s) IS NULL", (SCHEMA,))
         creating = cur.fetchone()[0]
         for statement in _DDL:

@@ -14,32 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tidemark.config import (  # noqa: F401 (re-exported: the stack wires these names)
+    CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, PROJECT_DIR, SPARK_DRIVER_MEMORY,
+    jdbc_url, pipelines_dir,
+)
 
-# Airflow connection ids: the same names in the local stack and in docker-compose.yaml.
-CONN_SOURCE = "tidemark_source"
-CONN_WAREHOUSE = "tidemark_warehouse"
-CONN_KAFKA = "tidemark_kafka"
-CONN_SPARK = "tidemark_spark"
-CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK)
-# Both jobs stream: the extract holds no window in memory (it counts records on their way to
-# Kafka) and the sink at most one micro-batch (--max-records-per-trigger).
-SPARK_DRIVER_MEMORY = "1g"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: the stack's scripts, poms and state
 
 SOURCE_DB = "tidemark_source"
 WAREHOUSE_DB = "tidemark_warehouse"
 AIRFLOW_DB = "airflow"
 DATABASES = (SOURCE_DB, WAREHOUSE_DB, AIRFLOW_DB)
-
-
-def pipelines_dir() -> Path:
-    """Where the pipeline specs are: ``TIDEMARK_PIPELINES_DIR``, or the checkout's include/pipelines."""
-    return Path(os.environ.get("TIDEMARK_PIPELINES_DIR") or REPO_ROOT / "include" / "pipelines")
-
-
-def jdbc_url(host: str, port: int | None, database: str) -> str:
-    """The PostgreSQL JDBC URL for a host, port (default 5432) and database."""
-    return f"jdbc:postgresql://{host}:{port or 5432}/{database}"
 
 
 def _env(name: str, default: str) -> str:

@@ -12,8 +12,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-from tidemark.settings import DATABASES, SOURCE_DB, Settings
-from tidemark.stack.proc import StackError, run, say, tail
+from tidemark_workshop.settings import DATABASES, SOURCE_DB, Settings
+from tidemark_workshop.stack.proc import StackError, run, say, tail
 
 _CREATECLUSTER_CONF = Path("/etc/postgresql-common/createcluster.conf")
 
@@ -184,7 +184,7 @@ class Postgres:
         conn = psycopg2.connect(self.s.dsn(SOURCE_DB))
         try:
             with conn, conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.stack.source_reader'))")
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark_workshop.stack.source_reader'))")
                 cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (self.s.source_user,))
                 if cur.fetchone() is None:
                     say("postgres", f"creating the source's read-only role {self.s.source_user}")

@@ -1,0 +1,39 @@
+"""What a deployment configures: Airflow connection ids, Spark driver memory and where the
+pipeline specs and Spark job scripts are, from environment variables with working defaults.
+
+Nothing here knows the local stack (ports, state directories): that is ``tidemark_workshop.settings``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The project's folders (dags/, include/, spark_jobs/) as deployed: TIDEMARK_PROJECT_DIR, else
+# the folder this package is installed under (include/tidemark -> the project), as in the Astro layout.
+PROJECT_DIR = Path(os.environ.get("TIDEMARK_PROJECT_DIR") or Path(__file__).resolve().parents[2])
+
+# Airflow connection ids: the same names in the local stack and in docker-compose.yaml.
+CONN_SOURCE = "tidemark_source"
+CONN_WAREHOUSE = "tidemark_warehouse"
+CONN_KAFKA = "tidemark_kafka"
+CONN_SPARK = "tidemark_spark"
+CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK)
+# Both jobs stream: the extract holds no window in memory (it counts records on their way to
+# Kafka) and the sink at most one micro-batch (--max-records-per-trigger).
+SPARK_DRIVER_MEMORY = os.environ.get("TIDEMARK_SPARK_DRIVER_MEMORY") or "1g"
+
+
+def pipelines_dir() -> Path:
+    """Where the pipeline specs are: ``TIDEMARK_PIPELINES_DIR``, or the project's include/pipelines."""
+    return Path(os.environ.get("TIDEMARK_PIPELINES_DIR") or PROJECT_DIR / "include" / "pipelines")
+
+
+def spark_job(script: str) -> Path:
+    """A Spark entry script: ``TIDEMARK_SPARK_JOBS_DIR``, or the project's spark_jobs/."""
+    return Path(os.environ.get("TIDEMARK_SPARK_JOBS_DIR") or PROJECT_DIR / "spark_jobs") / script
+
+
+def jdbc_url(host: str, port: int | None, database: str) -> str:
+    """The PostgreSQL JDBC URL for a host, port (default 5432) and database."""
+    return f"jdbc:postgresql://{host}:{port or 5432}/{database}"
