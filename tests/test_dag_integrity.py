@@ -131,3 +131,15 @@ def test_cron_schedules_give_runs_real_data_intervals():
     bag = _dagbag(DAGS_DIR / "tidemark_batch.py")
     timetable = bag.dags["tidemark_batch_bank_ledger_entries"].timetable
     assert type(timetable).__name__ == "CronDataIntervalTimetable" and timetable.expression == "0 0 * * *"
+
+
+def test_the_batch_dag_follows_the_one_sequence_and_its_jobs_get_the_shared_spark_settings(parsed):
+    from tidemark.jobs import CLEANUP, PUBLISH, SPARK_CONF, STEPS
+
+    bag, _ = parsed[DAGS_DIR / "tidemark_batch.py"]
+    dag = bag.dags["tidemark_batch_bank_ledger_entries"]
+    order = [*STEPS, PUBLISH, CLEANUP]
+    for before, after in zip(order, order[1:]):
+        assert after in dag.get_task(before).downstream_task_ids, (before, after)
+    for task_id in ("extract", "sink"):
+        assert dag.get_task(task_id).conf == SPARK_CONF

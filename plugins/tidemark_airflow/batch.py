@@ -20,11 +20,10 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, BaseSensorOperator, Connection
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from tidemark import jobs
 from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
+from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, PLAN, PUBLISH, SINK, STEPS
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
-
-PLAN, BEGIN, EXTRACT, END, SINK, COMMITTED, PUBLISH, CLEANUP = (
-    "plan", "begin", "extract", "end", "sink", "wait_committed", "publish", "abort_unfinished")
 
 # What to do next, per step, once Airflow has given up (or at once, for what will not heal).
 NEXT_TRANSIENT = ("Airflow retries this task with backoff; if the last try fails too, check the stack "
@@ -192,8 +191,8 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
     """
 
     def __init__(self, *, spec_path: str, source_conn_id: str, warehouse_conn_id: str = CONN_WAREHOUSE,
-                 kafka_conn_id: str = CONN_KAFKA, read_partitions: int = 4, **kwargs: Any):
-        super().__init__(script="extract_window.py", jdbc_conn_id=source_conn_id, **kwargs)
+                 kafka_conn_id: str = CONN_KAFKA, read_partitions: int = jobs.READ_PARTITIONS, **kwargs: Any):
+        super().__init__(script=jobs.EXTRACT_JOB, jdbc_conn_id=source_conn_id, **kwargs)
         self.spec_path = spec_path
         self.warehouse_conn_id = warehouse_conn_id
         self.kafka_conn_id = kafka_conn_id
@@ -216,12 +215,8 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)), \
                 tempfile.TemporaryDirectory(prefix="tidemark-extract-") as tmp:
             report_path = Path(tmp) / "report.json"
-            self.job_args = [
-                "--spec", str(Path(self.spec_path).resolve()), "--batch-id", plan.batch_id,
-                "--attempt", str(attempt), "--window", json.dumps(plan.window.to_json()),
-                "--bootstrap", bootstrap, "--report", str(report_path),
-                "--read-partitions", str(self.read_partitions),
-            ]
+            self.job_args = jobs.extract_args(self.spec_path, plan.batch_id, attempt, plan.window, bootstrap,
+                                              report_path, self.read_partitions)
             self.log.info("%s: extracting", tag)
             super().execute(context)
             report = json.loads(report_path.read_text())
@@ -265,7 +260,7 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
 
     def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE,
                  kafka_conn_id: str = CONN_KAFKA, **kwargs: Any):
-        super().__init__(script="batch_sink.py", jdbc_conn_id=warehouse_conn_id, **kwargs)
+        super().__init__(script=jobs.SINK_JOB, jdbc_conn_id=warehouse_conn_id, **kwargs)
         self.spec_path = spec_path
         self.kafka_conn_id = kafka_conn_id
 
@@ -274,8 +269,7 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
 
         spec, plan = load_spec(Path(self.spec_path)), _plan(context)
         tag = _tag(spec, plan, _attempt(context))
-        self.job_args = ["--spec", str(Path(self.spec_path).resolve()),
-                         "--bootstrap", kafka_bootstrap(self.kafka_conn_id), "--available-now"]
+        self.job_args = jobs.sink_args(self.spec_path, kafka_bootstrap(self.kafka_conn_id))
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             super().execute(context)
 
@@ -355,7 +349,7 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str) -> BaseOperato
 
     Returns the publish task, whose outlet is the pipeline's Asset, so callers can chain more work.
     """
-    from airflow.sdk import task
+    from airflow.sdk import chain, task
 
     path, name = str(spec_path), Path(spec_path).stem
     asset = batch_asset(name)
@@ -381,5 +375,6 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str) -> BaseOperato
         return facts
 
     last = publish()
-    plan >> begin >> extract >> end >> sink >> committed >> last >> cleanup.as_teardown(setups=plan)
+    steps = {PLAN: plan, BEGIN: begin, EXTRACT: extract, END: end, SINK: sink, COMMITTED: committed}
+    chain(*(steps[name] for name in STEPS), last, cleanup.as_teardown(setups=plan))
     return last

@@ -14,9 +14,8 @@ from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
 from tidemark.config import CONN_SPARK, SPARK_DRIVER_MEMORY, jdbc_url, spark_job
+from tidemark.jobs import PASSWORD_ENV, SPARK_CONF, jdbc_args
 from tidemark.sparkjob import ERROR_FILE_ENV, EXIT_JOB_ERROR
-
-PASSWORD_ENV = "TIDEMARK_JDBC_PASSWORD"
 
 
 class SparkJdbcSubmitOperator(SparkSubmitOperator):
@@ -35,6 +34,7 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
         kwargs.setdefault("conn_id", CONN_SPARK)
         kwargs.setdefault("driver_memory", SPARK_DRIVER_MEMORY)
         kwargs.setdefault("name", f"tidemark-{script.removesuffix('.py')}")
+        kwargs.setdefault("conf", dict(SPARK_CONF))
         super().__init__(application=str(spark_job(script)), **kwargs)
         self.jdbc_conn_id = jdbc_conn_id
         self.job_args = list(job_args)
@@ -42,10 +42,7 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         conn = Connection.get(self.jdbc_conn_id)
         url = jdbc_url(conn.host, conn.port, conn.schema)
-        self.application_args = [
-            "--jdbc-url", url, "--user", conn.login or "", "--password-env", PASSWORD_ENV,
-            *self.job_args,
-        ]
+        self.application_args = [*jdbc_args(url, conn.login or ""), *self.job_args]
         self.jars = self.jars or os.environ.get("TIDEMARK_SPARK_JARS") or None
         self.log.info("submitting %s against %s as %s", self.application, url, conn.login)
         with tempfile.TemporaryDirectory(prefix="tidemark-job-") as tmp:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark import batch, ledger
+from tidemark import batch, jobs, ledger
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
 from tidemark_workshop.stack.spark import Submitted, submit
@@ -56,15 +56,12 @@ class Pipeline:
 
     def extract_args(self, plan: batch.Plan, attempt: int, report: Path) -> list[str]:
         s = self.settings
-        return [
-            "--jdbc-url", s.jdbc_url(SOURCE_DB), "--user", s.pg_user, "--password-env", "TIDEMARK_JDBC_PASSWORD",
-            "--spec", str(self.path), "--batch-id", plan.batch_id, "--attempt", str(attempt),
-            "--window", json.dumps(plan.window.to_json()), "--bootstrap", s.kafka_bootstrap, "--report", str(report),
-        ]
+        return [*jobs.jdbc_args(s.jdbc_url(SOURCE_DB), s.pg_user),
+                *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report)]
 
     def extract(self, plan: batch.Plan, attempt: int) -> dict:
         report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")
-        proc = self._submit("extract_window.py", self.extract_args(plan, attempt, report))
+        proc = self._submit(jobs.EXTRACT_JOB, self.extract_args(plan, attempt, report))
         assert proc.returncode == 0, f"extract failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         return json.loads(report.read_text())
 
@@ -87,13 +84,11 @@ class Pipeline:
 
     def sink_args(self, *, available_now: bool = True) -> list[str]:
         s = self.settings
-        return [
-            "--jdbc-url", s.jdbc_url(WAREHOUSE_DB), "--user", s.pg_user, "--password-env", "TIDEMARK_JDBC_PASSWORD",
-            "--spec", str(self.path), "--bootstrap", s.kafka_bootstrap, *(["--available-now"] if available_now else []),
-        ]
+        return [*jobs.jdbc_args(s.jdbc_url(WAREHOUSE_DB), s.pg_user),
+                *jobs.sink_args(self.path, s.kafka_bootstrap, available_now=available_now)]
 
     def sink(self) -> dict:
-        proc = self._submit("batch_sink.py", self.sink_args())
+        proc = self._submit(jobs.SINK_JOB, self.sink_args())
         assert proc.returncode == 0, f"sink failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
         from tidemark.summary import parse_summaries
 

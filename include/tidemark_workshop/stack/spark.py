@@ -69,11 +69,13 @@ def submit_command(settings: Settings, script: str | Path, args: list[str], *, s
     ``script`` is a file name in spark_jobs/ or a path. ``secret`` reaches the job only as the
     environment variable TIDEMARK_JDBC_PASSWORD.
     """
-    env = {**os.environ, **settings.runtime_env(), "TIDEMARK_JDBC_PASSWORD": secret}
+    from tidemark.jobs import PASSWORD_ENV, SPARK_CONF  # the same settings the DAG's operators pass
+
+    env = {**os.environ, **settings.runtime_env(), PASSWORD_ENV: secret}
+    conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]
     cmd = [
         str(settings.venv / "bin" / "spark-submit"), "--master", settings.spark_master,
-        "--jars", ",".join(str(j) for j in settings.spark_jars()),
-        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4", "--driver-memory", SPARK_DRIVER_MEMORY,
+        "--jars", ",".join(str(j) for j in settings.spark_jars()), *conf, "--driver-memory", SPARK_DRIVER_MEMORY,
         str(REPO_ROOT / "spark_jobs" / script), *args,
     ]
     return cmd, env
