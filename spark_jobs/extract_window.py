@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType
 
-    from tidemark import totals
+    from tidemark import extract, totals
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
     from tidemark.kafka_io import end_offsets
     from tidemark.progress import Ticker
@@ -66,8 +66,8 @@ def main(argv: list[str]) -> int:
             args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi, count(*) AS n FROM {table} "
             f"WHERE {predicate(spec, window)}) AS span", properties=props,
         ).first()
-        edges = _edges(span["lo"], span["hi"], args.read_partitions)
-        df = spark.read.jdbc(args.jdbc_url, table, predicates=split_predicates(spec, window, edges), properties=props)
+        cuts = extract.edges(span["lo"], span["hi"], args.read_partitions)
+        df = spark.read.jdbc(args.jdbc_url, table, predicates=split_predicates(spec, window, cuts), properties=props)
         missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in df.columns]
         if missing:
             raise JobError(f"{tag}: source table {spec.table} has no column(s) {missing}")
@@ -119,21 +119,13 @@ def main(argv: list[str]) -> int:
         write_s = time.monotonic() - started
         after = end_offsets(args.bootstrap, spec.topic)
         counted = tally.value
-        report = {str(p): {"rows": 0, "checksum": 0} for p in range(spec.partitions)}
-        for p, t in counted.items():
-            report[str(p)] = {"rows": t["rows"], "checksum": t["checksum"]}
+        try:
+            report = extract.report(counted, spec.partitions)
+            extract.check_read_range(tag, window, counted)
+            extract.check_offsets(tag, before, after, report, spec.partitions)
+        except extract.ExtractError as exc:
+            raise (TransientJobError if exc.transient else JobError)(str(exc)) from None
         rows = sum(t["rows"] for t in report.values())
-        lo_c = min((t["lo"] for t in counted.values()), default=None)
-        hi_c = max((t["hi"] for t in counted.values()), default=None)
-        if rows and not window.holds_cursors(lo_c, hi_c):
-            raise JobError(f"{tag}: read cursor values {lo_c}..{hi_c} outside the window; nothing is sealed")
-        moved = {p: after.get(p, 0) - before.get(p, 0) for p in range(spec.partitions)}
-        wrong = {p: (report[str(p)]["rows"], moved[p]) for p in moved if moved[p] != report[str(p)]["rows"]}
-        if wrong:
-            raise TransientJobError(
-                f"{tag}: Kafka offsets moved by other amounts than rows written (partition: counted, moved) {wrong}; "
-                "another writer on the topic or a retried write; this attempt must not be sealed"
-            )
         args.report.write_text(json.dumps({"totals": report, "rows": rows, "seconds": round(time.monotonic() - started, 3)}))
         print(summary_line("extract", pipeline=spec.name, batch_id=args.batch_id, attempt=args.attempt,
                            window=str(window), rows=rows, read_and_write_s=round(write_s, 1),
@@ -141,15 +133,6 @@ def main(argv: list[str]) -> int:
     finally:
         spark.stop()
     return 0
-
-
-def _edges(lo, hi, parts: int) -> list:
-    """Evenly spaced cut points between the window's smallest and largest cursor values."""
-    if lo is None or hi is None or parts < 2 or lo == hi:
-        return []
-    return [lo + (hi - lo) * i / parts for i in range(1, parts)] if not isinstance(lo, int) else [
-        lo + (hi - lo) * i // parts for i in range(1, parts)
-    ]
 
 
 if __name__ == "__main__":
