@@ -300,7 +300,7 @@ class BatchSink:
                 for rec in mine.select(columns).to_pylist():
                     reason = rules.check(rec["key"], rec["value"], window)
                     if reason is not None:
-                        self._reject(report, rec, f"batch {batch_id} attempt {attempt}: {reason}")
+                        self._reject(report, rec, reason)  # batch and attempt travel in their own fields
                     good.append(reason is None)
                 kept = mine.filter(pa.array(good, pa.bool_())) if not all(good) else mine
                 if kept.num_rows:
@@ -391,7 +391,7 @@ class BatchSink:
             self._refuse(
                 cur, batch_id, attempt, report,
                 f"{bad} record(s) of this attempt were refused and sent to the dead-letter topic; first: "
-                + " | ".join(reasons),
+                + " | ".join(r if len(r) <= 200 else r[:197] + "..." for r in reasons),
                 "read every reason in tidemark_control.sink_rejects (or the dead-letter topic: header "
                 f"tidemark.source gives topic/partition@offset); where the target cannot hold a value, change the "
                 f"target table {self.spec.target_table} (or the spec); where a record is malformed, fix the source "

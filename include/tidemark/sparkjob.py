@@ -81,7 +81,7 @@ def one_line(exc: BaseException) -> str:
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith(("at ", "File ", "Traceback", "---", "JVM stacktrace")):
-            return f"{type(exc).__name__}: {line}"[:800]
+            return f"{type(exc).__name__}: {line}"[:2000]  # a refusal quotes reasons and its next step
     return type(exc).__name__
 
 
