@@ -9,13 +9,12 @@ import time
 
 import psycopg2
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from tidemark import control
 from tidemark.batch import BatchFailed, commit_state
 from tidemark.kafka_io import end_offsets
 from tidemark.sink import stage_table
-from tidemark_workshop.stack.batchrun import make_pipeline
+from tidemark_workshop.stack.batchrun import dead_letters, make_pipeline
 from tidemark_workshop.stack.spark import submit_command
 
 DDL = """
@@ -121,7 +120,7 @@ def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
     rejects = pipe.query_wh("SELECT batch_id, reason FROM tidemark_control.sink_rejects WHERE topic = %s", (pipe.spec.topic,))
     assert [r[0] for r in rejects] == ["ghost-batch"] * 3
     assert all("END for unknown batch ghost-batch" in r[1] for r in rejects)
-    dead = _read_dead_letters(bootstrap, pipe.spec.topic)
+    dead = [d["tidemark.reason"] for d in dead_letters(bootstrap, pipe.spec.topic)]
     assert len(dead) == 3 and all(b"unknown batch ghost-batch" in reason for reason in dead)
 
     committed_at = pipe.query_wh("SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,))
@@ -130,83 +129,3 @@ def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
     assert pipe.query_wh("SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,)) == committed_at
     assert target_count(pipe) == 300
     wh.close()
-
-
-def _read_dead_letters(bootstrap: str, source_topic: str) -> list[bytes]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-dlq", "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition("tidemark.dlq", 0, 0)])
-    reasons = []
-    try:
-        while True:
-            msg = consumer.poll(10)
-            assert msg is not None, "DLQ read stalled"
-            if msg.error():
-                break
-            headers = dict(msg.headers() or [])
-            if headers.get("tidemark.source", b"").startswith(source_topic.encode() + b"/"):
-                reasons.append(headers["tidemark.reason"])
-    finally:
-        consumer.close()
-    return reasons
-
-
-def test_backfill_reloads_an_interval_without_moving_the_watermark(settings, tmp_path):
-    from datetime import datetime, timezone
-
-    pipe = make_pipeline(settings, tmp_path, DDL)
-    for day, first in ((1, 1), (2, 1001), (3, 2001)):
-        insert(pipe, first, first + 999, stamp=f"'2026-03-0{day}T12:00:00Z'::timestamptz + g * interval '1 ms'")
-    pipe.run("nightly-1")
-    watermark = pipe.watermark()
-    assert target_count(pipe) == 3000
-    with psycopg2.connect(settings.dsn("tidemark_warehouse")) as conn, conn.cursor() as cur:
-        cur.execute(f"DELETE FROM {pipe.spec.target_table} WHERE id BETWEEN 1001 AND 2000")  # day 2 lost downstream
-    conn.close()
-    interval = (datetime(2026, 3, 2, tzinfo=timezone.utc), datetime(2026, 3, 3, tzinfo=timezone.utc))
-    plan, _ = pipe.run("backfill-1", interval=interval)
-    assert plan.window.backfill and str(plan.window) == (
-        "backfill (2026-03-01T23:59:59.999999+00:00, 2026-03-02T23:59:59.999999+00:00]")
-    assert target_count(pipe) == 3000
-    assert pipe.watermark() == watermark, "a backfill moved the watermark"
-    snapshot = pipe.rows("target", "amount, updated_at")
-    pipe.run("backfill-2", interval=interval)  # the same interval again: nothing changes
-    assert pipe.rows("target", "amount, updated_at") == snapshot == pipe.rows("source", "amount, updated_at")
-    assert pipe.watermark() == watermark
-
-
-def test_an_empty_window_commits_zero_rows_and_the_next_batch_follows(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, DDL, write_mode="append_window_replace")
-    empty, attempt = pipe.run("nightly-empty")  # nothing in the source yet: no record, only BEGIN and END
-    assert pipe.ledger(empty.batch_id) == [(attempt, "committed", 0, None)]
-    assert target_count(pipe) == 0  # the target was created from the source's columns, and is empty
-    assert pipe.query_wh("SELECT to_regclass(%s)", (stage_table(empty.batch_id, attempt),))[0][0] is None
-    assert pipe.watermark() is not None
-
-    insert(pipe, 1, 50)
-    pipe.run("nightly-next")
-    assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")
-
-
-def test_abort_drops_what_the_attempt_staged_and_a_later_end_cannot_apply_it(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, DDL)
-    insert(pipe, 1, 500)
-    plan = pipe.plan("run-abort")
-    attempt = pipe.begin(plan)
-    report = pipe.extract(plan, attempt)
-    pipe.sink()  # the records are staged; no END yet
-    stage = stage_table(plan.batch_id, attempt)
-    assert pipe.query_wh(f"SELECT count(*) FROM {stage}")[0][0] == 500
-
-    pipe.abort(plan, attempt, "extract failed on its last try: test")  # what the extract task sends
-    pipe.end(plan, attempt, report)  # even a correct END after the ABORT must not apply it
-    pipe.sink()
-    assert pipe.state(plan.batch_id, attempt) == "aborted"
-    assert target_count(pipe) == 0
-    assert pipe.query_wh("SELECT to_regclass(%s)", (stage,))[0][0] is None
-    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged_totals WHERE batch_id = %s", (plan.batch_id,))[0][0] == 0
-    with pytest.raises(BatchFailed, match="aborted: aborted by producer: extract failed on its last try: test"):
-        commit_state(pipe.spec, pipe.wh(), plan.batch_id, attempt)
-
-    pipe.run("run-abort")  # clearing the task loads the same batch as a new attempt
-    assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")

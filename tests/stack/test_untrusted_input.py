@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from tidemark import batch
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, ControlMessage
 from tidemark.kafka_io import producer_config
-from tidemark_workshop.stack.batchrun import make_pipeline
+from tidemark_workshop.stack.batchrun import dead_letters, make_pipeline
 
 DDL = """
 CREATE TABLE {table} (
@@ -52,25 +52,6 @@ def same_rows(pipe) -> None:
 def rejects(pipe) -> list[tuple]:
     return pipe.query_wh("SELECT batch_id, attempt, reason FROM tidemark_control.sink_rejects WHERE topic = %s "
                          "ORDER BY partition, kafka_offset", (pipe.spec.topic,))
-
-
-def dead_letters(bootstrap: str, source_topic: str) -> list[dict[str, bytes]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-dlq", "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition("tidemark.dlq", 0, 0)])
-    found = []
-    try:
-        while True:
-            msg = consumer.poll(10)
-            assert msg is not None, "DLQ read stalled"
-            if msg.error():
-                break
-            headers = dict(msg.headers() or [])
-            if headers.get("tidemark.source", b"").startswith(source_topic.encode() + b"/"):
-                found.append({**headers, "value": msg.value() or b""})
-    finally:
-        consumer.close()
-    return found
 
 
 def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch_loads(settings, tmp_path):

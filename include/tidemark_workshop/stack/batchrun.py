@@ -170,3 +170,27 @@ def make_pipeline(settings: Settings, tmp_path: Path, source_ddl: str, **fields)
     finally:
         conn.close()
     return Pipeline(settings, load_spec(path), path)
+
+
+def dead_letters(bootstrap: str, source_topic: str, dlq_topic: str = "tidemark.dlq") -> list[dict[str, bytes]]:
+    """Every dead letter that came from ``source_topic``: its headers, and its value as ``value``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tidemark-test-dlq", "enable.partition.eof": True,
+                         "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(dlq_topic, 0, 0)])
+    found = []
+    try:
+        while True:
+            msg = consumer.poll(10)
+            if msg is None:
+                raise TimeoutError(f"reading {dlq_topic} stalled")
+            if msg.error():
+                break
+            headers = dict(msg.headers() or [])
+            if headers.get("tidemark.source", b"").startswith(source_topic.encode() + b"/"):
+                found.append({**headers, "value": msg.value() or b""})
+    finally:
+        consumer.close()
+    return found
+
