@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import psycopg2
 import pytest
@@ -60,3 +61,18 @@ def test_a_revoked_select_fails_the_plan_naming_the_table_and_the_grant(settings
     finally:
         source.close()
         warehouse.close()
+
+
+def test_a_target_in_a_missing_schema_fails_the_plan_unless_the_spec_says_to_create_it(settings, tmp_path):
+    schema = f"wh_missing_{uuid.uuid4().hex[:8]}"
+    pipe = make_pipeline(settings, tmp_path, DDL, target_table=f"{schema}.payments")
+    with pytest.raises(PlanError, match=rf"the warehouse has no schema {schema} for target_table {schema}.payments: "
+                                        "create it, or set create_target_schema: true in the spec"):
+        pipe.plan("manual__no-schema")
+    assert pipe.query_wh("SELECT to_regnamespace(%s)", (schema,)) == [(None,)]  # nothing created silently
+    allowed = make_pipeline(settings, tmp_path, DDL, target_table=f"{schema}.payments", create_target_schema=True)
+    try:
+        allowed.plan("manual__create-schema")
+        assert pipe.query_wh("SELECT to_regclass(%s)", (f"{schema}.payments",))[0][0] is not None
+    finally:
+        pipe.query_wh(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
