@@ -14,25 +14,8 @@ from tidemark import control
 from tidemark.batch import BatchFailed, commit_state
 from tidemark.kafka_io import end_offsets
 from tidemark.sink import stage_table
-from tidemark_workshop.stack.batchrun import dead_letters, make_pipeline
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 from tidemark_workshop.stack.spark import submit_command
-
-DDL = """
-CREATE TABLE {table} (
-    id bigint PRIMARY KEY,
-    amount numeric(18,2) NOT NULL,
-    currency char(3) NOT NULL DEFAULT 'EUR',
-    updated_at timestamptz NOT NULL DEFAULT now()
-)"""
-
-
-def insert(pipe, first: int, last: int, stamp: str = "now()") -> None:
-    conn = pipe.src()
-    with conn, conn.cursor() as cur:
-        cur.execute(
-            f"INSERT INTO {pipe.source_table} (id, amount, updated_at) "
-            f"SELECT g, g * 0.37, {stamp} FROM generate_series(%s, %s) g", (first, last))
-    conn.close()
 
 
 def target_count(pipe) -> int:
@@ -40,8 +23,8 @@ def target_count(pipe) -> int:
 
 
 def test_killed_extract_leaves_nothing_and_the_retry_applies_once(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, DDL)
-    insert(pipe, 1, 400_000)
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
+    insert_payments(pipe, 1, 400_000)
     plan = pipe.plan("run-kill")
     attempt1 = pipe.begin(plan)
     cmd, env = submit_command(settings, "extract_window.py", pipe.extract_args(plan, attempt1, tmp_path / "r1.json"),
@@ -80,16 +63,16 @@ def test_killed_extract_leaves_nothing_and_the_retry_applies_once(settings, tmp_
 
 
 def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, DDL)
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     bootstrap = settings.kafka_bootstrap
-    insert(pipe, 1, 300)
+    insert_payments(pipe, 1, 300)
     a = pipe.plan("run-a")
     a1 = pipe.begin(a)
     report_a = pipe.extract(a, a1)
     pipe.end(a, a1, report_a)
     pipe.send_end(a, a1, report_a)  # duplicated END: same totals, a no-op
 
-    insert(pipe, 1001, 1100)
+    insert_payments(pipe, 1001, 1100)
     b = pipe.plan("run-b")
     b1 = pipe.begin(b)
     report_b = pipe.extract(b, b1)
@@ -129,3 +112,64 @@ def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
     assert pipe.query_wh("SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,)) == committed_at
     assert target_count(pipe) == 300
     wh.close()
+
+
+def test_backfill_reloads_an_interval_without_moving_the_watermark(settings, tmp_path):
+    from datetime import datetime, timezone
+
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
+    for day, first in ((1, 1), (2, 1001), (3, 2001)):
+        insert_payments(pipe, first, first + 999, stamp=f"'2026-03-0{day}T12:00:00Z'::timestamptz + g * interval '1 ms'")
+    pipe.run("nightly-1")
+    watermark = pipe.watermark()
+    assert target_count(pipe) == 3000
+    with psycopg2.connect(settings.dsn("tidemark_warehouse")) as conn, conn.cursor() as cur:
+        cur.execute(f"DELETE FROM {pipe.spec.target_table} WHERE id BETWEEN 1001 AND 2000")  # day 2 lost downstream
+    conn.close()
+    interval = (datetime(2026, 3, 2, tzinfo=timezone.utc), datetime(2026, 3, 3, tzinfo=timezone.utc))
+    plan, _ = pipe.run("backfill-1", interval=interval)
+    assert plan.window.backfill and str(plan.window) == (
+        "backfill (2026-03-01T23:59:59.999999+00:00, 2026-03-02T23:59:59.999999+00:00]")
+    assert target_count(pipe) == 3000
+    assert pipe.watermark() == watermark, "a backfill moved the watermark"
+    snapshot = pipe.rows("target", "amount, updated_at")
+    pipe.run("backfill-2", interval=interval)  # the same interval again: nothing changes
+    assert pipe.rows("target", "amount, updated_at") == snapshot == pipe.rows("source", "amount, updated_at")
+    assert pipe.watermark() == watermark
+
+
+def test_an_empty_window_commits_zero_rows_and_the_next_batch_follows(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, write_mode="append_window_replace")
+    empty, attempt = pipe.run("nightly-empty")  # nothing in the source yet: no record, only BEGIN and END
+    assert pipe.ledger(empty.batch_id) == [(attempt, "committed", 0, None)]
+    assert target_count(pipe) == 0  # the target was created from the source's columns, and is empty
+    assert pipe.query_wh("SELECT to_regclass(%s)", (stage_table(empty.batch_id, attempt),))[0][0] is None
+    assert pipe.watermark() is not None
+
+    insert_payments(pipe, 1, 50)
+    pipe.run("nightly-next")
+    assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")
+
+
+def test_abort_drops_what_the_attempt_staged_and_a_later_end_cannot_apply_it(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
+    insert_payments(pipe, 1, 500)
+    plan = pipe.plan("run-abort")
+    attempt = pipe.begin(plan)
+    report = pipe.extract(plan, attempt)
+    pipe.sink()  # the records are staged; no END yet
+    stage = stage_table(plan.batch_id, attempt)
+    assert pipe.query_wh(f"SELECT count(*) FROM {stage}")[0][0] == 500
+
+    pipe.abort(plan, attempt, "extract failed on its last try: test")  # what the extract task sends
+    pipe.end(plan, attempt, report)  # even a correct END after the ABORT must not apply it
+    pipe.sink()
+    assert pipe.state(plan.batch_id, attempt) == "aborted"
+    assert target_count(pipe) == 0
+    assert pipe.query_wh("SELECT to_regclass(%s)", (stage,))[0][0] is None
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged_totals WHERE batch_id = %s", (plan.batch_id,))[0][0] == 0
+    with pytest.raises(BatchFailed, match="aborted: aborted by producer: extract failed on its last try: test"):
+        commit_state(pipe.spec, pipe.wh(), plan.batch_id, attempt)
+
+    pipe.run("run-abort")  # clearing the task loads the same batch as a new attempt
+    assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")

@@ -15,24 +15,9 @@ from confluent_kafka import Producer
 from tidemark import batch
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, ControlMessage
 from tidemark.kafka_io import producer_config
-from tidemark_workshop.stack.batchrun import dead_letters, make_pipeline
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 
-DDL = """
-CREATE TABLE {table} (
-    id bigint PRIMARY KEY,
-    amount numeric(18,2) NOT NULL,
-    currency char(3) NOT NULL DEFAULT 'EUR',
-    updated_at timestamptz NOT NULL DEFAULT now()
-)"""
 INSIDE = "2026-01-01T00:00:00.000000Z"  # inside every window planned here (from 2000 to now)
-
-
-def insert(pipe, first: int, last: int) -> None:
-    conn = pipe.src()
-    with conn, conn.cursor() as cur:
-        cur.execute(f"INSERT INTO {pipe.source_table} (id, amount, updated_at) "
-                    "SELECT g, g * 0.37, now() FROM generate_series(%s, %s) g", (first, last))
-    conn.close()
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
@@ -55,9 +40,9 @@ def rejects(pipe) -> list[tuple]:
 
 
 def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch_loads(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, DDL)
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     bootstrap = settings.kafka_bootstrap
-    insert(pipe, 1, 300)
+    insert_payments(pipe, 1, 300)
     a = pipe.plan("run-a")
     a1 = pipe.begin(a)
     report = pipe.extract(a, a1)
@@ -102,7 +87,7 @@ def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch
     assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}")[0][0] == 0
     assert pipe.watermark() is None
 
-    insert(pipe, 301, 400)
+    insert_payments(pipe, 301, 400)
     b, b1 = pipe.run("run-b")  # the next good batch loads everything the source has
     same_rows(pipe)
 
@@ -131,9 +116,9 @@ def _control(what: str, plan: batch.Plan, pipe, attempt: int, **changes) -> byte
 
 
 def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_commits(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, DDL)
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     bootstrap = settings.kafka_bootstrap
-    insert(pipe, 1, 200)
+    insert_payments(pipe, 1, 200)
     a = pipe.plan("run-a")
     a1 = pipe.begin(a)
     pipe.end(a, a1, pipe.extract(a, a1))
@@ -169,6 +154,6 @@ def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_co
         ("committed",)]  # known gap 8: it went back to 'open'
     assert len(rejects(pipe)) == len(forged)
 
-    insert(pipe, 201, 260)
+    insert_payments(pipe, 201, 260)
     pipe.run("run-b")
     same_rows(pipe)

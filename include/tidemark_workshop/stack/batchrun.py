@@ -153,6 +153,26 @@ class Pipeline:
             conn.close()
 
 
+PAYMENTS_DDL = """
+CREATE TABLE {table} (
+    id bigint PRIMARY KEY,
+    amount numeric(18,2) NOT NULL,
+    currency char(3) NOT NULL DEFAULT 'EUR',
+    updated_at timestamptz NOT NULL DEFAULT now()
+)"""  # the tests' usual source table: make_pipeline(settings, tmp_path, PAYMENTS_DDL)
+
+
+def insert_payments(pipe: Pipeline, first: int, last: int, stamp: str = "now()") -> None:
+    """Rows ``first``..``last`` of a PAYMENTS_DDL source, amount = id * 0.37, stamped ``stamp`` (SQL)."""
+    conn = pipe.src()
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {pipe.source_table} (id, amount, updated_at) "
+                        f"SELECT g, g * 0.37, {stamp} FROM generate_series(%s, %s) g", (first, last))
+    finally:
+        conn.close()
+
+
 def make_pipeline(settings: Settings, tmp_path: Path, source_ddl: str, **fields) -> Pipeline:
     """A fresh pipeline named it_<random>: source table `<name>_src`, target `<name>_tgt`."""
     name = f"it_{uuid.uuid4().hex[:10]}"
