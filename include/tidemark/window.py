@@ -214,7 +214,7 @@ class SourceClock:
 SOURCE_CLOCK_SQL = """
 SELECT clock_timestamp(),
        (SELECT row_to_json(a) FROM (
-          SELECT pid, usename, application_name, client_addr::text AS client_addr, state, xact_start
+          SELECT pid, usename, application_name, host(client_addr) AS client_addr, state, xact_start
             FROM pg_stat_activity
            WHERE datname = current_database() AND backend_type = 'client backend'
              AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
