@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tidemark.config import (  # noqa: F401 (re-exported: the stack wires these names)
-    CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, PROJECT_DIR, SPARK_DRIVER_MEMORY,
+    CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, SPARK_DRIVER_MEMORY,
     jdbc_url, pipelines_dir,
 )
 
