@@ -16,7 +16,7 @@ from tidemark import control, ledger
 from tidemark.control import PartitionTotals
 from tidemark.kafka_io import ensure_topic
 from tidemark.spec import PipelineSpec
-from tidemark.window import MICROSECOND, PlanError, Window, plan_window, read_source_clock
+from tidemark.window import MICROSECOND, PlanError, Window, cap_rows, plan_window, read_source_clock
 
 log = logging.getLogger("tidemark.batch")
 
@@ -58,6 +58,10 @@ def plan(
         except PlanError:
             wh.connection.commit()  # keep the id observation: it is what lets a later plan move on
             raise
+        whole = window
+        if spec.max_batch_rows is not None:
+            types = {name: type_ for name, type_, _ in ledger.source_columns(src, spec.table)}
+            window = cap_rows(src, spec, window, types)
         planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window)
     if bootstrap:
         ensure_topic(bootstrap, spec.topic, spec.partitions)
@@ -68,6 +72,9 @@ def plan(
         spec.name, planned.batch_id, planned.window, "re-used from an earlier try" if planned.reused else "planned",
         clock.now.isoformat(), spec.safe_lag, committed, f"; window held back by {held}" if held else "",
     )
+    if window != whole and not planned.reused:
+        log.info("pipeline=%s batch=%s window=%s capped at max_batch_rows=%s rows of %s; the next batch goes on "
+                    "from %s", spec.name, planned.batch_id, window, spec.max_batch_rows, whole, window.hi)
     return Plan(planned.batch_id, planned.window, planned.reused)
 
 

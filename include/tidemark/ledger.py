@@ -28,8 +28,9 @@ def batch_id_for(pipeline: str, run_id: str) -> str:
     return f"{pipeline}:{run_id}"
 
 
-def committed_watermark(cur, pipeline: str) -> Bound | None:
-    cur.execute("SELECT bound FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))
+def committed_watermark(cur, pipeline: str, *, lock: bool = False) -> Bound | None:
+    cur.execute("SELECT bound FROM tidemark_control.watermarks WHERE pipeline = %s"
+                + (" FOR UPDATE" if lock else ""), (pipeline,))
     row = cur.fetchone()
     return Bound.from_json(row[0]) if row else None
 
@@ -247,6 +248,11 @@ def batch_summary(cur, batch_id: str) -> dict[str, Any]:
 
 # --- the sink's side: fences, offsets, ENDs, staged totals, rejects, the watermark ---------------
 
+def consumer_for(pipeline: str) -> str:
+    """The sink's identity in this warehouse database: its fence, offsets and rejects are keyed by it."""
+    return f"batch-sink.{pipeline}"
+
+
 def acquire_fence(cur, consumer: str, holder: str) -> int:
     """Take the next fencing token for ``consumer``; any older holder fails on its next commit."""
     cur.execute(
@@ -398,24 +404,31 @@ def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int) ->
 
 def advance_watermark(cur, pipeline: str, batch_id: str, window: Window) -> bool:
     """Move the pipeline's watermark to a committed window's end: never for a backfill, never
-    backwards (the window is the ledger's planned one, never a message's)."""
+    backwards (the window is the ledger's planned one, never a message's). Within one cursor value
+    (windows capped at a key) it moves only along the chain: from the bound the window started at."""
     if window.backfill:
         return False
     hi = window.hi
-    ts = hi.cursor if hi.kind == "timestamp" else None
-    ident = hi.cursor if hi.kind == "id" else None
-    cur.execute(
-        """INSERT INTO tidemark_control.watermarks (pipeline, bound, cursor_ts, cursor_id, batch_id)
-           VALUES (%s, %s, %s, %s, %s)
-           ON CONFLICT (pipeline) DO UPDATE SET bound = EXCLUDED.bound, cursor_ts = EXCLUDED.cursor_ts,
-               cursor_id = EXCLUDED.cursor_id, batch_id = EXCLUDED.batch_id, updated_at = clock_timestamp()
-            WHERE coalesce(watermarks.cursor_ts < EXCLUDED.cursor_ts, watermarks.cursor_id < EXCLUDED.cursor_id)""",
-        (pipeline, json.dumps(hi.to_json()), ts, ident, batch_id),
-    )
+    current = committed_watermark(cur, pipeline, lock=True)  # the row stays locked until the commit
+    if current is not None:
+        if current.kind != hi.kind or hi.cursor < current.cursor:
+            return False
+        if hi.cursor == current.cursor and (current.pk is None or (hi.pk is not None and window.lo != current)):
+            return False
+    values = (json.dumps(hi.to_json()), hi.cursor if hi.kind == "timestamp" else None,
+              hi.cursor if hi.kind == "id" else None, batch_id, pipeline)
+    if current is None:
+        cur.execute(
+            """INSERT INTO tidemark_control.watermarks (bound, cursor_ts, cursor_id, batch_id, pipeline)
+               VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO NOTHING""", values)
+    else:
+        cur.execute(
+            """UPDATE tidemark_control.watermarks SET bound = %s, cursor_ts = %s, cursor_id = %s, batch_id = %s,
+                      updated_at = clock_timestamp() WHERE pipeline = %s""", values)
     return cur.rowcount == 1
 
 
-def forget_pipeline(cur, pipeline: str, consumer: str) -> None:
+def forget_pipeline(cur, pipeline: str) -> None:
     """Remove everything the ledger holds for a pipeline (its batches by their ``<pipeline>:`` ids,
     watermark, id observations) and its sink's offsets, fences and rejects: for a demo that starts
     afresh, never for a production pipeline (the ledger is its audit trail)."""
@@ -425,7 +438,7 @@ def forget_pipeline(cur, pipeline: str, consumer: str) -> None:
     cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s", (pipeline,))
     for table in ("sink_offsets", "sink_fences", "sink_rejects"):
-        cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer,))
+        cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer_for(pipeline),))
 
 
 # --- source side -----------------------------------------------------------------------------

@@ -315,9 +315,9 @@ class RecordRules:
             raise Refused(f"cursor field {self.spec.cursor.column!r} is missing or null")
         if isinstance(cursor, datetime) != isinstance(window.hi.cursor, datetime):
             raise Refused(f"cursor field {self.spec.cursor.column!r}: {cursor} is not a {self.spec.cursor.kind}")
-        lo = window.lo
-        inside = cursor <= window.hi.cursor and (
-            cursor > lo.cursor or (cursor == lo.cursor and lo.pk is not None and _after(pk, lo.pk)))
+        lo, hi = window.lo, window.hi
+        inside = (cursor < hi.cursor or (cursor == hi.cursor and (hi.pk is None or _order(pk, hi.pk) != 1))) and (
+            cursor > lo.cursor or (cursor == lo.cursor and lo.pk is not None and _order(pk, lo.pk) in (1, None)))
         if not inside:
             raise Refused(f"cursor {self.spec.cursor.column}={_plain(cursor)} (key {', '.join(map(str, pk))}) lies "
                           f"outside the batch's window {window}")
@@ -342,11 +342,13 @@ def _key_literal(key: str, column: Column) -> Any:
     return key
 
 
-def _after(pk: tuple[Any, ...], lo: tuple[Any, ...]) -> bool:
-    try:
-        return pk > tuple(lo)
-    except TypeError:  # a key the JSON bound holds as text: PostgreSQL decided its order at extract time
-        return True
+def _order(pk: tuple[Any, ...], bound: tuple[Any, ...]) -> int | None:
+    """-1, 0 or 1 as ``pk`` sorts before, at or after a bound's key, when Python can tell as PostgreSQL
+    would (integer keys); None otherwise: text orders by the column's collation, and the extract's
+    predicate (PostgreSQL's row comparison) already decided which side such a row is on."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (*pk, *bound)):
+        return None
+    return (pk > tuple(bound)) - (pk < tuple(bound))
 
 
 def _plain(value: Any) -> str:

@@ -79,12 +79,14 @@ class MicroBatchReport:
 
 
 class BatchSink:
-    def __init__(self, conn, spec: PipelineSpec, *, consumer: str | None = None, topic: str | None = None,
+    def __init__(self, conn, spec: PipelineSpec, *,
                  dead_letters: Callable[[list[dict[str, Any]]], None] | None = None):
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
-        self.topic = topic or spec.topic
-        self.consumer = consumer or f"batch-sink.{spec.name}"
+        self.topic = spec.topic
+        # One consumer per pipeline per warehouse database: a second sink of the pipeline in this
+        # database is the same consumer, takes the fence, and the first can no longer commit.
+        self.consumer = ledger.consumer_for(spec.name)
         self.dead_letters = dead_letters  # sends rejects to the DLQ; called before each commit
         self.fence: int | None = None
         self._rules: RecordRules | None = None

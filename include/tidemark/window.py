@@ -1,8 +1,9 @@
 """Batch windows: which source rows one batch carries, decided on the source database's clock.
 
-A window is ``lo < (cursor, pk) and cursor <= hi``. ``lo`` is the committed watermark, a tuple
-``(cursor, pk)`` where ``pk = None`` means "every row at ``cursor`` is already loaded". ``hi`` is
-the *safe bound*: the source's own clock minus the safe lag, and strictly before the start of the
+A window is ``lo < (cursor, pk) <= hi``. Both bounds are tuples ``(cursor, pk)`` where
+``pk = None`` means "every row at ``cursor``": ``lo`` is the committed watermark, ``hi`` usually
+the *safe bound* (a window capped by ``max_batch_rows`` ends at the key of its last row instead,
+which may lie inside a run of rows sharing one cursor value). The safe bound is the source's own clock minus the safe lag, and strictly before the start of the
 oldest transaction still open on the source. A transaction that started earlier stamps its rows
 with an earlier time but commits later; without the clamp those rows would commit beneath a
 watermark that has already moved past them, which is how timestamp-based pulls lose rows.
@@ -69,7 +70,7 @@ class Bound:
 @dataclass(frozen=True)
 class Window:
     lo: Bound  # exclusive
-    hi: Bound  # inclusive (hi.pk is always None: a window ends after a whole cursor value)
+    hi: Bound  # inclusive (hi.pk None: after every row at hi.cursor; else at that row's key)
     backfill: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -89,7 +90,7 @@ class Window:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | str) -> "Window":
-        """Strict: both bounds of one cursor kind, ``lo <= hi``, ``hi`` without a key."""
+        """Strict: both bounds of one cursor kind, ``lo <= hi``, keys of one length."""
         data = json.loads(raw) if isinstance(raw, str) else raw
         if not isinstance(data, dict) or set(data) - {"lo", "hi", "backfill"} or not {"lo", "hi"} <= set(data):
             raise ValueError(f"a window is {{lo, hi, backfill}}, got {data!r}")
@@ -98,15 +99,18 @@ class Window:
         lo, hi = Bound.from_json(data["lo"]), Bound.from_json(data["hi"])
         if lo.kind != hi.kind:
             raise ValueError(f"window bounds of two kinds: lo {lo} is a {lo.kind}, hi {hi} a {hi.kind}")
-        if hi.pk is not None:
-            raise ValueError(f"a window ends after a whole cursor value: hi {hi} carries a key")
-        if hi.cursor < lo.cursor:
+        if lo.pk is not None and hi.pk is not None and len(lo.pk) != len(hi.pk):
+            raise ValueError(f"window bounds with keys of two lengths: lo {lo}, hi {hi}")
+        if hi.cursor < lo.cursor or (hi.cursor == lo.cursor and lo.pk is None and hi.pk is not None):
             raise ValueError(f"window lo {lo} is after hi {hi}")
         return cls(lo, hi, bool(data.get("backfill", False)))
 
     @property
     def empty(self) -> bool:
-        return self.hi.cursor <= self.lo.cursor and self.lo.pk is None
+        lo, hi = self.lo, self.hi
+        if hi.cursor != lo.cursor:
+            return hi.cursor < lo.cursor
+        return lo.pk is None or hi.pk == lo.pk
 
     def __str__(self) -> str:
         kind = "backfill " if self.backfill else ""
@@ -137,14 +141,40 @@ def literal(value: Any) -> str:
 
 def predicate(spec: PipelineSpec, window: Window) -> str:
     """SQL condition selecting the window's rows from the source table."""
-    cur = quote(spec.cursor.column)
-    if window.lo.pk is None:
-        lower = f"{cur} > {literal(window.lo.cursor)}"
-    else:
-        cols = ", ".join(quote(c) for c in (spec.cursor.column, *spec.primary_key))
-        vals = ", ".join(literal(v) for v in (window.lo.cursor, *window.lo.pk))
-        lower = f"({cols}) > ({vals})"
-    return f"{lower} AND {cur} <= {literal(window.hi.cursor)}"
+    return f"{_compare(spec, '>', window.lo)} AND {_compare(spec, '<=', window.hi)}"
+
+
+def _compare(spec: PipelineSpec, op: str, bound: Bound) -> str:
+    """``cursor <op> bound``, as a row comparison with the key when the bound has one."""
+    if bound.pk is None:
+        return f"{quote(spec.cursor.column)} {op} {literal(bound.cursor)}"
+    cols = ", ".join(quote(c) for c in (spec.cursor.column, *spec.primary_key))
+    vals = ", ".join(literal(v) for v in (bound.cursor, *bound.pk))
+    return f"({cols}) {op} ({vals})"
+
+
+def cap_rows(cur, spec: PipelineSpec, window: Window, types: dict[str, str]) -> Window:
+    """The window cut after its ``spec.max_batch_rows``-th row in (cursor, key) order, if it has more.
+
+    The cut falls between two cursor values where it can (``hi.pk`` stays None), else at the
+    last row's key (integer key columns as ints, others as text: ``types`` maps the source's
+    columns to their SQL types). Every row up to the cut is final: it lies before the safe bound."""
+    n = spec.max_batch_rows
+    if n is None or window.backfill or window.empty:
+        return window
+    cols = [spec.cursor.column, *spec.primary_key]
+    whole = {name for name, type_ in types.items() if type_ in ("smallint", "integer", "bigint")}
+    keys = ", ".join(quote(c) if c in whole else f"{quote(c)}::text" for c in spec.primary_key)
+    order = ", ".join(quote(c) for c in cols)
+    cur.execute(f"SELECT {quote(spec.cursor.column)}, {keys} FROM {quote(spec.table)} "
+                f"WHERE {predicate(spec, window)} ORDER BY {order} OFFSET {n - 1} LIMIT 2")
+    rows = cur.fetchall()
+    if len(rows) < 2:
+        return window
+    last, after = rows
+    cursor = _aware(last[0]) if isinstance(last[0], datetime) else last[0]
+    following = _aware(after[0]) if isinstance(after[0], datetime) else after[0]
+    return Window(window.lo, Bound(cursor) if following != cursor else Bound(cursor, tuple(last[1:])))
 
 
 def split_predicates(spec: PipelineSpec, window: Window, edges: list[datetime | int]) -> list[str]:

@@ -146,7 +146,7 @@ def _start_afresh(settings: Settings) -> None:
             for name in PIPELINES:
                 spec = load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml")
                 cur.execute(f"DROP TABLE IF EXISTS {quote(spec.target_table)}")
-                forget_pipeline(cur, name, f"batch-sink.{name}")
+                forget_pipeline(cur, name)
                 delete_topic(settings.kafka_bootstrap, spec.topic)
     finally:
         src.close()

@@ -115,6 +115,18 @@ def test_the_lower_bound_key_admits_greater_keys_at_the_same_cursor():
     assert "outside the batch's window" in check({**row, "id": 41}, key=b"41", window=window)
 
 
+def test_a_window_capped_at_a_key_admits_keys_up_to_it_and_trusts_the_source_order_for_text_keys():
+    at = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    window = Window(Bound(at, (10,)), Bound(at, (42,)))
+    row = {**GOOD, "updated_at": "2026-01-01T12:00:00Z"}
+    assert check(row, window=window) is None  # id 42: the last row of the capped window
+    assert "outside the batch's window" in check({**row, "id": 43}, key=b"43", window=window)
+    assert "outside the batch's window" in check({**row, "id": 10}, key=b"10", window=window)
+    # text keys order by the column's collation, which Python cannot reproduce: the extract's
+    # predicate (PostgreSQL's own comparison) decided, so the cursor alone is checked
+    assert check(row, window=Window(Bound(at, ("b",)), Bound(at, ("c",)))) is None
+
+
 def test_composite_and_timestamp_keys_compare_as_typed_values():
     columns = [Column("account_id", "bigint", True), Column("business_date", "date", True),
                Column("updated_at", "timestamp with time zone", True)]

@@ -542,3 +542,31 @@ def test_holds_cursors_checks_read_values_against_the_bounds_with_naive_as_utc()
     assert not window.holds_cursors(after, T1 + timedelta(microseconds=1))
     assert Window(Bound(10), Bound(20)).holds_cursors(11, 20)
     assert not Window(Bound(10), Bound(20)).holds_cursors(10, 20)
+
+
+# --- windows capped at a key (max_batch_rows): tuple upper bounds ------------------------------
+
+def test_predicate_tuple_upper_bound_ends_at_the_key_inside_a_run_of_equal_cursors():
+    sql = predicate(TS, Window(Bound(T0, (10,)), Bound(T0, (20,))))
+    rows = [
+        ({"updated_at": T0, "entry_id": 10}, False),
+        ({"updated_at": T0, "entry_id": 11}, True),
+        ({"updated_at": T0, "entry_id": 20}, True),
+        ({"updated_at": T0, "entry_id": 21}, False),
+        ({"updated_at": T0 + US, "entry_id": 1}, False),
+    ]
+    assert [_matches(sql, row) for row, _ in rows] == [want for _, want in rows]
+    follow = predicate(TS, Window(Bound(T0, (20,)), Bound(T1)))  # the next batch takes the rest of the run
+    assert [_matches(follow, row) for row, _ in rows] == [False, False, False, True, True]
+
+
+def test_a_capped_window_round_trips_and_is_empty_only_at_its_lower_bound():
+    capped = Window(Bound(T0, (10,)), Bound(T0, (20,)))
+    assert Window.from_json(json.dumps(capped.to_json())) == capped
+    assert not capped.empty
+    assert Window(Bound(T0, (20,)), Bound(T0, (20,))).empty
+    assert not Window(Bound(T0), Bound(T1, (3,))).empty
+    with pytest.raises(ValueError, match="is after"):
+        Window.from_json(Window(Bound(T0), Bound(T0, (3,))).to_json())  # every row at T0 is already loaded
+    with pytest.raises(ValueError, match="two lengths"):
+        Window.from_json(Window(Bound(T0, (1, 2)), Bound(T1, (3,))).to_json())
