@@ -16,7 +16,7 @@ from tidemark import control, ledger
 from tidemark.control import PartitionTotals
 from tidemark.kafka_io import ensure_topic
 from tidemark.spec import PipelineSpec
-from tidemark.window import MICROSECOND, PlanError, Window, cap_rows, plan_window, read_source_clock
+from tidemark.window import PlanError, Window, cap_rows, plan_window, read_source_clock
 
 log = logging.getLogger("tidemark.batch")
 
@@ -86,7 +86,7 @@ def _held(spec: PipelineSpec, clock, observed, id_high) -> str:
         return ""
     if spec.cursor.kind == "id":
         return clock.holders() if observed and observed[0] is not None and id_high != observed[0] else ""
-    return clock.holders() if clock.oldest_open_xact - MICROSECOND < clock.now - spec.safe_lag else ""
+    return clock.holders() if clock.holds_back(spec.safe_lag) else ""
 
 
 def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, **extra: Any) -> None:

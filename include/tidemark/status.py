@@ -15,22 +15,21 @@ Airflow import.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tidemark.ledger import observe_id_high
+from tidemark import ledger
 from tidemark.config import CONN_SOURCE
 from tidemark.sink import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec, load_specs
-from tidemark.window import Bound, SourceClock, Window
+from tidemark.window import SourceClock, read_source_clock
 
 FAILURE_WINDOW = timedelta(days=7)
 APPLICATION_NAME = "tidemark-status"  # how the page's own sessions show in pg_stat_activity
 UNFINISHED = ("open", "sealed")
 FAILED = ("refused", "aborted")
-CONTROL_TABLES = ("tidemark_control.batches", "tidemark_control.batch_attempts", "tidemark_control.watermarks")
 
 
 # --- pipeline specs ---------------------------------------------------------------------------
@@ -118,7 +117,7 @@ class PreparedXact:
     gid: str
     prepared: datetime
     owner: str
-    database: str
+    count: int  # prepared transactions of the source database in all (this is the oldest)
 
 
 @dataclass(frozen=True)
@@ -126,15 +125,9 @@ class SourceStatus:
     conn_id: str
     now: datetime | None = None
     oldest_open_xact: SourceSession | None = None  # the clamp: windows end before its xact_start
-    prepared_xacts: list[PreparedXact] = field(default_factory=list)
+    oldest_prepared: PreparedXact | None = None  # holds every window at its watermark until it ends
     error: str | None = None
-
-    @property
-    def clock(self) -> SourceClock | None:
-        if self.now is None:
-            return None
-        return SourceClock(self.now, self.oldest_open_xact.xact_start if self.oldest_open_xact else None)
-
+    clock: SourceClock | None = field(default=None, metadata={"json": False})  # what the planner reads
 
 @dataclass(frozen=True)
 class Lag:
@@ -142,7 +135,7 @@ class Lag:
 
     seconds: float | None = None
     ids: int | None = None
-    held_back: bool = False  # an open source transaction, not the safe lag, sets the next window's end
+    held_back: bool = False  # an open or prepared source transaction, not the safe lag, sets the next window's end
     error: str | None = None
 
 
@@ -183,7 +176,7 @@ class StatusReport:
 def jsonable(value: Any) -> Any:
     """Dataclasses to plain JSON: times as UTC ISO 8601, durations in seconds."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {k: jsonable(getattr(value, k)) for k in asdict(value)}
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value) if f.metadata.get("json", True)}
     if isinstance(value, datetime):
         return utc_iso(value)
     if isinstance(value, timedelta):
@@ -246,51 +239,16 @@ def read_only_session(conn) -> None:
         cur.execute("SET application_name = %s", (APPLICATION_NAME,))
 
 
-def control_schema_exists(cur) -> bool:
-    cur.execute("SELECT " + ", ".join(["to_regclass(%s) IS NOT NULL"] * len(CONTROL_TABLES)), CONTROL_TABLES)
-    return all(cur.fetchone())
-
-
-_ATTEMPT_COLUMNS = "a.batch_id, a.attempt, a.state, a.rows, a.message, a.begun_at, a.finished_at"
-
-
 def pipeline_ledger(cur, pipeline: str, failure_window: timedelta = FAILURE_WINDOW) -> PipelineLedger:
-    cur.execute(
-        """SELECT batch_id, window_lo, window_hi, backfill, rows, committed_at, committed_attempt
-             FROM tidemark_control.batches WHERE pipeline = %s AND state = 'committed'
-            ORDER BY committed_at DESC NULLS LAST LIMIT 1""",
-        (pipeline,),
-    )
-    row = cur.fetchone()
-    committed = None
-    if row:
-        batch_id, lo, hi, backfill, rows, committed_at, attempt = row
-        window = str(Window(Bound.from_json(lo), Bound.from_json(hi), backfill))
-        committed = CommittedBatch(batch_id, window, backfill, rows, committed_at, attempt)
-
-    cur.execute(
-        "SELECT bound, batch_id, updated_at FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,)
-    )
-    row = cur.fetchone()
-    watermark = None
-    if row:
-        bound = Bound.from_json(row[0])
-        watermark = Watermark(str(bound), bound.cursor, row[1], row[2])
-
-    def attempts(where: str, order: str, params: tuple, limit: int = 50) -> list[Attempt]:
-        cur.execute(
-            f"""SELECT {_ATTEMPT_COLUMNS} FROM tidemark_control.batch_attempts a
-                  JOIN tidemark_control.batches b USING (batch_id)
-                 WHERE b.pipeline = %s AND {where} ORDER BY {order} LIMIT {int(limit)}""",
-            (pipeline, *params),
-        )
-        return [Attempt(*r) for r in cur.fetchall()]
-
-    finished = "coalesce(a.finished_at, a.begun_at)"
-    unfinished = attempts("a.state = ANY(%s)", "a.begun_at, a.attempt", (list(UNFINISHED),))
-    recent = attempts(f"a.state = ANY(%s) AND {finished} >= clock_timestamp() - %s", f"{finished} DESC",
-                      (list(FAILED), failure_window))
-    last = recent[:1] or attempts("a.state = ANY(%s)", f"{finished} DESC", (list(FAILED),), limit=1)
+    committed = ledger.last_committed(cur, pipeline)
+    if committed is not None:
+        batch_id, window, rows, committed_at, attempt = committed
+        committed = CommittedBatch(batch_id, str(window), window.backfill, rows, committed_at, attempt)
+    mark = ledger.watermark_row(cur, pipeline)
+    watermark = Watermark(str(mark[0]), mark[0].cursor, mark[1], mark[2]) if mark else None
+    unfinished = [Attempt(*r) for r in ledger.attempts(cur, pipeline, UNFINISHED)]
+    recent = [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, since=failure_window)]
+    last = recent[:1] or [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, limit=1)]
     return PipelineLedger(committed, watermark, unfinished, recent, last[0] if last else None)
 
 
@@ -309,11 +267,7 @@ def orphan_stage_tables(cur, *, control_schema: bool = True) -> list[StageTable]
         return []
     owners: dict[str, tuple[str, int, str, str]] = {}
     if control_schema:
-        cur.execute(
-            """SELECT a.batch_id, a.attempt, b.pipeline, a.state FROM tidemark_control.batch_attempts a
-                 JOIN tidemark_control.batches b USING (batch_id)"""
-        )
-        for batch_id, attempt, pipeline, state in cur.fetchall():
+        for batch_id, attempt, pipeline, state in ledger.every_attempt(cur):
             name = stage_table(batch_id, attempt)
             if name in present:
                 owners[name] = (batch_id, attempt, pipeline, state)
@@ -338,24 +292,15 @@ def _relation_size(cur, oid: int) -> int | None:
         return None
 
 
-OLDEST_OPEN_XACT_SQL = """
-SELECT pid, application_name, usename, host(client_addr), state, xact_start, clock_timestamp() - xact_start
-  FROM pg_stat_activity
- WHERE datname = current_database() AND backend_type = 'client backend'
-   AND pid <> pg_backend_pid() AND xact_start IS NOT NULL AND state <> 'idle'
- ORDER BY xact_start LIMIT 1
-"""  # the planner's clamp (tidemark.window.SOURCE_CLOCK_SQL), with who holds it
-
-
 def source_status(cur, conn_id: str) -> SourceStatus:
-    cur.execute("SELECT clock_timestamp()")
-    now = cur.fetchone()[0]
-    cur.execute(OLDEST_OPEN_XACT_SQL)
-    row = cur.fetchone()
-    # Every prepared transaction of the cluster: none of them shows in pg_stat_activity.
-    cur.execute("SELECT gid, prepared, owner, database FROM pg_prepared_xacts ORDER BY prepared")
-    prepared = [PreparedXact(*r) for r in cur.fetchall()]
-    return SourceStatus(conn_id, now, SourceSession(*row) if row else None, prepared)
+    """The source as the planner sees it: one read of its clock, its oldest open transaction and
+    its oldest prepared one (``window.read_source_clock``, the same query the plan runs)."""
+    clock = read_source_clock(cur)
+    h, p = clock.holder, clock.prepared
+    session = (SourceSession(h["pid"], h["application_name"], h["usename"], h["client_addr"], h["state"],
+                             clock.oldest_open_xact, clock.now - clock.oldest_open_xact) if h else None)
+    prepared = PreparedXact(p["gid"], clock.prepared_at, p["owner"], p.get("count", 1)) if p else None
+    return SourceStatus(conn_id, clock.now, session, prepared, clock=clock)
 
 
 def watermark_lag(cur, spec: PipelineSpec, watermark: Watermark | None, source: SourceStatus) -> Lag | None:
@@ -365,10 +310,9 @@ def watermark_lag(cur, spec: PipelineSpec, watermark: Watermark | None, source: 
     if watermark is None or clock is None:
         return None
     if spec.cursor.kind == "id":
-        high = observe_id_high(cur, spec)[0]
+        high = ledger.observe_id_high(cur, spec)[0]
         return Lag(ids=max(int(high or 0) - int(watermark.cursor), 0))
-    held = clock.safe_bound(spec.safe_lag) < clock.now - spec.safe_lag
-    return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=held)
+    return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=clock.holds_back(spec.safe_lag))
 
 
 # --- the whole page ---------------------------------------------------------------------------
@@ -391,7 +335,7 @@ def collect(
     entries = list(entries)
     read_only_session(warehouse_conn)
     with warehouse_conn.cursor() as wh:
-        has_control = control_schema_exists(wh)
+        has_control = ledger.control_schema_exists(wh)
         ledgers = {e.name: pipeline_ledger(wh, e.name, failure_window) if has_control else PipelineLedger()
                    for e in entries if e.spec}
         orphans = orphan_stage_tables(wh, control_schema=has_control)

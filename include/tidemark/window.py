@@ -213,6 +213,10 @@ class SourceClock:
             hi = min(hi, self.oldest_open_xact - MICROSECOND)
         return hi
 
+    def holds_back(self, safe_lag: timedelta) -> bool:
+        """Whether an open or prepared transaction, not the safe lag, sets a timestamp window's end."""
+        return self.prepared is not None or self.safe_bound(safe_lag) < self.now - safe_lag
+
     @property
     def prepared_at(self) -> datetime | None:
         return _aware(datetime.fromisoformat(self.prepared["prepared"])) if self.prepared else None

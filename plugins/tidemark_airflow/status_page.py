@@ -76,7 +76,7 @@ def _lag(p) -> str:
     if p.lag.ids is not None:
         return f"{p.lag.ids} ids"
     text = _e(format_duration(p.lag.seconds))
-    return text + (" <span class=warn>held back by an open source transaction</span>" if p.lag.held_back else "")
+    return text + (" <span class=warn>held back by an open or prepared source transaction</span>" if p.lag.held_back else "")
 
 
 def _pipeline_row(p) -> str:
@@ -122,11 +122,14 @@ def _source_section(s) -> str:
             f"<td>{_e(x.client_addr)}</td><td>{_e(x.state)}</td><td>{_e(utc_iso(x.xact_start))}</td>"
             f"<td>{_e(format_duration(x.age))}</td></tr></table>"
         )
-    if s.prepared_xacts:
-        rows = "".join(f"<tr><td>{_e(t.gid)}</td><td>{_e(t.database)}</td><td>{_e(t.owner)}</td>"
-                       f"<td>{_e(utc_iso(t.prepared))}</td></tr>" for t in s.prepared_xacts)
-        parts.append("<p class=warn>prepared transactions (not in pg_stat_activity, not seen by the clamp):</p>"
-                     f"<table><tr><th>gid</th><th>database</th><th>owner</th><th>prepared (UTC)</th></tr>{rows}</table>")
+    t = s.oldest_prepared
+    if t is not None:
+        parts.append(
+            "<p class=warn>prepared transaction: every window is held at its watermark until it is committed or "
+            "rolled back (COMMIT PREPARED / ROLLBACK PREPARED)</p>"
+            "<table><tr><th>gid</th><th>owner</th><th>prepared (UTC)</th><th>prepared in all</th></tr>"
+            f"<tr class=clamp><td>{_e(t.gid)}</td><td>{_e(t.owner)}</td><td>{_e(utc_iso(t.prepared))}</td>"
+            f"<td>{t.count}</td></tr></table>")
     return "".join(parts)
 
 

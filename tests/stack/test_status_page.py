@@ -142,7 +142,7 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
                  str(holder_pid), clamp["application_name"], leftover, ghost, "no batch yet", "invalid spec"):
         assert text in page, text
     assert "&lt;b&gt;not&lt;/b&gt; loaded" in page and "<b>not</b>" not in page
-    assert "held back by an open source transaction" in page
+    assert "held back by an open or prepared source transaction" in page
 
     assert status_sessions(settings) == []  # every connection of the page closed, no transaction left
 

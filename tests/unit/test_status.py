@@ -13,6 +13,7 @@ from tidemark.status import (
     Lag,
     PipelineLedger,
     PipelineStatus,
+    PreparedXact,
     SourceSession,
     SourceStatus,
     StageTable,
@@ -76,7 +77,7 @@ def _report() -> StatusReport:
         ],
         sources=[SourceStatus("tidemark_source", T0, SourceSession(
             4242, "psql <me>", "alice", "10.0.0.7", "idle in transaction", T0 - timedelta(minutes=3),
-            timedelta(minutes=3)))],
+            timedelta(minutes=3)), PreparedXact("etl-<2pc>", T0 - timedelta(minutes=9), "bob", 2))],
         orphan_stage_tables=[StageTable("tidemark_stage.s_abc", 16384, "p:run-a", 2, "loaded", "committed"),
                              StageTable("tidemark_stage.s_def", None)],
     )
@@ -91,8 +92,9 @@ def test_html_has_a_row_per_pipeline_and_escapes_everything():
     assert "psql &lt;me&gt;" in page and "rows=&lt;3&gt;" in page
     assert "no batch yet" in page  # the idle pipeline
     assert "p:run-a #2" in page and "1234" in page and "2026-11-22T08:00:00+00:00" in page  # committed_at in UTC
-    assert "3m 05s" in page and "held back by an open source transaction" in page
+    assert "3m 05s" in page and "held back by an open or prepared source transaction" in page
     assert "4242" in page and "10.0.0.7" in page
+    assert "etl-&lt;2pc&gt;" in page and "ROLLBACK PREPARED" in page  # the prepared one holds every window too
     assert "tidemark_stage.s_abc" in page and "16.0 kB" in page and "no such attempt" in page
 
 
@@ -103,6 +105,9 @@ def test_json_has_utc_times_and_seconds():
     assert loaded["ledger"]["last_committed"]["committed_at"] == "2026-11-22T08:00:00+00:00"
     assert loaded["lag"] == {"seconds": 185.0, "ids": None, "held_back": True, "error": None}
     assert data["sources"][0]["oldest_open_xact"]["age"] == 180.0
+    assert data["sources"][0]["oldest_prepared"] == {"gid": "etl-<2pc>", "prepared": "2026-11-22T07:51:00+00:00",
+                                                     "owner": "bob", "count": 2}
+    assert "clock" not in data["sources"][0]  # the planner's read, already shown field by field
 
 
 def test_the_page_requires_an_airflow_login():
