@@ -51,6 +51,9 @@ def _aware(value: datetime) -> datetime:
 TableName = Annotated[str, AfterValidator(_qualified)]
 
 
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a pipeline's name: in topics, tables, paths
+
+
 class Cursor(BaseModel):
     """How increments are found: a timestamp (primary key breaks ties) or a strictly increasing id."""
 
@@ -62,7 +65,7 @@ class Cursor(BaseModel):
 class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+    name: Annotated[str, Field(pattern=f"^{NAME_PATTERN.pattern}$")]
     source_conn_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] = "tidemark_source"
     table: TableName
     primary_key: Annotated[list[Identifier], Field(min_length=1)]

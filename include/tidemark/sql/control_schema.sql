@@ -116,6 +116,46 @@ CREATE TABLE IF NOT EXISTS tidemark_control.id_observations (
     PRIMARY KEY (pipeline, observed_at)
 );
 
+-- Streams (the speed layer): what a person wants of each pipeline's standing sink, and since when.
+-- No row: the default (running). crash_looping_since is set by the supervisor past its restart
+-- budget; only a person clears it.
+CREATE TABLE IF NOT EXISTS tidemark_control.streams (
+    pipeline             text PRIMARY KEY,
+    desired              text NOT NULL DEFAULT 'running' CHECK (desired IN ('running', 'paused', 'stopped')),
+    changed_by           text NOT NULL,
+    changed_at           timestamptz NOT NULL DEFAULT clock_timestamp(),
+    reason               text,
+    crash_looping_since  timestamptz
+);
+
+-- Everything done to a stream, by a person or the supervisor: desired-state changes, starts,
+-- restarts (the restart budget counts these), stops, crash loops and their clearing. Append-only.
+CREATE TABLE IF NOT EXISTS tidemark_control.stream_events (
+    id        bigserial PRIMARY KEY,
+    pipeline  text NOT NULL,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    kind      text NOT NULL CHECK (kind IN ('desired', 'start', 'restart', 'stop', 'crash_loop', 'cleared')),
+    actor     text NOT NULL,
+    detail    text
+);
+CREATE INDEX IF NOT EXISTS stream_events_by_pipeline ON tidemark_control.stream_events (pipeline, at);
+
+-- The running instance's heartbeat and progress, written under its fencing token: an instance
+-- that lost the token cannot beat (it stops itself), so a live beat is always the current one's.
+CREATE TABLE IF NOT EXISTS tidemark_control.stream_heartbeats (
+    pipeline       text PRIMARY KEY,
+    fence          bigint NOT NULL,
+    holder         text NOT NULL,                  -- host:pid of the driver
+    started_at     timestamptz NOT NULL,
+    heartbeat_at   timestamptz NOT NULL,
+    progress_at    timestamptz,                    -- the last micro-batch that read records
+    micro_batches  bigint NOT NULL DEFAULT 0,
+    records        bigint NOT NULL DEFAULT 0,      -- read since it started
+    lag            jsonb,                          -- {"<partition>": records behind}
+    offsets        jsonb,                          -- {"<partition>": next offset committed}
+    batch_seconds  double precision                -- the last micro-batch's duration
+);
+
 -- Added after the first release (kept idempotent for existing control schemas).
 ALTER TABLE tidemark_control.batch_ends ADD COLUMN IF NOT EXISTS batch_rows bigint;
 ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS control text;  -- BEGIN/END/ABORT; NULL: a data record

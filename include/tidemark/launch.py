@@ -1,0 +1,153 @@
+"""Launch long-running jobs outside Airflow's worker slots, and find them again later.
+
+``LocalLauncher`` runs a command detached: its own session and process group, its pid, start
+time, log and exit code in files under ``<root>/<name>/``, so it outlives the Airflow task that
+started it and the next supervisor run (another process) can tell whether it runs, how it ended,
+and what its log last said. A thin ``sh`` wrapper waits for the command and writes its exit code;
+a stop sends SIGTERM to the command (through the wrapper) and SIGKILL to the whole group after a
+grace period. A pid is trusted only with the start time recorded for it (pids are reused).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tidemark.spec import NAME_PATTERN
+
+# "$0" is the exit-code file, "$@" the command. TERM to the wrapper is passed on to the command;
+# `wait` returns early (128 + signal) when a trap runs, so it waits again for the real exit code.
+WRAPPER = """
+"$@" < /dev/null &
+child=$!
+trap 'interrupted=1; kill -TERM "$child" 2>/dev/null' TERM
+trap 'interrupted=1; kill -INT "$child" 2>/dev/null' INT
+while :; do
+  interrupted=0
+  wait "$child"; code=$?
+  [ "$interrupted" = 1 ] || break
+done
+echo "$code" > "$0.tmp" && mv "$0.tmp" "$0"
+"""
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    pid: int | None  # the wrapper's pid, also the process group id (None: never launched here)
+    started_at: datetime | None
+    alive: bool
+    exit_code: int | None  # set once it ended (137: killed)
+    log: Path
+
+
+class LocalLauncher:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def _dir(self, name: str) -> Path:
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"not a pipeline name: {name!r}")
+        return self.root / name
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Instance:
+        """Launch ``argv`` detached; refuses while an instance of ``name`` still runs."""
+        current = self.status(name)
+        if current.alive:
+            raise RuntimeError(f"{name}: already running as pid {current.pid} since {current.started_at}")
+        d = self._dir(name)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "exit_code").unlink(missing_ok=True)
+        with open(d / "log", "ab") as log:
+            log.write(f"--- {datetime.now(timezone.utc).isoformat()} starting: {' '.join(argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(["/bin/sh", "-c", WRAPPER, str(d / "exit_code"), *argv],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=env, close_fds=True)
+        (d / "pid").write_text(f"{proc.pid} {_start_ticks(proc.pid)} {time.time()}\n")
+        return self.status(name)
+
+    def status(self, name: str) -> Instance:
+        d = self._dir(name)
+        exit_code = _read_int(d / "exit_code")
+        try:
+            pid_s, ticks_s, started_s = (d / "pid").read_text().split()
+        except (FileNotFoundError, ValueError):
+            return Instance(name, None, None, False, exit_code, d / "log")
+        pid, started = int(pid_s), datetime.fromtimestamp(float(started_s), timezone.utc)
+        alive = exit_code is None and _start_ticks(pid) == ticks_s and not _zombie(pid)
+        if not alive and exit_code is None:
+            exit_code = _read_int(d / "exit_code")  # it may have ended between the two reads
+        return Instance(name, pid, started, alive, exit_code, d / "log")
+
+    def stop(self, name: str, grace_s: float = 30.0) -> Instance:
+        """SIGTERM to the command; SIGKILL to its whole process group if it has not ended after ``grace_s``."""
+        current = self.status(name)
+        if not current.alive:
+            return current
+        os.kill(current.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not self.status(name).alive:
+                break
+            time.sleep(0.2)
+        self.kill(name)
+        return self.status(name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL to every process of the instance's group (what is left of it)."""
+        current = self.status(name)
+        if current.pid is None:
+            return
+        try:
+            os.killpg(current.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        d = self._dir(name)
+        if _read_int(d / "exit_code") is None and not current.alive:
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (d / "exit_code").exists():
+            if _zombie(current.pid) or _start_ticks(current.pid) is None:
+                (d / "exit_code").write_text("137\n")  # the wrapper died with it
+                break
+            time.sleep(0.1)
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            with open(self._dir(name) / "log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(f.tell() - 64 * 1024, 0))
+                return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return raw[raw.rindex(")") + 2:].split()  # fields after the command name, which may hold spaces
+
+
+def _start_ticks(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[19] if fields else None  # field 22, starttime
+
+
+def _zombie(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is None or fields[0] in ("Z", "X")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None

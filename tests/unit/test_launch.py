@@ -1,0 +1,87 @@
+"""The detached local launcher (tidemark.launch) with real processes: no Spark, a few seconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tidemark.launch import LocalLauncher
+
+PY = sys.executable
+GRACEFUL = """
+import signal, sys, time
+def bye(*_):
+    print("graceful stop: finished the micro-batch", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+print("streaming", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(f"grandchild {child.pid}", flush=True)
+time.sleep(600)
+"""
+
+
+def _printed(launcher: LocalLauncher, name: str) -> list[str]:
+    """What the job printed (the launcher's own "--- starting: <command>" lines left out)."""
+    return [line for line in launcher.log_tail(name, lines=50).splitlines() if not line.startswith("--- ")]
+
+
+def _until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_launched_job_outlives_the_process_that_started_it_and_stops_gracefully(tmp_path: Path):
+    launcher = LocalLauncher(tmp_path)
+    starter = f"from tidemark.launch import LocalLauncher; LocalLauncher({str(tmp_path)!r}).start('p1', {[PY, '-c', GRACEFUL]!r})"
+    subprocess.run([PY, "-c", starter], check=True, env={"PYTHONPATH": str(Path("include").resolve())})
+    _until(lambda: "streaming" in _printed(launcher, "p1"))
+    running = launcher.status("p1")  # another process finds it by its files
+    assert running.alive and running.pid and running.exit_code is None and running.started_at
+    with pytest.raises(RuntimeError, match="already running"):
+        launcher.start("p1", [PY, "-c", GRACEFUL])
+    stopped = launcher.stop("p1", grace_s=10)
+    assert not stopped.alive and stopped.exit_code == 0
+    assert "graceful stop" in launcher.log_tail("p1")
+
+
+def test_a_job_that_ignores_sigterm_is_killed_with_its_whole_group(tmp_path: Path):
+    launcher = LocalLauncher(tmp_path)
+    launcher.start("p2", [PY, "-c", STUBBORN])
+    _until(lambda: any(line.startswith("grandchild ") for line in _printed(launcher, "p2")))
+    grandchild = int(_printed(launcher, "p2")[-1].split()[1])
+    stopped = launcher.stop("p2", grace_s=1)
+    assert not stopped.alive and stopped.exit_code == 137
+    _until(lambda: not Path(f"/proc/{grandchild}").exists()
+           or Path(f"/proc/{grandchild}/stat").read_text().split(") ")[1][0] in "ZX")
+
+
+def test_a_crash_is_seen_with_its_exit_code_and_last_log_lines(tmp_path: Path):
+    launcher = LocalLauncher(tmp_path)
+    assert launcher.status("p3").pid is None and not launcher.status("p3").alive  # never launched
+    launcher.start("p3", [PY, "-c", "import sys; print('cannot connect to the broker', flush=True); sys.exit(3)"])
+    _until(lambda: launcher.status("p3").exit_code is not None)
+    ended = launcher.status("p3")
+    assert not ended.alive and ended.exit_code == 3
+    assert "cannot connect to the broker" in launcher.log_tail("p3", lines=2)
+    again = launcher.start("p3", [PY, "-c", "import time; time.sleep(30)"])  # a restart clears the old exit code
+    assert again.alive and again.exit_code is None
+    launcher.kill("p3")
+    _until(lambda: not launcher.status("p3").alive)
+
+
+def test_names_are_pipeline_names(tmp_path: Path):
+    with pytest.raises(ValueError, match="not a pipeline name"):
+        LocalLauncher(tmp_path).status("../etc")

@@ -1,0 +1,89 @@
+"""The stream supervisor's decisions (tidemark.supervise): pure logic, every rule with its reason."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tidemark.supervise import Actual, History, Policy, decide
+
+NOW = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
+S = timedelta(seconds=1)
+POLICY = Policy(trigger_interval=2 * S)  # stall window max(20 s, 2 min) = 2 min; heartbeat timeout 2 min
+HEALTHY = Actual(alive=True, started_at=NOW - 3600 * S, heartbeat_at=NOW - 5 * S, progress_at=NOW - 3 * S, lag=10,
+                 previous_lag=40)
+
+
+def test_a_healthy_job_is_left_alone():
+    assert decide(NOW, "running", HEALTHY, History(), POLICY).action == "none"
+
+
+def test_a_missing_job_is_started_and_a_killed_one_restarted_within_the_cycle():
+    assert decide(NOW, "running", Actual(alive=False), History(), POLICY).action == "start"
+    killed = Actual(alive=False, started_at=NOW - 600 * S, exit_code=137)
+    decision = decide(NOW, "running", killed, History(), POLICY)
+    assert decision.action == "restart" and "exited with code 137" in decision.reason
+
+
+@pytest.mark.parametrize("desired", ["paused", "stopped"])
+def test_a_job_stopped_or_paused_on_purpose_is_never_restarted_and_a_running_one_is_stopped(desired):
+    ended = Actual(alive=False, started_at=NOW - 60 * S, exit_code=0)
+    assert decide(NOW, desired, ended, History(), POLICY).action == "none"
+    assert decide(NOW, desired, HEALTHY, History(), POLICY).action == "stop"
+    # not even a crash-looping one is touched when a person wants it stopped
+    assert decide(NOW, desired, ended, History(crash_looping_since=NOW - 60 * S), POLICY).action == "none"
+
+
+def test_restarts_back_off_exponentially_and_past_the_budget_the_job_is_crash_looping():
+    dead = Actual(alive=False, started_at=NOW - 10 * S, exit_code=1)
+    one = History(restarts=(NOW - 10 * S,))
+    waiting = decide(NOW, "running", dead, one, POLICY)  # backoff after 1 restart: 15 s
+    assert waiting.action == "wait" and waiting.not_before == NOW + 5 * S
+    assert decide(NOW + 6 * S, "running", dead, one, POLICY).action == "restart"
+    two = History(restarts=(NOW - 100 * S, NOW - 20 * S))  # backoff after 2: 30 s
+    assert decide(NOW, "running", dead, two, POLICY).action == "wait"
+    three = History(restarts=(NOW - 300 * S, NOW - 200 * S, NOW - 100 * S))
+    looping = decide(NOW, "running", dead, three, POLICY)
+    assert looping.action == "crash_loop" and "3 restarts within 0:30:00" in looping.reason
+    # restarts older than the budget window no longer count
+    old = History(restarts=tuple(NOW - (1900 + i) * S for i in range(5)))
+    assert decide(NOW, "running", dead, old, POLICY).action == "restart"
+
+
+def test_a_crash_looping_job_waits_for_a_person_whatever_its_state():
+    flagged = History(crash_looping_since=NOW - 60 * S)
+    assert decide(NOW, "running", Actual(alive=False, started_at=NOW, exit_code=1), flagged, POLICY).action == "crash_loop"
+
+
+def test_a_stall_needs_lag_that_does_not_shrink_and_no_progress_for_longer_than_the_stall_window():
+    stalled = Actual(alive=True, started_at=NOW - 3600 * S, heartbeat_at=NOW - 2 * S, progress_at=NOW - 150 * S,
+                     lag=500, previous_lag=400)
+    decision = decide(NOW, "running", stalled, History(), POLICY)
+    assert decision.action == "restart" and "stalled: lag 500" in decision.reason
+    shrinking = Actual(**{**stalled.__dict__, "previous_lag": 900})
+    assert decide(NOW, "running", shrinking, History(), POLICY).action == "none"
+    recent = Actual(**{**stalled.__dict__, "progress_at": NOW - 100 * S})  # inside the 2 min window
+    assert decide(NOW, "running", recent, History(), POLICY).action == "none"
+
+
+def test_a_healthy_idle_job_is_no_stall_however_old_its_last_progress():
+    idle = Actual(alive=True, started_at=NOW - 86400 * S, heartbeat_at=NOW - 2 * S, progress_at=NOW - 80000 * S,
+                  lag=0, previous_lag=0)
+    assert decide(NOW, "running", idle, History(), POLICY).action == "none"
+
+
+def test_a_live_process_without_a_heartbeat_is_hung_and_restarted():
+    hung = Actual(alive=True, started_at=NOW - 3600 * S, heartbeat_at=NOW - 200 * S, lag=0)
+    decision = decide(NOW, "running", hung, History(), POLICY)
+    assert decision.action == "restart" and "no heartbeat for 200 s" in decision.reason
+
+
+def test_the_stall_window_follows_the_trigger_interval_and_never_undercuts_it():
+    assert Policy(trigger_interval=2 * S).stall_after == 120 * S
+    assert Policy(trigger_interval=60 * S, heartbeat_timeout=300 * S).stall_after == 600 * S
+    with pytest.raises(ValueError, match="must exceed the trigger interval"):
+        Policy(trigger_interval=300 * S, stall_factor=1, min_stall=60 * S, heartbeat_timeout=600 * S)
+    with pytest.raises(ValueError, match="heartbeat timeout"):
+        Policy(trigger_interval=300 * S)  # a 2 min heartbeat timeout under a 5 min trigger
+    assert Policy(trigger_interval=2 * S).backoff_for(10) == 300 * S
