@@ -7,7 +7,10 @@ together with the ledger, the watermark and the consumer offsets. The query star
 offsets stored in the warehouse (not from a Spark checkpoint), after taking a fencing token.
 
 ``--available-now`` processes what is on the topic and stops (the nightly DAG runs it so);
-without it the query runs until stopped (the streaming supervisor's mode).
+without it the sink *stands*: it runs until stopped, with a heartbeat and lease
+(``tidemark.standing``), trigger and intake from the spec's ``sink`` section, and stops between two
+micro-batches when its desired state leaves ``running`` or SIGTERM arrives (exit 0), or when
+another instance took its fence (exit 3). The ``tidemark_supervisor`` DAG launches it so.
 
   spark-submit spark_jobs/batch_sink.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/wh \
       --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \
@@ -19,6 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -33,8 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--spec", required=True, type=Path)
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--available-now", action="store_true", help="process what is there, then stop")
-    p.add_argument("--max-records-per-trigger", type=int, default=200_000,
-                   help="bounds the sink's memory: at most this many records per micro-batch")
+    p.add_argument("--max-records-per-trigger", type=int,
+                   help="bounds the sink's memory: at most this many records per micro-batch "
+                        "(default: the spec's sink.max_offsets_per_trigger)")
     p.add_argument("--dead-letter-topic", default="tidemark.dlq")
     return p.parse_args(argv)
 
@@ -47,9 +54,10 @@ def main(argv: list[str]) -> int:
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
     from tidemark.kafka_io import end_offsets, send_dead_letters
     from tidemark.progress import progress_line
-    from tidemark.ledger import ensure_control_schema
+    from tidemark.ledger import LeaseHeld, ensure_control_schema
     from tidemark.sink import BatchSink
-    from tidemark.sparkjob import connect, password, session
+    from tidemark.sparkjob import JobError, connect, password, session
+    from tidemark.standing import StandingControl
     from tidemark.spec import load_spec
     from tidemark.summary import summary_line
 
@@ -59,8 +67,18 @@ def main(argv: list[str]) -> int:
         ensure_control_schema(cur)
     sink = BatchSink(conn, spec, dead_letters=lambda rejects: send_dead_letters(
         args.bootstrap, args.dead_letter_topic, spec.topic, rejects))
-    sink.acquire_fence()
+    try:  # a live standing sink of this pipeline keeps its lease: a second copy never starts
+        sink.acquire_fence(lease=spec.sink.lease)
+    except LeaseHeld as exc:
+        raise JobError(str(exc)) from None
     sink.sweep_stages()
+    control = None
+    if not args.available_now:
+        control = StandingControl(lambda: connect(args.jdbc_url, args.user, password(args)), spec, sink.fence,
+                                  f"{socket.gethostname()}:{os.getpid()}",
+                                  lambda: end_offsets(args.bootstrap, spec.topic, timeout_s=2))
+        control.start()
+        signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
     starting = sink.starting_offsets()
     totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": []}
     # How much there is to read now: the denominator of the progress lines (None: from earliest).
@@ -73,6 +91,15 @@ def main(argv: list[str]) -> int:
         return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
 
     def apply(batch_df, epoch_id: int) -> None:
+        if control is None:
+            return apply_now(batch_df, epoch_id)
+        with control.apply_lock:  # a stop waits for this micro-batch, and none starts after it
+            if not control.stop_requested.is_set():
+                started = time.monotonic()
+                rows = apply_now(batch_df, epoch_id)
+                control.progress(rows, sink.starting_offsets(), time.monotonic() - started)
+
+    def apply_now(batch_df, epoch_id: int) -> int:
         table = batch_df.toArrow()
         report = sink.apply(table)
         read["records"] += table.num_rows
@@ -84,6 +111,7 @@ def main(argv: list[str]) -> int:
             totals[key] += getattr(report, key)
         totals["committed"] += report.committed
         totals["refused"] += report.refused
+        return table.num_rows
 
     spark = session(f"tidemark-batch-sink-{spec.name}")
     try:
@@ -94,7 +122,7 @@ def main(argv: list[str]) -> int:
             .option("startingOffsets", json.dumps({spec.topic: {str(p): o for p, o in starting.items()}}))
             .option("kafka.isolation.level", "read_committed")
             .option("includeHeaders", "true")
-            .option("maxOffsetsPerTrigger", args.max_records_per_trigger)
+            .option("maxOffsetsPerTrigger", args.max_records_per_trigger or spec.sink.max_offsets_per_trigger)
             .load()
         )
         # Key and value stay bytes: the sink checks their UTF-8 itself (a bad record is a dead letter,
@@ -108,14 +136,31 @@ def main(argv: list[str]) -> int:
         )
         with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
             writer = records.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)
-            writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="2 seconds")
+            trigger_s = spec.sink.trigger.total_seconds()
+            writer = (writer.trigger(availableNow=True) if args.available_now
+                      else writer.trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds"))
             query = writer.start()
-            print(summary_line("sink-started", pipeline=spec.name, offsets=starting), flush=True)
-            query.awaitTermination()
-        print(summary_line("sink", pipeline=spec.name, **totals), flush=True)
+            print(summary_line("sink-started", pipeline=spec.name, offsets=starting, fence=sink.fence,
+                               standing=control is not None), flush=True)
+            if control is None:
+                query.awaitTermination()
+            else:
+                while query.isActive and not control.stop_requested.wait(1.0):
+                    pass
+                if not control.stop_requested.is_set():
+                    query.awaitTermination()  # it ended by itself: this raises its error
+                with control.apply_lock:  # the micro-batch in flight, if any, finishes first
+                    pass
+                query.stop()
+        print(summary_line("sink", pipeline=spec.name, **totals,
+                           **({"stopped": control.reason} if control else {})), flush=True)
     finally:
+        if control is not None:
+            control.finish()
         spark.stop()
         conn.close()
+    if control is not None and not control.graceful:
+        raise JobError(f"pipeline {spec.name}: standing sink stopped: {control.reason}")
     return 0
 
 

@@ -37,3 +37,11 @@ def spark_job(script: str) -> Path:
 def jdbc_url(host: str, port: int | None, database: str) -> str:
     """The PostgreSQL JDBC URL for a host, port (default 5432) and database."""
     return f"jdbc:postgresql://{host}:{port or 5432}/{database}"
+
+
+def streams_dir() -> Path:
+    """Where the local launcher keeps each standing sink's pid, log and exit code:
+    ``TIDEMARK_STREAMS_DIR``, or a folder in the system's temporary directory."""
+    import tempfile
+
+    return Path(os.environ.get("TIDEMARK_STREAMS_DIR") or Path(tempfile.gettempdir()) / "tidemark-streams")

@@ -110,22 +110,28 @@ def _wait_for_leaders(admin: AdminClient, topic: str, timeout_s: float) -> None:
     check()
 
 
-@retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(30), wait=wait_fixed(0.5), reraise=True)
 def end_offsets(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
-    """High watermark of every partition (for read_committed: the last stable offset)."""
-    consumer = Consumer(
-        client_config(bootstrap, **{"group.id": "tidemark-offsets", "isolation.level": "read_committed"})
-    )
-    try:
-        meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
-        if meta.error is not None:
-            raise KafkaException(meta.error)
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-            for p in sorted(meta.partitions)
-        }
-    finally:
-        consumer.close()
+    """High watermark of every partition (for read_committed: the last stable offset); transient
+    broker errors are retried for at most ``timeout_s`` in all."""
+
+    @retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(timeout_s), wait=wait_fixed(0.5),
+           reraise=True)
+    def read() -> dict[int, int]:
+        consumer = Consumer(
+            client_config(bootstrap, **{"group.id": "tidemark-offsets", "isolation.level": "read_committed"})
+        )
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+            if meta.error is not None:
+                raise KafkaException(meta.error)
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                for p in sorted(meta.partitions)
+            }
+        finally:
+            consumer.close()
+
+    return read()
 
 
 @dataclass(frozen=True)

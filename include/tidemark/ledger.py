@@ -6,6 +6,7 @@ The orchestration side writes here (plan, attempts, extract totals); the sink wr
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,23 @@ CONTROL_SCHEMA_LOCK = 7_411_000  # advisory lock: concurrent first runs create t
 
 
 def ensure_control_schema(cur) -> None:
+    """Create or upgrade the control schema, only when it is not at this code's version.
+
+    The script's ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` takes an ACCESS EXCLUSIVE lock even
+    when the column exists: run at every plan and sink start, it deadlocked with a sink committing.
+    The schema's comment records the script's hash; when it matches, nothing is locked."""
+    script = (Path(__file__).parent / "sql" / "control_schema.sql").read_text()
+    version = f"tidemark control schema {hashlib.sha256(script.encode()).hexdigest()[:16]}"
+    current = "SELECT obj_description(to_regnamespace('tidemark_control'), 'pg_namespace')"
+    cur.execute(current)
+    if cur.fetchone()[0] == version:
+        return
     cur.execute("SELECT pg_advisory_xact_lock(%s)", (CONTROL_SCHEMA_LOCK,))
-    cur.execute((Path(__file__).parent / "sql" / "control_schema.sql").read_text())
+    cur.execute(current)  # another process may have upgraded it while this one waited
+    if cur.fetchone()[0] == version:
+        return
+    cur.execute(script)
+    cur.execute("COMMENT ON SCHEMA tidemark_control IS %s", (version,))
 
 
 def batch_id_for(pipeline: str, run_id: str) -> str:
@@ -253,16 +269,42 @@ def consumer_for(pipeline: str) -> str:
     return f"batch-sink.{pipeline}"
 
 
-def acquire_fence(cur, consumer: str, holder: str) -> int:
-    """Take the next fencing token for ``consumer``; any older holder fails on its next commit."""
+class LeaseHeld(RuntimeError):
+    """A live instance of the pipeline's sink holds the lease: this one must not start."""
+
+
+def acquire_fence(cur, pipeline: str, holder: str, lease: Any = None) -> int:
+    """Take the next fencing token of the pipeline's sink; any older holder fails on its next commit.
+
+    With ``lease`` (a duration), refuse with ``LeaseHeld`` while the current token's instance still
+    beats (a heartbeat younger than ``lease`` and not ended): a second copy never steals from a live one."""
     cur.execute(
-        """INSERT INTO tidemark_control.sink_fences (consumer, fence, holder) VALUES (%s, 1, %s)
+        """INSERT INTO tidemark_control.sink_fences AS f (consumer, fence, holder) VALUES (%(c)s, 1, %(holder)s)
            ON CONFLICT (consumer) DO UPDATE
-              SET fence = sink_fences.fence + 1, holder = EXCLUDED.holder, acquired_at = clock_timestamp()
+              SET fence = f.fence + 1, holder = EXCLUDED.holder, acquired_at = clock_timestamp()
+            WHERE %(lease)s::interval IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM tidemark_control.stream_heartbeats h
+                   WHERE h.pipeline = %(p)s AND h.fence = f.fence AND h.ended_at IS NULL
+                     AND h.heartbeat_at > clock_timestamp() - %(lease)s::interval)
            RETURNING fence""",
-        (consumer, holder),
+        {"c": consumer_for(pipeline), "holder": holder, "p": pipeline, "lease": lease},
     )
-    return cur.fetchone()[0]
+    row = cur.fetchone()
+    if row is None:
+        live = heartbeat(cur, pipeline) or {}
+        raise LeaseHeld(
+            f"pipeline {pipeline}: the sink's lease is held by {live.get('holder')} (fence {live.get('fence')}, "
+            f"last heartbeat {live.get('heartbeat_at')}); a second copy does not start. Next: stop that instance "
+            "(desired state 'stopped'), or wait for its lease to expire if it is dead")
+    return row[0]
+
+
+def end_lease(cur, pipeline: str, fence: int) -> bool:
+    """The instance holding ``fence`` has ended (it stopped, or the supervisor saw its process gone):
+    its lease is free at once instead of after its expiry."""
+    cur.execute("""UPDATE tidemark_control.stream_heartbeats SET ended_at = clock_timestamp()
+                    WHERE pipeline = %s AND fence = %s AND ended_at IS NULL""", (pipeline, fence))
+    return cur.rowcount == 1
 
 
 def current_fence(cur, consumer: str) -> int | None:
@@ -476,16 +518,31 @@ def set_desired(cur, pipeline: str, desired: str, actor: str, reason: str | None
     return before
 
 
+def observe_stream(cur, pipeline: str, lag: int | None) -> int | None:
+    """Keep the supervisor's look at the lag; returns the previous one (is the lag growing?)."""
+    cur.execute(
+        """INSERT INTO tidemark_control.streams AS s (pipeline, changed_by, observed_lag, observed_at)
+           VALUES (%s, 'supervisor', %s, clock_timestamp())
+           ON CONFLICT (pipeline) DO UPDATE SET observed_lag = EXCLUDED.observed_lag, observed_at = EXCLUDED.observed_at
+           RETURNING (SELECT observed_lag FROM tidemark_control.streams WHERE pipeline = s.pipeline)""",
+        (pipeline, lag))
+    return cur.fetchone()[0]
+
+
 def record_stream_event(cur, pipeline: str, kind: str, actor: str, detail: str | None = None) -> None:
     cur.execute("INSERT INTO tidemark_control.stream_events (pipeline, kind, actor, detail) VALUES (%s, %s, %s, %s)",
                 (pipeline, kind, actor, detail))
 
 
 def restarts_since(cur, pipeline: str, window: Any) -> list[Any]:
-    """When the supervisor restarted the stream within ``window`` (a duration) of now, oldest first."""
+    """When the supervisor restarted the stream within ``window`` (a duration) of now and since a
+    person last cleared a crash loop (the budget starts afresh then), oldest first."""
     cur.execute("""SELECT at FROM tidemark_control.stream_events
-                    WHERE pipeline = %s AND kind = 'restart' AND at >= clock_timestamp() - %s ORDER BY at""",
-                (pipeline, window))
+                    WHERE pipeline = %(p)s AND kind = 'restart' AND at >= clock_timestamp() - %(w)s
+                      AND at > coalesce((SELECT max(at) FROM tidemark_control.stream_events
+                                          WHERE pipeline = %(p)s AND kind = 'cleared'), '-infinity')
+                    ORDER BY at""",
+                {"p": pipeline, "w": window})
     return [r[0] for r in cur.fetchall()]
 
 
@@ -513,7 +570,8 @@ def beat(cur, pipeline: str, fence: int, holder: str, started_at: Any, *, record
          lag: dict[int, int] | None = None, offsets: dict[int, int] | None = None,
          batch_seconds: float | None = None) -> bool:
     """The running instance's heartbeat (and progress when ``records``), under its fencing token.
-    False: the token is no longer current, another instance took over; this one must stop."""
+    False: the token is no longer current (another instance took over) or its lease was ended; this
+    instance must stop."""
     cur.execute(
         """INSERT INTO tidemark_control.stream_heartbeats AS h (pipeline, fence, holder, started_at, heartbeat_at,
                progress_at, micro_batches, records, lag, offsets, batch_seconds)
@@ -523,6 +581,7 @@ def beat(cur, pipeline: str, fence: int, holder: str, started_at: Any, *, record
              FROM tidemark_control.sink_fences f WHERE f.consumer = %(consumer)s AND f.fence = %(fence)s
            ON CONFLICT (pipeline) DO UPDATE SET
                fence = EXCLUDED.fence, holder = EXCLUDED.holder, heartbeat_at = EXCLUDED.heartbeat_at,
+               ended_at = NULL,  -- only a new token gets here with an ended row (see WHERE)
                started_at = CASE WHEN h.fence = EXCLUDED.fence THEN h.started_at ELSE EXCLUDED.started_at END,
                progress_at = coalesce(EXCLUDED.progress_at, CASE WHEN h.fence = EXCLUDED.fence THEN h.progress_at END),
                micro_batches = CASE WHEN h.fence = EXCLUDED.fence THEN h.micro_batches ELSE 0 END
@@ -530,7 +589,7 @@ def beat(cur, pipeline: str, fence: int, holder: str, started_at: Any, *, record
                records = CASE WHEN h.fence = EXCLUDED.fence THEN h.records ELSE 0 END + EXCLUDED.records,
                lag = coalesce(EXCLUDED.lag, h.lag), offsets = coalesce(EXCLUDED.offsets, h.offsets),
                batch_seconds = coalesce(EXCLUDED.batch_seconds, h.batch_seconds)
-           WHERE h.fence <= EXCLUDED.fence""",
+           WHERE h.fence < EXCLUDED.fence OR (h.fence = EXCLUDED.fence AND h.ended_at IS NULL)""",
         {"p": pipeline, "fence": fence, "holder": holder, "started": started_at, "records": records,
          "batches": 1 if batch_seconds is not None else 0, "consumer": consumer_for(pipeline),
          "lag": json.dumps({str(k): v for k, v in lag.items()}) if lag is not None else None,
@@ -540,11 +599,10 @@ def beat(cur, pipeline: str, fence: int, holder: str, started_at: Any, *, record
 
 
 def heartbeat(cur, pipeline: str) -> dict[str, Any] | None:
-    cur.execute("""SELECT fence, holder, started_at, heartbeat_at, progress_at, micro_batches, records, lag, offsets,
-                          batch_seconds FROM tidemark_control.stream_heartbeats WHERE pipeline = %s""", (pipeline,))
-    row = cur.fetchone()
     names = ("fence", "holder", "started_at", "heartbeat_at", "progress_at", "micro_batches", "records", "lag",
-             "offsets", "batch_seconds")
+             "offsets", "batch_seconds", "ended_at")
+    cur.execute(f"SELECT {', '.join(names)} FROM tidemark_control.stream_heartbeats WHERE pipeline = %s", (pipeline,))
+    row = cur.fetchone()
     return dict(zip(names, row)) if row else None
 
 

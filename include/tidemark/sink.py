@@ -92,11 +92,12 @@ class BatchSink:
         self._rules: RecordRules | None = None
 
     # --- start-up --------------------------------------------------------------------------
-    def acquire_fence(self) -> int:
-        """Take the next fencing token; any older instance fails on its next commit."""
+    def acquire_fence(self, lease: Any = None) -> int:
+        """Take the next fencing token; any older instance fails on its next commit. With ``lease``,
+        ``ledger.LeaseHeld`` while a live standing sink of the pipeline holds it."""
         holder = f"{socket.gethostname()}:{os.getpid()}"
         with self.conn, self.conn.cursor() as cur:
-            self.fence = ledger.acquire_fence(cur, self.consumer, holder)
+            self.fence = ledger.acquire_fence(cur, self.spec.name, holder, lease)
         log.info("sink %s: took fencing token %s for topic %s", self.consumer, self.fence, self.topic)
         return self.fence
 

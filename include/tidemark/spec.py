@@ -62,6 +62,26 @@ class Cursor(BaseModel):
     column: Identifier
 
 
+class SinkSpec(BaseModel):
+    """How the pipeline's sink runs: inside each nightly run (``per_batch``), or as a standing
+    stream supervised by the ``tidemark_supervisor`` DAG (``standing``), which the nightly run's
+    sink step then leaves the batch to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mode: Literal["per_batch", "standing"] = "per_batch"
+    trigger: Annotated[timedelta, Field(ge=timedelta(milliseconds=100), le=timedelta(minutes=10))] = timedelta(seconds=2)
+    max_offsets_per_trigger: Annotated[int, Field(ge=1, le=10_000_000)] = 200_000  # bounds a micro-batch's memory
+    heartbeat: Annotated[timedelta, Field(ge=timedelta(seconds=1), le=timedelta(minutes=5))] = timedelta(seconds=5)
+    driver_memory: Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}[mg]$")] = "1g"
+    restart_budget: Annotated[int, Field(ge=1, le=100)] = 3  # restarts within budget_window before crash-looping
+    budget_window: Annotated[timedelta, Field(ge=timedelta(minutes=1), le=timedelta(days=1))] = timedelta(minutes=30)
+
+    @property
+    def lease(self) -> timedelta:
+        """How long a silent instance keeps its lease: six missed heartbeats."""
+        return self.heartbeat * 6
+
+
 class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -89,6 +109,7 @@ class PipelineSpec(BaseModel):
     # The most rows one scheduled batch carries: a longer window ends at the (cursor, key) of its
     # last row, even inside a run of rows sharing one cursor value; the next batch goes on from there.
     max_batch_rows: Annotated[int, Field(ge=1)] | None = None
+    sink: SinkSpec = SinkSpec()
 
     @field_validator("initial_watermark", mode="before")
     @classmethod

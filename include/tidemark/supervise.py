@@ -86,6 +86,15 @@ class Decision:
     details: dict[str, str] = field(default_factory=dict)
 
 
+def records_behind(ends: dict[int, int], stored: dict[int, int]) -> dict[int, int]:
+    """Per partition, how far the offsets committed in the warehouse are behind the topic's end.
+
+    One offset at the end of a partition is not counted: a control message travels in a Kafka
+    transaction, whose commit marker takes an offset that no consumer ever reads, so a sink that
+    has read everything still sits one offset short (a healthy idle sink must show no lag)."""
+    return {p: max(end - stored.get(p, 0) - 1, 0) for p, end in ends.items()}
+
+
 def decide(now: datetime, desired: DesiredState, actual: Actual, history: History, policy: Policy) -> Decision:
     """The one action for this pipeline now, and why (the reason goes into the supervisor's log line)."""
     recent = [t for t in history.restarts if now - t <= policy.budget_window]

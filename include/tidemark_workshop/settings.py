@@ -153,6 +153,7 @@ class Settings:
         pythonpath = os.pathsep.join(str(REPO_ROOT / d) for d in ("include", "plugins"))
         env = {
             "TIDEMARK_STATE_DIR": str(self.state_dir),
+            "TIDEMARK_STREAMS_DIR": str(self.state_dir / "streams"),  # standing sinks' pid, log, exit code
             "TIDEMARK_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "TIDEMARK_SPARK_MASTER": self.spark_master,
             "TIDEMARK_SPARK_JARS": ",".join(str(j) for j in self.spark_jars()),

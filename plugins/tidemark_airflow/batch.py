@@ -255,7 +255,8 @@ class EndBatchOperator(_PipelineOperator):
 class BatchSinkOperator(SparkJdbcSubmitOperator):
     """Run the two-phase sink (spark_jobs/batch_sink.py) until the topic is drained.
 
-    Until the streaming supervisor keeps a sink running, the nightly DAG runs it available-now.
+    A pipeline whose spec says ``sink: {mode: standing}`` has a sink running under the
+    ``tidemark_supervisor`` DAG: this step then submits nothing and the next one waits for it.
     """
 
     def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE,
@@ -269,6 +270,10 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
 
         spec, plan = load_spec(Path(self.spec_path)), _plan(context)
         tag = _tag(spec, plan, _attempt(context))
+        if spec.sink.mode == "standing":
+            self.log.info("%s: the standing sink (supervised by tidemark_supervisor) applies this batch; "
+                          "%s waits for it", tag, COMMITTED)
+            return
         self.job_args = jobs.sink_args(self.spec_path, kafka_bootstrap(self.kafka_conn_id))
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             super().execute(context)

@@ -82,3 +82,14 @@ def test_a_refused_or_aborted_attempt_stays_so_and_a_new_attempt_reopens_the_bat
         assert _states(cur, batch_id) == ("aborted", {first: "refused", second: "aborted"})
         with pytest.raises(ValueError, match="no transition to 'open'"):
             ledger.transition(cur, batch_id, second, "open")
+
+
+def test_a_current_control_schema_is_left_unlocked(wh):
+    """Every plan and sink start ensures the schema: when it is current that must lock no control
+    table (its ALTERs took ACCESS EXCLUSIVE locks and deadlocked with a committing sink)."""
+    with wh, wh.cursor() as cur:
+        ledger.ensure_control_schema(cur)
+        cur.execute("""SELECT relation::regclass::text, mode FROM pg_locks
+                        WHERE pid = pg_backend_pid() AND locktype = 'relation'
+                          AND relation::regclass::text LIKE 'tidemark_control.%'""")
+        assert cur.fetchall() == []

@@ -59,8 +59,7 @@ def test_restarts_count_within_the_budget_window_and_a_crash_loop_waits_for_a_pe
 
 def test_only_the_holder_of_the_current_fence_can_beat(cur):
     p = _name()
-    consumer = ledger.consumer_for(p)
-    old = ledger.acquire_fence(cur, consumer, "host:1")
+    old = ledger.acquire_fence(cur, p, "host:1")
     started = "2026-11-23T09:00:00Z"
     assert ledger.beat(cur, p, old, "host:1", started, records=10, lag={0: 5}, offsets={0: 10}, batch_seconds=0.5)
     assert ledger.beat(cur, p, old, "host:1", started)  # an idle beat keeps the progress time
@@ -68,8 +67,25 @@ def test_only_the_holder_of_the_current_fence_can_beat(cur):
     assert (hb["fence"], hb["micro_batches"], hb["records"], hb["lag"]) == (old, 1, 10, {"0": 5})
     assert hb["progress_at"] is not None and hb["heartbeat_at"] >= hb["progress_at"]
 
-    new = ledger.acquire_fence(cur, consumer, "host:2")  # a second instance takes over
+    new = ledger.acquire_fence(cur, p, "host:2")  # a second instance takes over (no lease asked)
     assert not ledger.beat(cur, p, old, "host:1", started, records=3)  # the first must stop itself
     assert ledger.beat(cur, p, new, "host:2", "2026-11-23T09:05:00Z", records=4, batch_seconds=0.2)
     hb = ledger.heartbeat(cur, p)
     assert (hb["fence"], hb["holder"], hb["micro_batches"], hb["records"]) == (new, "host:2", 1, 4)
+
+
+def test_a_live_lease_refuses_a_second_copy_until_it_ends_or_expires(cur):
+    p = _name()
+    first = ledger.acquire_fence(cur, p, "host:1", timedelta(seconds=30))
+    assert ledger.beat(cur, p, first, "host:1", "2026-11-23T09:00:00Z")
+    with pytest.raises(ledger.LeaseHeld, match="held by host:1"):
+        ledger.acquire_fence(cur, p, "host:2", timedelta(seconds=30))
+    assert ledger.beat(cur, p, first, "host:1", "2026-11-23T09:00:00Z")  # the first keeps running
+    cur.execute("UPDATE tidemark_control.stream_heartbeats SET heartbeat_at = clock_timestamp() - interval '31 s' "
+                "WHERE pipeline = %s", (p,))
+    second = ledger.acquire_fence(cur, p, "host:2", timedelta(seconds=30))  # expired: taken over
+    assert second == first + 1 and not ledger.beat(cur, p, first, "host:1", "2026-11-23T09:00:00Z")
+    assert ledger.beat(cur, p, second, "host:2", "2026-11-23T09:01:00Z")
+    assert ledger.end_lease(cur, p, second)  # ended (stopped, or seen dead): free at once
+    assert not ledger.beat(cur, p, second, "host:2", "2026-11-23T09:01:00Z")  # an ended instance cannot revive it
+    assert ledger.acquire_fence(cur, p, "host:3", timedelta(seconds=30)) == second + 1

@@ -43,8 +43,7 @@ def _until(predicate, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_launched_job_outlives_the_process_that_started_it_and_stops_gracefully(tmp_path: Path):
-    launcher = LocalLauncher(tmp_path)
+def test_a_launched_job_outlives_the_process_that_started_it_and_stops_gracefully(launcher, tmp_path: Path):
     starter = f"from tidemark.launch import LocalLauncher; LocalLauncher({str(tmp_path)!r}).start('p1', {[PY, '-c', GRACEFUL]!r})"
     subprocess.run([PY, "-c", starter], check=True, env={"PYTHONPATH": str(Path("include").resolve())})
     _until(lambda: "streaming" in _printed(launcher, "p1"))
@@ -57,8 +56,15 @@ def test_a_launched_job_outlives_the_process_that_started_it_and_stops_gracefull
     assert "graceful stop" in launcher.log_tail("p1")
 
 
-def test_a_job_that_ignores_sigterm_is_killed_with_its_whole_group(tmp_path: Path):
+@pytest.fixture()
+def launcher(tmp_path: Path):
     launcher = LocalLauncher(tmp_path)
+    yield launcher
+    for name in ("p1", "p2", "p3"):  # a failed test leaves nothing running
+        launcher.kill(name)
+
+
+def test_a_job_that_ignores_sigterm_is_killed_with_its_whole_group(launcher):
     launcher.start("p2", [PY, "-c", STUBBORN])
     _until(lambda: any(line.startswith("grandchild ") for line in _printed(launcher, "p2")))
     grandchild = int(_printed(launcher, "p2")[-1].split()[1])
@@ -68,8 +74,7 @@ def test_a_job_that_ignores_sigterm_is_killed_with_its_whole_group(tmp_path: Pat
            or Path(f"/proc/{grandchild}/stat").read_text().split(") ")[1][0] in "ZX")
 
 
-def test_a_crash_is_seen_with_its_exit_code_and_last_log_lines(tmp_path: Path):
-    launcher = LocalLauncher(tmp_path)
+def test_a_crash_is_seen_with_its_exit_code_and_last_log_lines(launcher):
     assert launcher.status("p3").pid is None and not launcher.status("p3").alive  # never launched
     launcher.start("p3", [PY, "-c", "import sys; print('cannot connect to the broker', flush=True); sys.exit(3)"])
     _until(lambda: launcher.status("p3").exit_code is not None)

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tidemark.supervise import Actual, History, Policy, decide
+from tidemark.supervise import Actual, History, Policy, decide, records_behind
 
 NOW = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
 S = timedelta(seconds=1)
@@ -87,3 +87,8 @@ def test_the_stall_window_follows_the_trigger_interval_and_never_undercuts_it():
     with pytest.raises(ValueError, match="heartbeat timeout"):
         Policy(trigger_interval=300 * S)  # a 2 min heartbeat timeout under a 5 min trigger
     assert Policy(trigger_interval=2 * S).backoff_for(10) == 300 * S
+
+
+def test_lag_ignores_the_one_commit_marker_a_control_message_leaves_at_a_partition_end():
+    # partition 0: read to the END whose marker sits at 41; 1: 10 records unread; 2: never read
+    assert records_behind({0: 42, 1: 60, 2: 5}, {0: 41, 1: 49}) == {0: 0, 1: 10, 2: 4}

@@ -125,7 +125,9 @@ CREATE TABLE IF NOT EXISTS tidemark_control.streams (
     changed_by           text NOT NULL,
     changed_at           timestamptz NOT NULL DEFAULT clock_timestamp(),
     reason               text,
-    crash_looping_since  timestamptz
+    crash_looping_since  timestamptz,
+    observed_lag         bigint,            -- the supervisor's last look: records behind in all
+    observed_at          timestamptz
 );
 
 -- Everything done to a stream, by a person or the supervisor: desired-state changes, starts,
@@ -153,7 +155,8 @@ CREATE TABLE IF NOT EXISTS tidemark_control.stream_heartbeats (
     records        bigint NOT NULL DEFAULT 0,      -- read since it started
     lag            jsonb,                          -- {"<partition>": records behind}
     offsets        jsonb,                          -- {"<partition>": next offset committed}
-    batch_seconds  double precision                -- the last micro-batch's duration
+    batch_seconds  double precision,               -- the last micro-batch's duration
+    ended_at       timestamptz                     -- it stopped (or was seen dead): its lease is free
 );
 
 -- Added after the first release (kept idempotent for existing control schemas).

@@ -1,0 +1,47 @@
+"""
+### Tidemark stream control: pause, resume, stop, clear
+
+Trigger this DAG (**Trigger** in the UI, or the REST API) with:
+
+- `pipeline`: a pipeline whose spec says `sink: {mode: standing}`;
+- `action`: `pause` or `stop` (the sink finishes its micro-batch and exits; the supervisor never
+  restarts it), `resume` (the supervisor starts it at its next cycle), or `clear` (a crash-looping
+  pipeline may be restarted again, with a fresh restart budget);
+- `reason`: why, kept with the change.
+
+Who asked (the user who triggered the run) and when go into the control schema
+(`tidemark_control.streams` and the append-only `tidemark_control.stream_events`), where the
+supervisor reads them.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+with DAG(
+    dag_id="tidemark_stream_control",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=4,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "owner": "tidemark"},
+    params={
+        "pipeline": Param("", type="string", description="a pipeline with sink.mode standing"),
+        "action": Param("pause", enum=["pause", "resume", "stop", "clear"]),
+        "reason": Param("", type="string", description="why (kept with the change)"),
+    },
+    tags=["tidemark", "streams"],
+):
+
+    @task
+    def apply(params=None, dag_run=None) -> str:
+        from tidemark_airflow.streams import control
+
+        actor = getattr(dag_run, "triggering_user_name", None) or "unknown"
+        return control(params["pipeline"], params["action"], params["reason"], actor)
+
+    apply()

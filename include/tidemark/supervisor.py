@@ -1,0 +1,141 @@
+"""One cycle of the stream supervisor: gather the facts, decide (``tidemark.supervise``), act, log.
+
+For every pipeline whose spec says ``sink: {mode: standing}``: the desired state and crash-loop
+flag (control schema), the instance the launcher knows (alive, exit code), the instance's own
+heartbeat and progress, and the lag (broker end offsets against the offsets committed in the
+warehouse). One log line per pipeline says what it saw and did. No Airflow import: the DAG
+passes the command that launches a pipeline's sink (built from its connections).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tidemark import ledger
+from tidemark.kafka_io import end_offsets
+from tidemark.launch import LocalLauncher
+from tidemark.spec import PipelineSpec
+from tidemark.supervise import Actual, Decision, History, Policy, decide, records_behind
+
+log = logging.getLogger(__name__)
+
+Command = Callable[[PipelineSpec], tuple[list[str], dict[str, str]]]  # argv and environment
+
+
+def policy_for(spec: PipelineSpec) -> Policy:
+    sink = spec.sink
+    return Policy(trigger_interval=sink.trigger, heartbeat_timeout=max(sink.lease, timedelta(minutes=2)),
+                  restart_budget=sink.restart_budget, budget_window=sink.budget_window)
+
+
+def graceful_stop_grace(spec: PipelineSpec) -> timedelta:
+    """How long a job gets to stop itself after its desired state changed, before SIGTERM/SIGKILL."""
+    return spec.sink.heartbeat * 2 + spec.sink.trigger + timedelta(seconds=60)
+
+
+@dataclass
+class CycleReport:
+    lines: list[str] = field(default_factory=list)
+    crash_looping: list[str] = field(default_factory=list)  # one line per pipeline: name, error, what to do
+    decisions: dict[str, Decision] = field(default_factory=dict)
+
+
+def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: LocalLauncher, bootstrap: str,
+              command: Command, *, now: datetime | None = None) -> CycleReport:
+    report = CycleReport()
+    for spec in (s for s in specs if s.sink.mode == "standing"):
+        line, decision = _supervise(spec, warehouse_conn, launcher, bootstrap, command,
+                                    now or datetime.now(timezone.utc), report)
+        report.decisions[spec.name] = decision
+        report.lines.append(line)
+        log.log(logging.ERROR if decision.action == "crash_loop" else logging.INFO, "%s", line)
+    return report
+
+
+def _supervise(spec: PipelineSpec, wh, launcher: LocalLauncher, bootstrap: str, command: Command,
+               now: datetime, report: CycleReport) -> tuple[str, Decision]:
+    name, policy = spec.name, policy_for(spec)
+    instance = launcher.status(name)
+    parts = _lag(spec, wh, bootstrap)
+    lag = sum(parts.values()) if parts is not None else None
+    with wh, wh.cursor() as cur:
+        state = ledger.stream_state(cur, name)
+        beat = ledger.heartbeat(cur, name)
+        restarts = ledger.restarts_since(cur, name, policy.budget_window)
+        previous = ledger.observe_stream(cur, name, lag)
+    mine = (beat is not None and instance.started_at is not None and beat["ended_at"] is None
+            and beat["started_at"] >= instance.started_at - timedelta(seconds=1))
+    actual = Actual(alive=instance.alive, started_at=instance.started_at, exit_code=instance.exit_code,
+                    heartbeat_at=beat["heartbeat_at"] if mine else None,
+                    progress_at=beat["progress_at"] if mine else None, lag=lag, previous_lag=previous)
+    history = History(tuple(restarts), state.crash_looping_since)
+    decision = decide(now, state.desired, actual, history, policy)
+    did = _act(spec, decision, state, instance, beat, launcher, command, wh, now, report)
+    seen = ("running pid %s" % instance.pid if instance.alive else
+            "not started" if instance.started_at is None else f"ended (exit {instance.exit_code})")
+    progress = actual.progress_at.isoformat() if actual.progress_at else "-"
+    line = (f"pipeline={name} desired={state.desired} actual={seen} lag={lag if lag is not None else 'unknown'} "
+            f"per partition {parts} last_progress={progress} restarts={len(restarts)}/{policy.restart_budget} in "
+            f"{policy.budget_window} action={decision.action}{did}: {decision.reason}")
+    return line, decision
+
+
+def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, instance, beat: dict[str, Any] | None,
+         launcher: LocalLauncher, command: Command, wh, now: datetime, report: CycleReport) -> str:
+    name = spec.name
+    if decision.action in ("start", "restart"):
+        if instance.alive:  # hung or stalled: it goes first, and its lease with it
+            launcher.kill(name)
+        argv, env = command(spec)
+        started = launcher.start(name, argv, env)
+        with wh, wh.cursor() as cur:
+            if beat is not None:
+                ledger.end_lease(cur, name, beat["fence"])
+            ledger.record_stream_event(cur, name, decision.action, "supervisor", decision.reason)
+        return f" (pid {started.pid}, log {started.log})"
+    if decision.action == "stop":
+        asked = state.changed_at
+        grace = graceful_stop_grace(spec)
+        if asked is not None and now - asked < grace:
+            return f" (waiting: the job stops itself between micro-batches; SIGTERM after {asked + grace:%H:%M:%S})"
+        stopped = launcher.stop(name, grace_s=10)
+        with wh, wh.cursor() as cur:
+            if beat is not None:
+                ledger.end_lease(cur, name, beat["fence"])
+            ledger.record_stream_event(cur, name, "stop", "supervisor",
+                                       f"did not stop itself within {grace}: signalled, exit {stopped.exit_code}")
+        return f" (signalled after {grace}: exit {stopped.exit_code})"
+    if decision.action == "crash_loop":
+        error = last_error(launcher.log_tail(name, lines=200))
+        if state.crash_looping_since is None:
+            with wh, wh.cursor() as cur:
+                ledger.mark_crash_looping(cur, name, f"{decision.reason}; last error: {error}")
+        report.crash_looping.append(
+            f"pipeline {name} is crash-looping: last error: {error}; log: {launcher.root / name / 'log'}. Next: fix "
+            f"the cause, then run the DAG tidemark_stream_control with pipeline={name} action=clear")
+    return ""
+
+
+def last_error(log_text: str) -> str:
+    """The job's own failure line (``<job>: FAILED: ...``), else its last error-looking line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip() and not line.startswith("--- ")]
+    for marker in (": FAILED: ", "Error", "Exception"):
+        found = [line for line in lines if marker in line]
+        if found:
+            return found[-1][:500]
+    return lines[-1][:500] if lines else "the job printed nothing"
+
+
+def _lag(spec: PipelineSpec, wh, bootstrap: str) -> dict[int, int] | None:
+    try:
+        ends = end_offsets(bootstrap, spec.topic, timeout_s=3)
+    except Exception as exc:  # no topic yet, or the broker is away: the lag is unknown, not zero
+        log.warning("pipeline=%s lag unknown: cannot read end offsets of %s (%s)", spec.name, spec.topic, exc)
+        return None
+    with wh, wh.cursor() as cur:
+        stored = ledger.stored_offsets(cur, ledger.consumer_for(spec.name), spec.topic)
+    return records_behind(ends, stored)

@@ -1,0 +1,98 @@
+"""The Airflow side of stream supervision: launch commands from Tidemark's connections, one
+supervisor cycle, and what a person asks of a stream (pause, resume, stop, clear a crash loop).
+
+The cycle itself is ``tidemark.supervisor.run_cycle``; this module only resolves connections
+(at run time) and turns crash loops into one failing line per pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from airflow.sdk import Connection
+from airflow.sdk.exceptions import AirflowFailException
+
+from tidemark import jobs
+from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, jdbc_url, pipelines_dir, spark_job, streams_dir
+from tidemark_airflow.batch import kafka_bootstrap, pg_connect
+
+log = logging.getLogger(__name__)
+ACTIONS = {"pause": "paused", "resume": "running", "stop": "stopped", "clear": None}
+
+
+def _standing_specs():
+    from tidemark.spec import load_specs
+
+    valid, _ = load_specs(pipelines_dir())  # an invalid spec is the DAG processor's import error
+    return [(path, spec) for path, spec in valid if spec.sink.mode == "standing"]
+
+
+def sink_command(paths: dict[str, Path]):
+    """spec -> (argv, env) of its standing sink: spark-submit exactly as the Spark provider's operator
+    builds it from the ``tidemark_spark`` connection, the password only in the environment."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    warehouse = Connection.get(CONN_WAREHOUSE)
+    bootstrap = kafka_bootstrap(CONN_KAFKA)
+
+    def command(spec):
+        args = [*jobs.jdbc_args(jdbc_url(warehouse.host, warehouse.port, warehouse.schema), warehouse.login or ""),
+                *jobs.sink_args(paths[spec.name], bootstrap, available_now=False)]
+        hook = SparkSubmitHook(conn_id=CONN_SPARK, conf=dict(jobs.SPARK_CONF), driver_memory=spec.sink.driver_memory,
+                               jars=os.environ.get("TIDEMARK_SPARK_JARS") or None, name=f"tidemark-stream-{spec.name}",
+                               application_args=args)
+        argv = hook._build_spark_submit_command(str(spark_job(jobs.SINK_JOB)))  # the operator's own builder
+        return argv, {**os.environ, jobs.PASSWORD_ENV: warehouse.password or ""}
+
+    return command
+
+
+def supervise() -> list[str]:
+    """One supervisor cycle over every standing pipeline; fails (one line per pipeline) on crash loops."""
+    from tidemark.launch import LocalLauncher
+    from tidemark.supervisor import run_cycle
+
+    standing = _standing_specs()
+    if not standing:
+        log.info("no pipeline has sink.mode standing: nothing to supervise")
+        return []
+    from tidemark.ledger import ensure_control_schema
+
+    warehouse = pg_connect(CONN_WAREHOUSE, application_name="tidemark-supervisor")
+    try:
+        with warehouse, warehouse.cursor() as cur:
+            ensure_control_schema(cur)
+        report = run_cycle([spec for _, spec in standing], warehouse, LocalLauncher(streams_dir()),
+                           kafka_bootstrap(CONN_KAFKA), sink_command({spec.name: path for path, spec in standing}))
+    finally:
+        warehouse.close()
+    if report.crash_looping:
+        raise AirflowFailException(" | ".join(report.crash_looping))
+    return report.lines
+
+
+def control(pipeline: str, action: str, reason: str, actor: str) -> str:
+    """Record what a person asks of a pipeline's stream; the supervisor acts on it at its next cycle."""
+    from tidemark import ledger
+
+    names = {spec.name for _, spec in _standing_specs()}
+    if pipeline not in names:
+        raise AirflowFailException(f"pipeline {pipeline!r} has no standing sink (standing: {sorted(names) or 'none'}); "
+                                   "set sink.mode: standing in its spec first")
+    if action not in ACTIONS:
+        raise AirflowFailException(f"action {action!r} is not one of {sorted(ACTIONS)}")
+    warehouse = pg_connect(CONN_WAREHOUSE, application_name="tidemark-stream-control")
+    try:
+        with warehouse, warehouse.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+            if action == "clear":
+                done = ledger.clear_crash_loop(cur, pipeline, actor)
+                return (f"pipeline={pipeline} crash loop cleared by {actor}: the supervisor restarts it at its next cycle"
+                        if done else f"pipeline={pipeline} was not crash-looping: nothing to clear")
+            before = ledger.set_desired(cur, pipeline, ACTIONS[action], actor, reason or None)
+    finally:
+        warehouse.close()
+    return (f"pipeline={pipeline} desired state {before} -> {ACTIONS[action]} by {actor}"
+            + (f" ({reason})" if reason else "") + "; the supervisor acts at its next cycle")
