@@ -617,6 +617,13 @@ def control_schema_exists(cur) -> bool:
     return all(cur.fetchone())
 
 
+def stream_tables_exist(cur) -> bool:
+    """A control schema from before standing sinks has none (a read-only reader never creates them)."""
+    cur.execute("SELECT to_regclass('tidemark_control.streams') IS NOT NULL "
+                "AND to_regclass('tidemark_control.stream_heartbeats') IS NOT NULL")
+    return cur.fetchone()[0]
+
+
 def last_committed(cur, pipeline: str) -> tuple[str, Window, int | None, Any, int | None] | None:
     """(batch id, window, rows, committed at, attempt) of the pipeline's newest committed batch."""
     cur.execute(

@@ -161,6 +161,27 @@ class PipelineStatus:
 
 
 @dataclass(frozen=True)
+class StreamStatus:
+    """A standing sink: what a person wants, what its instance last said, what the supervisor did."""
+
+    pipeline: str
+    desired: str
+    changed_by: str | None = None  # None: never set (running by default)
+    changed_at: datetime | None = None
+    reason: str | None = None
+    crash_looping_since: datetime | None = None
+    fence: int | None = None
+    holder: str | None = None
+    heartbeat_at: datetime | None = None
+    progress_at: datetime | None = None
+    records: int | None = None  # read by the current instance since it started
+    lag: dict[str, int] | None = None  # records behind per partition, at its last beat
+    ended_at: datetime | None = None  # the instance stopped (or was seen dead)
+    restarts: int = 0  # within the spec's budget window
+    restart_budget: int = 0
+
+
+@dataclass(frozen=True)
 class StatusReport:
     generated_at: datetime
     pipelines_dir: str
@@ -168,6 +189,7 @@ class StatusReport:
     pipelines: list[PipelineStatus]
     sources: list[SourceStatus]
     orphan_stage_tables: list[StageTable]
+    streams: list[StreamStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(self)
@@ -250,6 +272,16 @@ def pipeline_ledger(cur, pipeline: str, failure_window: timedelta = FAILURE_WIND
     recent = [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, since=failure_window)]
     last = recent[:1] or [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, limit=1)]
     return PipelineLedger(committed, watermark, unfinished, recent, last[0] if last else None)
+
+
+def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
+    state = ledger.stream_state(cur, spec.name)
+    beat = ledger.heartbeat(cur, spec.name) or {}
+    restarts = ledger.restarts_since(cur, spec.name, spec.sink.budget_window)
+    return StreamStatus(
+        spec.name, state.desired, state.changed_by, state.changed_at, state.reason, state.crash_looping_since,
+        beat.get("fence"), beat.get("holder"), beat.get("heartbeat_at"), beat.get("progress_at"), beat.get("records"),
+        beat.get("lag"), beat.get("ended_at"), len(restarts), spec.sink.restart_budget)
 
 
 def orphan_stage_tables(cur, *, control_schema: bool = True) -> list[StageTable]:
@@ -339,6 +371,8 @@ def collect(
         ledgers = {e.name: pipeline_ledger(wh, e.name, failure_window) if has_control else PipelineLedger()
                    for e in entries if e.spec}
         orphans = orphan_stage_tables(wh, control_schema=has_control)
+        streams = [stream_status(wh, e.spec) for e in entries if e.spec and e.spec.sink.mode == "standing"] \
+            if has_control and ledger.stream_tables_exist(wh) else []
 
     specs = [e.spec for e in entries if e.spec]
     conn_ids = sorted({CONN_SOURCE, *(s.source_conn_id for s in specs)})
@@ -380,4 +414,40 @@ def collect(
         pipelines=pipelines,
         sources=[sources[c] for c in conn_ids],
         orphan_stage_tables=orphans,
+        streams=streams,
     )
+
+
+# --- text, for `make status` and logs ---------------------------------------------------------
+
+def status_lines(report: StatusReport) -> list[str]:
+    """One line per pipeline: last committed batch, watermark, how far behind the source it is,
+    and for a standing sink its desired state, instance, lag and restarts."""
+    streams = {t.pipeline: t for t in report.streams}
+    lines = []
+    for p in report.pipelines:
+        if p.error:
+            lines.append(f"{p.name}: invalid spec: {p.error}")
+            continue
+        c, w = p.ledger.last_committed, p.ledger.watermark
+        batch = f"last batch {c.batch_id} ({c.rows} rows, {utc_iso(c.committed_at)})" if c else "no batch yet"
+        lag = p.lag
+        behind = ("-" if lag is None else lag.error if lag.error else f"{lag.ids} ids" if lag.ids is not None
+                  else format_duration(lag.seconds) + (" (held back by a source transaction)" if lag.held_back else ""))
+        line = f"{p.name}: {batch}; watermark {w.bound if w else '-'}; behind the source {behind}"
+        t = streams.get(p.name)
+        if t is not None:
+            line += f"; stream desired={t.desired} {_instance(t, report.generated_at)} lag " \
+                    f"{sum((t.lag or {}).values())} records, restarts {t.restarts}/{t.restart_budget}"
+        lines.append(line)
+    return lines
+
+
+def _instance(t: StreamStatus, now: datetime) -> str:
+    if t.crash_looping_since:
+        return f"CRASH-LOOPING since {utc_iso(t.crash_looping_since)}"
+    if t.heartbeat_at is None:
+        return "never started"
+    if t.ended_at is not None:
+        return f"stopped at {utc_iso(t.ended_at)}"
+    return f"running (beat {format_duration(now - t.heartbeat_at)} ago)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import logging
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
@@ -161,6 +162,34 @@ refused or aborted in the last 7 days. Orphaned stage tables belong to finished 
 pipeline's next sink start drops those it knows. All times UTC.</small></p>"""
 
 
+def _streams(streams) -> str:
+    """Standing sinks: desired state (who, when, why), the instance's beat and progress, restarts."""
+    from tidemark.status import format_duration, utc_iso
+
+    if not streams:
+        return ""
+    now = datetime.now(timezone.utc)
+    rows = []
+    for t in streams:
+        if t.crash_looping_since:
+            state = (f"<span class=bad>crash-looping since {_e(utc_iso(t.crash_looping_since))}</span>: run "
+                     "<code>tidemark_stream_control</code> with action=clear once fixed")
+        elif t.heartbeat_at is None:
+            state = "never started"
+        elif t.ended_at is not None:
+            state = f"stopped at {_e(utc_iso(t.ended_at))}"
+        else:
+            state = f"beat {_e(format_duration(now - t.heartbeat_at))} ago ({_e(t.holder)}, fence {t.fence})"
+        who = f"<br><small>by {_e(t.changed_by)} {_e(utc_iso(t.changed_at))} {_e(t.reason)}</small>" if t.changed_by else ""
+        lag = ", ".join(f"p{p}: {n}" for p, n in sorted((t.lag or {}).items())) or "-"
+        rows.append(f"<tr><td><b>{_e(t.pipeline)}</b></td><td>{_e(t.desired)}{who}</td><td>{state}</td>"
+                    f"<td>{_e(utc_iso(t.progress_at)) or '-'}</td><td class=num>{_e(t.records)}</td><td>{_e(lag)}</td>"
+                    f"<td class=num>{t.restarts}/{t.restart_budget}</td></tr>")
+    return ("<h3>Standing sinks</h3><table id=streams><tr><th>pipeline</th><th>desired</th><th>instance</th>"
+            "<th>last progress (UTC)</th><th>records read</th><th>lag (records)</th><th>restarts</th></tr>"
+            + "".join(rows) + "</table>")
+
+
 def render_html(report) -> str:
     from tidemark.status import utc_iso
 
@@ -175,6 +204,7 @@ def render_html(report) -> str:
         f"<h2>{_e(NAME)}</h2><p><small>{_e(utc_iso(report.generated_at))}, specs in "
         f"<code>{_e(report.pipelines_dir)}</code></small></p>{note}"
         f"<table id=pipelines>{head}{rows}</table>"
+        + _streams(report.streams)
         + "".join(_source_section(s) for s in report.sources)
         + f"<h3>Orphaned stage tables</h3>{_orphans(report)}{LEGEND}</body></html>"
     )

@@ -15,6 +15,7 @@ from tidemark.status import (
     PipelineStatus,
     PreparedXact,
     SourceSession,
+    StreamStatus,
     SourceStatus,
     StageTable,
     StatusReport,
@@ -80,6 +81,9 @@ def _report() -> StatusReport:
             timedelta(minutes=3)), PreparedXact("etl-<2pc>", T0 - timedelta(minutes=9), "bob", 2))],
         orphan_stage_tables=[StageTable("tidemark_stage.s_abc", 16384, "p:run-a", 2, "loaded", "committed"),
                              StageTable("tidemark_stage.s_def", None)],
+        streams=[StreamStatus("loaded", "paused", "alice <a@b>", T0, "broker <maintenance>", None, 7, "host:42",
+                              T0, T0, 1234, {"0": 0, "1": 5}, T0, 1, 3),
+                 StreamStatus("looping", "running", crash_looping_since=T0, restarts=3, restart_budget=3)],
     )
 
 
@@ -94,6 +98,8 @@ def test_html_has_a_row_per_pipeline_and_escapes_everything():
     assert "p:run-a #2" in page and "1234" in page and "2026-11-22T08:00:00+00:00" in page  # committed_at in UTC
     assert "3m 05s" in page and "held back by an open or prepared source transaction" in page
     assert "4242" in page and "10.0.0.7" in page
+    assert "alice &lt;a@b&gt;" in page and "broker &lt;maintenance&gt;" in page and "p1: 5" in page
+    assert "stopped at 2026-11-22T08:00:00+00:00" in page and "crash-looping since" in page and "3/3" in page
     assert "etl-&lt;2pc&gt;" in page and "ROLLBACK PREPARED" in page  # the prepared one holds every window too
     assert "tidemark_stage.s_abc" in page and "16.0 kB" in page and "no such attempt" in page
 
@@ -132,3 +138,14 @@ def test_importing_the_plugin_loads_neither_fastapi_nor_the_queries():
     code = f"import sys, tidemark_airflow.status_page; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_text_lines_name_each_pipeline_its_batch_lag_and_stream():
+    from tidemark.status import status_lines
+
+    lines = status_lines(_report())
+    assert lines[0].startswith("broken: invalid spec: /specs/broken.yaml")
+    assert lines[1] == "idle: no batch yet; watermark -; behind the source -"
+    assert lines[2].startswith("loaded: last batch p:run-a (1234 rows, 2026-11-22T08:00:00+00:00)")
+    assert "behind the source 3m 05s (held back by a source transaction)" in lines[2]
+    assert lines[2].endswith("; stream desired=paused stopped at 2026-11-22T08:00:00+00:00 lag 5 records, restarts 1/3")

@@ -2,7 +2,7 @@
 
   up        start PostgreSQL and Kafka, resolve Spark's jars, migrate Airflow (idempotent)
   down      stop everything this checkout started (Airflow UI, Kafka, PostgreSQL)
-  status    one line per component
+  status    one line per component, then one per pipeline (batch, watermark, lag, stream)
   logs [C]  last lines of a component's log (postgres, kafka, airflow-api-server, ...)
   env       the environment of the stack as shell exports (secrets included: do not log)
   run CMD   run CMD with the stack's environment (connections, AIRFLOW_HOME, PATH)
@@ -39,11 +39,31 @@ def down(s: Settings) -> None:
 
 
 def status(s: Settings) -> None:
-    print(Postgres(s).status())
+    postgres = Postgres(s)
+    print(postgres.status())
     print(Kafka(s).status())
     print(spark.status(s))
     for line in airflow.AirflowUI(s).status():
         print(line)
+    if postgres.is_running():
+        for line in pipeline_lines(s):
+            print(f"pipeline  {line}")
+
+
+def pipeline_lines(s: Settings) -> list[str]:
+    """The status page's facts, one line per pipeline (read-only sessions)."""
+    import psycopg2
+
+    from tidemark.config import pipelines_dir
+    from tidemark.status import collect, load_pipelines, status_lines
+    from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+
+    warehouse = psycopg2.connect(s.dsn(WAREHOUSE_DB))
+    try:
+        report = collect(load_pipelines(pipelines_dir()), warehouse, lambda _conn_id: psycopg2.connect(s.dsn(SOURCE_DB)))
+    finally:
+        warehouse.close()
+    return status_lines(report)
 
 
 def logs(s: Settings, names: list[str]) -> None:
