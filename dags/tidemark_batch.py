@@ -3,6 +3,8 @@
 
 Every YAML file in `include/pipelines/` becomes a DAG `tidemark_batch_<name>`:
 
+0. **wait_for_sink** (only with `sink.max_lag` in the spec): backpressure; the run waits, holding
+   no worker slot, while the pipeline's standing sink is more than that many records behind.
 1. **plan**: the window `(watermark, safe bound]` on the source's own clock: now minus the safe
    lag, and before the oldest transaction still open on the source. Backfill runs load their
    data interval `[start, end)` instead and never move the watermark.
@@ -12,7 +14,8 @@ Every YAML file in `include/pipelines/` becomes a DAG `tidemark_batch_<name>`:
    counts and checksums, kept in the ledger (a retry is a new attempt that fences the failed one).
 4. **end**: END control messages carry those counts and checksums.
 5. **sink**: the two-phase sink applies the batch in one warehouse transaction, only if every
-   partition's END arrived and the numbers match.
+   partition's END arrived and the numbers match (with `sink.mode: standing` the sink kept running
+   by `tidemark_supervisor` applies it, and this step submits nothing).
 6. **wait_committed** / **publish**: the ledger shows the batch committed; the Asset
    `tidemark.batch.<name>` is updated with the batch facts (`empty: true` for a 0-row batch).
 7. **abort_unfinished** (teardown): whatever ended the run, an attempt it left open is aborted.
@@ -62,7 +65,7 @@ def _pipeline_dag(path: Path, spec: PipelineSpec) -> DAG:
         default_args=DEFAULTS,
         tags=["tidemark", "batch", spec.name],
     ) as dag:
-        batch_pipeline(path, source_conn_id=spec.source_conn_id)
+        batch_pipeline(path, source_conn_id=spec.source_conn_id, backpressure=spec.sink.max_lag is not None)
     return dag
 
 

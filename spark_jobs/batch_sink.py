@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
 
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
-    from tidemark.kafka_io import end_offsets, send_dead_letters
+    from tidemark.kafka_io import end_offsets, ensure_topic, send_dead_letters
     from tidemark.progress import progress_line
     from tidemark.ledger import LeaseHeld, ensure_control_schema
     from tidemark.sink import BatchSink
@@ -74,10 +74,14 @@ def main(argv: list[str]) -> int:
     sink.sweep_stages()
     control = None
     if not args.available_now:
+        ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
         control = StandingControl(lambda: connect(args.jdbc_url, args.user, password(args)), spec, sink.fence,
                                   f"{socket.gethostname()}:{os.getpid()}",
                                   lambda: end_offsets(args.bootstrap, spec.topic, timeout_s=2))
-        control.start()
+        try:
+            control.start()
+        except LeaseHeld as exc:
+            raise JobError(str(exc)) from None
         signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
     starting = sink.starting_offsets()
     totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": []}

@@ -120,9 +120,22 @@ def test_an_invalid_spec_is_an_import_error_naming_file_and_field_and_breaks_no_
     valid = {f"tidemark_batch_{p.stem}" for p in tmp_path.glob("bank_*.yaml")}
     assert {d for d in bag.dags if d.startswith("tidemark_batch_")} == valid
     for dag_id in valid:
+        gated = ["wait_for_sink"] if dag_id == "tidemark_batch_bank_ledger_entries" else []  # its spec has max_lag
         assert sorted(t.task_id for t in bag.dags[dag_id].tasks) == sorted([
-            "plan", "begin", "extract", "end", "sink", "wait_committed", "publish", "abort_unfinished"])
+            *gated, "plan", "begin", "extract", "end", "sink", "wait_committed", "publish", "abort_unfinished"])
         assert bag.dags[dag_id].get_task("abort_unfinished").is_teardown
+
+
+def test_a_spec_with_max_lag_gets_the_backpressure_gate_before_plan(tmp_path, monkeypatch):
+    from tidemark.jobs import GATE, PLAN
+
+    (tmp_path / "gated.yaml").write_text(
+        "name: gated\ntable: bank.gated\nprimary_key: [id]\ncursor: {kind: timestamp, column: updated_at}\n"
+        "safe_lag: PT1S\ntarget_table: batch.gated\nsink: {mode: standing, max_lag: 1000, max_lag_wait: PT30M}\n")
+    monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
+    dag = _dagbag(DAGS_DIR / "tidemark_batch.py").dags["tidemark_batch_gated"]
+    gate = dag.get_task(GATE)
+    assert gate.mode == "reschedule" and PLAN in gate.downstream_task_ids and not gate.upstream_task_ids
 
 
 def test_cron_schedules_give_runs_real_data_intervals():

@@ -16,6 +16,9 @@ from tidemark.window import Window
 # teardown of the whole chain (whatever ended the run, no attempt stays open).
 PLAN, BEGIN, EXTRACT, END, SINK, COMMITTED = STEPS = ("plan", "begin", "extract", "end", "sink", "wait_committed")
 PUBLISH, CLEANUP = "publish", "abort_unfinished"
+# Before plan, in the DAG only: backpressure from a standing sink that lags (the local runner
+# applies each batch itself, so nothing lags behind it).
+GATE = "wait_for_sink"
 
 EXTRACT_JOB = "extract_window.py"
 SINK_JOB = "batch_sink.py"

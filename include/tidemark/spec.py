@@ -73,6 +73,10 @@ class SinkSpec(BaseModel):
     max_offsets_per_trigger: Annotated[int, Field(ge=1, le=10_000_000)] = 200_000  # bounds a micro-batch's memory
     heartbeat: Annotated[timedelta, Field(ge=timedelta(seconds=1), le=timedelta(minutes=5))] = timedelta(seconds=5)
     driver_memory: Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}[mg]$")] = "1g"
+    # Backpressure: a nightly batch waits while the sink is more than max_lag records behind its topic
+    # (None: never waits), for at most max_lag_wait, then fails saying how far behind.
+    max_lag: Annotated[int, Field(ge=0)] | None = None
+    max_lag_wait: Annotated[timedelta, Field(ge=timedelta(minutes=1), le=timedelta(days=1))] = timedelta(hours=2)
     restart_budget: Annotated[int, Field(ge=1, le=100)] = 3  # restarts within budget_window before crash-looping
     budget_window: Annotated[timedelta, Field(ge=timedelta(minutes=1), le=timedelta(days=1))] = timedelta(minutes=30)
 

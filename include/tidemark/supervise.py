@@ -74,7 +74,7 @@ class Actual:
 class History:
     restarts: tuple[datetime, ...] = ()  # restarts the supervisor made, any age
     crash_looping_since: datetime | None = None  # set past the budget; only a person clears it
-    last_error: str | None = None  # the last lines of the last instance's log
+    desired_since: datetime | None = None  # when a person last set the desired state
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,11 @@ def decide(now: datetime, desired: DesiredState, actual: Actual, history: Histor
     why = _trouble(now, actual, policy)
     if why is None:
         return Decision("none", "healthy", n)
-    if actual.started_at is None and not actual.alive:
-        return Decision("start", why, n)
+    if not actual.alive and (actual.started_at is None or (
+            history.desired_since is not None and actual.started_at < history.desired_since)):
+        # never launched, or ended before a person (re)set it running (a resume): a start, not a restart
+        return Decision("start", "not running: starting it" if actual.started_at is None else
+                        f"resumed at {history.desired_since.isoformat()}: starting it", n)
     if n >= policy.restart_budget:
         return Decision("crash_loop", f"{why}; {n} restarts within {policy.budget_window} already (budget "
                         f"{policy.restart_budget}): crash-looping, not restarted until a person clears it", n)

@@ -60,7 +60,7 @@ def _supervise(spec: PipelineSpec, wh, launcher: LocalLauncher, bootstrap: str, 
                now: datetime, report: CycleReport) -> tuple[str, Decision]:
     name, policy = spec.name, policy_for(spec)
     instance = launcher.status(name)
-    parts = _lag(spec, wh, bootstrap)
+    parts = sink_lag(spec, wh, bootstrap)
     lag = sum(parts.values()) if parts is not None else None
     with wh, wh.cursor() as cur:
         state = ledger.stream_state(cur, name)
@@ -72,7 +72,8 @@ def _supervise(spec: PipelineSpec, wh, launcher: LocalLauncher, bootstrap: str, 
     actual = Actual(alive=instance.alive, started_at=instance.started_at, exit_code=instance.exit_code,
                     heartbeat_at=beat["heartbeat_at"] if mine else None,
                     progress_at=beat["progress_at"] if mine else None, lag=lag, previous_lag=previous)
-    history = History(tuple(restarts), state.crash_looping_since)
+    person = state.changed_by not in (None, "supervisor")  # the row may exist only for the supervisor's looks
+    history = History(tuple(restarts), state.crash_looping_since, state.changed_at if person else None)
     decision = decide(now, state.desired, actual, history, policy)
     did = _act(spec, decision, state, instance, beat, launcher, command, wh, now, report)
     seen = ("running pid %s" % instance.pid if instance.alive else
@@ -130,12 +131,27 @@ def last_error(log_text: str) -> str:
     return lines[-1][:500] if lines else "the job printed nothing"
 
 
-def _lag(spec: PipelineSpec, wh, bootstrap: str) -> dict[int, int] | None:
+def sink_lag(spec: PipelineSpec, wh, bootstrap: str) -> dict[int, int] | None:
+    """Records per partition on the pipeline's topic beyond the offsets its sink committed in the
+    warehouse; None when the broker cannot tell now (no topic yet, or the broker is away)."""
     try:
         ends = end_offsets(bootstrap, spec.topic, timeout_s=3)
-    except Exception as exc:  # no topic yet, or the broker is away: the lag is unknown, not zero
+    except Exception as exc:
         log.warning("pipeline=%s lag unknown: cannot read end offsets of %s (%s)", spec.name, spec.topic, exc)
         return None
     with wh, wh.cursor() as cur:
         stored = ledger.stored_offsets(cur, ledger.consumer_for(spec.name), spec.topic)
     return records_behind(ends, stored)
+
+
+def backpressure(spec: PipelineSpec, wh, bootstrap: str) -> tuple[bool, str]:
+    """Whether a nightly batch may go on now (its sink is within ``sink.max_lag``), and why."""
+    if spec.sink.max_lag is None:
+        return True, f"pipeline={spec.name} has no sink.max_lag: no backpressure"
+    parts = sink_lag(spec, wh, bootstrap)
+    if parts is None:
+        return True, f"pipeline={spec.name} sink lag unknown (no topic yet, or the broker is away): going on"
+    lag = sum(parts.values())
+    verdict = "within" if lag <= spec.sink.max_lag else "beyond"
+    return lag <= spec.sink.max_lag, (f"pipeline={spec.name} sink lags {lag} records {parts} on {spec.topic}, "
+                                      f"{verdict} sink.max_lag {spec.sink.max_lag}")

@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark import jobs
 from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
-from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, PLAN, PUBLISH, SINK, STEPS
+from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
 
 # What to do next, per step, once Airflow has given up (or at once, for what will not heal).
@@ -279,6 +279,50 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
             super().execute(context)
 
 
+class SinkBackpressureSensor(BaseSensorOperator):
+    """Backpressure: hold the nightly batch while the pipeline's sink is more than ``sink.max_lag``
+    records behind its topic (a standing sink that fell behind), for at most ``sink.max_lag_wait``.
+
+    Runs in reschedule mode: between pokes it holds no worker slot. Each poke logs how far behind
+    the sink is and since when this run waits; past the limit it fails with what to look at."""
+
+    template_fields = ("spec_path",)
+
+    def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE,
+                 kafka_conn_id: str = CONN_KAFKA, **kwargs: Any):
+        kwargs.setdefault("mode", "reschedule")
+        kwargs.setdefault("poke_interval", 30)
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+        self.warehouse_conn_id = warehouse_conn_id
+        self.kafka_conn_id = kafka_conn_id
+
+    def poke(self, context) -> bool:
+        from datetime import datetime, timezone
+
+        from tidemark.spec import load_spec
+        from tidemark.supervisor import backpressure
+
+        spec = load_spec(Path(self.spec_path))
+        warehouse = pg_connect(self.warehouse_conn_id)
+        try:
+            go, why = backpressure(spec, warehouse, kafka_bootstrap(self.kafka_conn_id))
+        finally:
+            warehouse.close()
+        if go:
+            self.log.info("%s: the batch goes on", why)
+            return True
+        since = context["ti"].start_date or datetime.now(timezone.utc)
+        waited = datetime.now(timezone.utc) - since
+        if waited > spec.sink.max_lag_wait:
+            raise AirflowFailException(
+                f"{why}: waited {waited} (sink.max_lag_wait {spec.sink.max_lag_wait}). Next: see the pipeline on the "
+                "Tidemark status page and the tidemark_supervisor log (a stalled or crash-looping sink), then clear "
+                "this task")
+        self.log.warning("%s: the batch waits (since %s, %s so far)", why, since.isoformat(), waited)
+        return False
+
+
 class BatchCommittedSensor(BaseSensorOperator):
     """Wait until the sink has committed this run's attempt; fail at once if it was refused.
 
@@ -348,8 +392,9 @@ class AbortUnfinishedOperator(_PipelineOperator):
                              _tag(spec, plan), attempt, BEGIN)
 
 
-def batch_pipeline(spec_path: str | Path, *, source_conn_id: str) -> BaseOperator:
+def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: bool = False) -> BaseOperator:
     """Wire plan >> begin >> extract >> end >> sink >> wait_committed >> publish in the current DAG,
+    after ``wait_for_sink`` with ``backpressure`` (the spec sets ``sink.max_lag``),
     with ``abort_unfinished`` as the teardown of the whole chain (plan is its setup).
 
     Returns the publish task, whose outlet is the pipeline's Asset, so callers can chain more work.
@@ -358,6 +403,7 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str) -> BaseOperato
 
     path, name = str(spec_path), Path(spec_path).stem
     asset = batch_asset(name)
+    gate = [SinkBackpressureSensor(task_id=GATE, spec_path=path)] if backpressure else []
     plan = PlanWindowOperator(task_id=PLAN, spec_path=path)
     begin = BeginBatchOperator(task_id=BEGIN, spec_path=path)
     extract = ExtractWindowOperator(task_id=EXTRACT, spec_path=path, source_conn_id=source_conn_id)
@@ -381,5 +427,5 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str) -> BaseOperato
 
     last = publish()
     steps = {PLAN: plan, BEGIN: begin, EXTRACT: extract, END: end, SINK: sink, COMMITTED: committed}
-    chain(*(steps[name] for name in STEPS), last, cleanup.as_teardown(setups=plan))
+    chain(*gate, *(steps[name] for name in STEPS), last, cleanup.as_teardown(setups=plan))
     return last

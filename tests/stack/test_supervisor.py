@@ -14,8 +14,9 @@ import sys
 import time
 
 from tidemark import jobs, ledger
+from tidemark.kafka_io import ensure_topic
 from tidemark.launch import LocalLauncher
-from tidemark.supervisor import run_cycle
+from tidemark.supervisor import backpressure, run_cycle
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 from tidemark_workshop.stack.spark import submit_command
 
@@ -41,7 +42,7 @@ def _batch(pipe, run_id: str, first: int, last: int):
 
 
 def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_when_paused(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING)
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink={**STANDING, "max_lag": 10})
     name = pipe.spec.name
     launcher = LocalLauncher(tmp_path / "streams")
 
@@ -54,8 +55,12 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
             return run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name]
 
         plan, attempt = _batch(pipe, "run-1", 1, 50)  # waits on the topic for a sink
+        go, why = backpressure(pipe.spec, wh, settings.kafka_bootstrap)  # the next nightly batch would wait
+        assert not go and "beyond sink.max_lag 10" in why, why
         assert cycle().action == "start"
         _until("the standing sink to commit batch 1", lambda: pipe.state(plan.batch_id, attempt) == "committed")
+        go, why = backpressure(pipe.spec, wh, settings.kafka_bootstrap)  # caught up: it goes on
+        assert go and "sink lags 0 records" in why, why
         _until("a heartbeat with progress", lambda: (pipe.query_wh(
             "SELECT micro_batches FROM tidemark_control.stream_heartbeats WHERE pipeline = %s", (name,)) or [(0,)])[0][0])
         assert cycle().action == "none"  # healthy, and idle now: no stall
@@ -95,6 +100,7 @@ def test_a_job_dying_at_start_up_is_crash_looping_after_its_budget_and_left_alon
     def command(spec):
         return [sys.executable, "-c", failing], dict(os.environ)
 
+    ensure_topic(settings.kafka_bootstrap, pipe.spec.topic, pipe.spec.partitions)  # the lag is known: 0
     wh = pipe.wh()
     with wh, wh.cursor() as cur:
         ledger.ensure_control_schema(cur)
@@ -117,12 +123,15 @@ def test_a_job_dying_at_start_up_is_crash_looping_after_its_budget_and_left_alon
         assert cycle().decisions[name].action == "crash_loop" and launcher.status(name).pid == pid  # left alone
 
         with wh, wh.cursor() as cur:
-            ledger.set_desired(cur, name, "paused", "test")
             assert ledger.clear_crash_loop(cur, name, "test")
+        assert cycle().decisions[name].action == "restart"  # cleared: the budget starts afresh
+        ended()
+        with wh, wh.cursor() as cur:
+            ledger.set_desired(cur, name, "paused", "test")
         assert cycle().decisions[name].action == "none"  # paused: not restarted
         with wh, wh.cursor() as cur:
             ledger.set_desired(cur, name, "running", "test")
-        assert cycle().decisions[name].action == "restart"  # cleared: the budget starts afresh
+        assert cycle().decisions[name].action == "start"  # resumed: a start, not a restart
     finally:
         launcher.kill(name)
         wh.close()

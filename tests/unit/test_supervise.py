@@ -92,3 +92,12 @@ def test_the_stall_window_follows_the_trigger_interval_and_never_undercuts_it():
 def test_lag_ignores_the_one_commit_marker_a_control_message_leaves_at_a_partition_end():
     # partition 0: read to the END whose marker sits at 41; 1: 10 records unread; 2: never read
     assert records_behind({0: 42, 1: 60, 2: 5}, {0: 41, 1: 49}) == {0: 0, 1: 10, 2: 4}
+
+
+def test_a_resumed_job_is_started_not_restarted_and_costs_no_budget():
+    stopped = Actual(alive=False, started_at=NOW - 600 * S, exit_code=0)  # it stopped itself when paused
+    resumed = History(restarts=(NOW - 300 * S, NOW - 200 * S, NOW - 100 * S), desired_since=NOW - 30 * S)
+    decision = decide(NOW, "running", stopped, resumed, POLICY)
+    assert decision.action == "start" and "resumed at" in decision.reason
+    later = Actual(alive=False, started_at=NOW - 20 * S, exit_code=1)  # started after the resume, then died
+    assert decide(NOW, "running", later, resumed, POLICY).action == "crash_loop"
