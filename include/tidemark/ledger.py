@@ -472,13 +472,15 @@ def advance_watermark(cur, pipeline: str, batch_id: str, window: Window) -> bool
 
 def forget_pipeline(cur, pipeline: str) -> None:
     """Remove everything the ledger holds for a pipeline (its batches by their ``<pipeline>:`` ids,
-    watermark, id observations) and its sink's offsets, fences and rejects: for a demo that starts
+    watermark, id observations, stream state) and its sink's offsets, fences and rejects: for a demo that starts
     afresh, never for a production pipeline (the ledger is its audit trail)."""
     prefix = f"{pipeline}:"
     for table in ("batch_ends", "staged_totals", "batch_attempts", "batches"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE starts_with(batch_id, %s)", (prefix,))
     cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s", (pipeline,))
+    for table in ("streams", "stream_events", "stream_heartbeats"):
+        cur.execute(f"DELETE FROM tidemark_control.{table} WHERE pipeline = %s", (pipeline,))
     for table in ("sink_offsets", "sink_fences", "sink_rejects"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer_for(pipeline),))
 

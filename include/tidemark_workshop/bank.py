@@ -139,6 +139,7 @@ def _reading(conn: Connection) -> Iterator[Any]:
 _TABLES = ("daily_balances", "ledger_entries", "accounts", "customers")
 _SEQUENCES = ("entry_id_seq", "account_id_seq", "customer_id_seq")
 OWNED_MARK = "created by the Tidemark demo (tidemark_workshop.bank)"
+OLDER_MARKS = ("created by the Tidemark demo (tidemark.bank)",)  # before the module moved: still the demo's
 
 
 def create_schema(conn: Connection) -> None:
@@ -164,13 +165,13 @@ def drop_schema(conn: Connection) -> None:
         for sequence in _SEQUENCES:
             cur.execute(f"DROP SEQUENCE IF EXISTS {SCHEMA}.{sequence}")
         cur.execute(
-            """SELECT obj_description(n.oid, 'pg_namespace') = %s
+            """SELECT obj_description(n.oid, 'pg_namespace') = ANY(%s)
                       AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid)
                       AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid)
                       AND NOT EXISTS (SELECT 1 FROM pg_type t WHERE t.typnamespace = n.oid AND t.typrelid = 0
                                         AND t.typelem = 0)
                  FROM pg_namespace n WHERE n.nspname = %s""",
-            (OWNED_MARK, SCHEMA),
+            ([OWNED_MARK, *OLDER_MARKS], SCHEMA),
         )
         row = cur.fetchone()
         if row and row[0]:

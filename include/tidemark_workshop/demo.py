@@ -5,7 +5,9 @@ than the safe lag, starts the Airflow services (api-server, scheduler, dag-proce
 and runs every nightly pipeline DAG through the scheduler while they write (its scheduled run, or
 a manual run made through the REST API as the UI makes it), prints per pipeline the window, batch
 id, rows, ledger state and watermark, then proves the target holds exactly the source rows up to
-the watermark. The services stay up afterwards, so the runs and their logs can be read in the UI.
+the watermark. bank_ledger_entries' sink stands under the tidemark_supervisor DAG: the demo prints
+each pipeline's status line, kills that sink with kill -9 and waits for the supervisor to restart
+it. The services stay up afterwards, so the runs and their logs can be read in the UI.
 ``run_dag`` runs a DAG with `airflow dags test` (the smoke test uses it).
 """
 
@@ -137,6 +139,9 @@ def _start_afresh(settings: Settings) -> None:
     from tidemark_workshop.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
+    from tidemark_workshop.stack.__main__ import stop_streams
+
+    stop_streams(settings)  # a standing sink of an earlier demo would apply into what is dropped now
     src = psycopg2.connect(settings.dsn(SOURCE_DB))
     wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
@@ -151,6 +156,52 @@ def _start_afresh(settings: Settings) -> None:
     finally:
         src.close()
         wh.close()
+
+
+def _streams(settings: Settings, api) -> bool:
+    """The standing sink under the supervisor: its status, then kill -9 and the supervisor's restart."""
+    import os
+    import signal
+
+    import psycopg2
+
+    from tidemark.launch import LocalLauncher
+    from tidemark_workshop.settings import WAREHOUSE_DB
+    from tidemark_workshop.stack.__main__ import pipeline_lines
+
+    name = "bank_ledger_entries"
+    launcher = LocalLauncher(settings.state_dir / "streams")
+    for line in pipeline_lines(settings):
+        print(f"  {line}")
+    before = launcher.status(name)
+    if not before.alive:
+        print(f"standing sink of {name}: not running: MISMATCH (see the tidemark_supervisor log)")
+        return False
+
+    def live_fence():
+        wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+        try:
+            with wh, wh.cursor() as cur:
+                cur.execute("SELECT fence FROM tidemark_control.stream_heartbeats WHERE pipeline = %s "
+                            "AND ended_at IS NULL AND heartbeat_at > clock_timestamp() - interval '10 s'", (name,))
+                row = cur.fetchone()
+                return row[0] if row else None
+        finally:
+            wh.close()
+
+    fence = live_fence()
+    t0 = time.monotonic()
+    os.killpg(before.pid, signal.SIGKILL)
+    print(f"\nkill -9 of the standing sink of {name} (pid {before.pid}, fence {fence}); the supervisor's next cycle "
+          "restarts it ...", flush=True)
+    try:
+        api.wait_for("the restarted sink's heartbeat", lambda: (live_fence() or 0) > (fence or 0), timeout_s=240)
+    except StackError as exc:
+        print(f"  not restarted: {exc}: MISMATCH")
+        return False
+    print(f"  restarted (pid {launcher.status(name).pid}, fence {live_fence()}) {time.monotonic() - t0:.0f} s after "
+          "the kill: OK")
+    return True
 
 
 def main() -> int:
@@ -173,6 +224,9 @@ def main() -> int:
     ui.start()
     ui.wait_healthy()
     api = RestApi(ui.url)
+    # bank_ledger_entries has a standing sink: the supervisor starts it, its nightly run waits for it
+    api.wait_for("tidemark_supervisor to be parsed", lambda: api.exists("tidemark_supervisor"), timeout_s=180)
+    api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": False})
     with bank.Simulator(dsn, writers=3, pause=0.2) as sim:
         held = bank.hold_open(dsn, 20, rows=10)
         for name in PIPELINES:
@@ -182,8 +236,10 @@ def main() -> int:
     for line in _prove(settings):
         ok &= line.endswith(": OK")
         print(line)
-    print(f"\nThe Airflow UI is running at {ui.url} (runs, task logs; Tidemark status at {ui.url}/tidemark/); "
-          "`make down` stops it")
+    print("\nper pipeline (make status):")
+    ok &= _streams(settings, api)
+    print(f"\nThe Airflow UI is running at {ui.url} (runs, task logs; Tidemark status at {ui.url}/tidemark/), "
+          "and the supervisor keeps the standing sink running; `make down` stops both")
     if not ok:
         print("demo FAILED: read the log above for the failing task and its message", file=sys.stderr)
     return 0 if ok else 1

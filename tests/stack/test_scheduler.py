@@ -20,6 +20,7 @@ import pytest
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.batchrun import make_pipeline
+from tidemark.launch import LocalLauncher
 from tidemark.sink import stage_table
 
 UTC = timezone.utc
@@ -65,7 +66,10 @@ def scheduled(settings, tmp_path_factory):
     killed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
     brokerless = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
     blip = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
-    for pipe, rows in ((killed, KILLED_ROWS), (brokerless, 100), (blip, BLIP_ROWS)):
+    # And one whose sink stands, under the supervisor DAG.
+    streamed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
+                             sink={"mode": "standing", "trigger": "PT1S", "heartbeat": "PT2S"})
+    for pipe, rows in ((killed, KILLED_ROWS), (brokerless, 100), (blip, BLIP_ROWS), (streamed, 200)):
         src = pipe.src()
         with src, src.cursor() as cur:
             cur.execute(f"INSERT INTO {pipe.spec.table} SELECT g, g / 100.0, now() - interval '1 hour' "
@@ -82,10 +86,10 @@ def scheduled(settings, tmp_path_factory):
     try:
         ui.wait_healthy()
         api = RestApi(ui.url, timeout_s=RUN_TIMEOUT_S)
-        for pipe in (nightly, narrow, killed, brokerless, blip):
+        for pipe in (nightly, narrow, killed, brokerless, blip, streamed):
             dag_id = f"tidemark_batch_{pipe.spec.name}"
             api.wait_for(f"{dag_id} to be parsed", lambda d=dag_id: api.exists(d), timeout_s=180)
-        yield api, nightly, narrow, killed, brokerless, blip
+        yield api, nightly, narrow, killed, brokerless, blip, streamed
     finally:
         ui.stop()
 
@@ -297,7 +301,7 @@ def _stages(pipe) -> list[str]:
 def test_a_worker_killed_mid_extract_is_retried_as_a_new_attempt_and_leaves_no_debris(scheduled):
     import psutil
 
-    api, _, _, pipe, _, _ = scheduled
+    api, _, _, pipe, *_ = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"
     run_id = _scheduled_run(api, dag_id)
 
@@ -320,7 +324,7 @@ def test_a_worker_killed_mid_extract_is_retried_as_a_new_attempt_and_leaves_no_d
 def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(scheduled, settings):
     from tidemark_workshop.stack.kafka import Kafka
 
-    api, _, _, _, pipe, _ = scheduled
+    api, _, _, _, pipe, *_ = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"
     broker = Kafka(settings)
     broker.stop()  # plan needs only the databases; begin is the first step that needs the broker
@@ -350,7 +354,7 @@ def test_a_broker_restart_mid_extract_ends_with_every_row_loaded_once(scheduled,
     loads the batch), the run ends committed with the source's rows exactly once."""
     from tidemark_workshop.stack.kafka import Kafka
 
-    api, *_, pipe = scheduled
+    api, _, _, _, _, pipe, _ = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"
     run_id = _scheduled_run(api, dag_id)
     _extract_writing(api, dag_id, run_id, pipe, BLIP_ROWS)
@@ -367,3 +371,38 @@ def test_a_broker_restart_mid_extract_ends_with_every_row_loaded_once(scheduled,
     assert ledger[-1][1] == "committed" and all(state == "superseded" for _, state in ledger[:-1]), ledger
     assert _unfinished(pipe) == 0 and _stages(pipe) == []
     assert _rows(pipe, "target") == _rows(pipe, "source")
+
+
+def test_the_supervisor_keeps_a_standing_sink_running_and_a_person_pauses_it_from_the_ui(scheduled, settings):
+    api, *_, streamed = scheduled
+    name, dag_id = streamed.spec.name, f"tidemark_batch_{streamed.spec.name}"
+    launcher = LocalLauncher(settings.state_dir / "streams")  # TIDEMARK_STREAMS_DIR of the stack's services
+    try:
+        api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": False})  # a cycle every minute
+        run_id = api.trigger(dag_id)  # its sink step leaves the batch to the standing sink
+        api.wait_for("the supervisor to start the standing sink", lambda: streamed.query_wh(
+            "SELECT 1 FROM tidemark_control.stream_heartbeats WHERE pipeline = %s AND ended_at IS NULL", (name,)),
+            timeout_s=240)
+        run = api.wait_finished(dag_id, run_id)
+        assert run["state"] == "success", api.task_states(dag_id, run_id)
+        assert _rows(streamed, "target") == _rows(streamed, "source") and len(_rows(streamed, "target")) == 200
+        assert "the standing sink (supervised by tidemark_supervisor) applies this batch" in api.log_text(
+            dag_id, run_id, "sink", 1)
+
+        control = api.trigger("tidemark_stream_control", {"pipeline": name, "action": "pause", "reason": "maintenance"})
+        assert api.wait_finished("tidemark_stream_control", control)["state"] == "success"
+        api.wait_for("the sink to stop itself", lambda: launcher.status(name).exit_code == 0, timeout_s=120)
+        (desired, who, why), = streamed.query_wh(
+            "SELECT desired, changed_by, reason FROM tidemark_control.streams WHERE pipeline = %s", (name,))
+        assert (desired, why) == ("paused", "maintenance") and who not in (None, "", "unknown", "supervisor"), who
+
+        paused_at = datetime.now(UTC)  # a supervisor cycle after the pause leaves it stopped, and says so
+        later = api.wait_for("a supervisor cycle after the pause", lambda: [
+            r for r in api.runs("tidemark_supervisor", state="success")
+            if datetime.fromisoformat(r["start_date"]) > paused_at], timeout_s=150)[0]
+        log = api.log_text("tidemark_supervisor", later["dag_run_id"], "supervise", 1)
+        assert f"pipeline={name} desired=paused" in log and "action=none" in log, log[-3000:]
+        assert not launcher.status(name).alive
+    finally:
+        api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": True})
+        launcher.kill(name)

@@ -33,7 +33,8 @@ def up(s: Settings) -> None:
 
 
 def down(s: Settings) -> None:
-    airflow.AirflowUI(s).stop()
+    airflow.AirflowUI(s).stop()  # the supervisor first, so that nothing restarts the sinks
+    stop_streams(s)
     Kafka(s).stop()
     Postgres(s).stop()
 
@@ -48,6 +49,18 @@ def status(s: Settings) -> None:
     if postgres.is_running():
         for line in pipeline_lines(s):
             print(f"pipeline  {line}")
+
+
+def stop_streams(s: Settings) -> None:
+    """Standing sinks the supervisor launched from this checkout (they outlive the Airflow tasks)."""
+    from tidemark.launch import LocalLauncher
+
+    root = s.state_dir / "streams"
+    launcher = LocalLauncher(root)
+    for d in sorted(p for p in root.glob("*") if p.is_dir()) if root.is_dir() else []:
+        if launcher.status(d.name).alive:
+            launcher.stop(d.name, grace_s=10)
+            say("streams", f"stopped the standing sink of {d.name}")
 
 
 def pipeline_lines(s: Settings) -> list[str]:
