@@ -379,6 +379,7 @@ def test_the_supervisor_keeps_a_standing_sink_running_and_a_person_pauses_it_fro
     launcher = LocalLauncher(settings.state_dir / "streams")  # TIDEMARK_STREAMS_DIR of the stack's services
     try:
         api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": False})  # a cycle every minute
+        api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})
         run_id = api.trigger(dag_id)  # its sink step leaves the batch to the standing sink
         api.wait_for("the supervisor to start the standing sink", lambda: streamed.query_wh(
             "SELECT 1 FROM tidemark_control.stream_heartbeats WHERE pipeline = %s AND ended_at IS NULL", (name,)),
@@ -389,8 +390,9 @@ def test_the_supervisor_keeps_a_standing_sink_running_and_a_person_pauses_it_fro
         assert "the standing sink (supervised by tidemark_supervisor) applies this batch" in api.log_text(
             dag_id, run_id, "sink", 1)
 
+        api.call("PATCH", "/dags/tidemark_stream_control", {"is_paused": False})
         control = api.trigger("tidemark_stream_control", {"pipeline": name, "action": "pause", "reason": "maintenance"})
-        assert api.wait_finished("tidemark_stream_control", control)["state"] == "success"
+        assert api.wait_finished("tidemark_stream_control", control, timeout_s=180)["state"] == "success"
         api.wait_for("the sink to stop itself", lambda: launcher.status(name).exit_code == 0, timeout_s=120)
         (desired, who, why), = streamed.query_wh(
             "SELECT desired, changed_by, reason FROM tidemark_control.streams WHERE pipeline = %s", (name,))
