@@ -91,11 +91,12 @@ def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, inst
     if decision.action in ("start", "restart"):
         if instance.alive:  # hung or stalled: it goes first, and its lease with it
             launcher.kill(name)
+        if beat is not None:  # the last instance is gone: its successor need not wait for the lease to expire
+            with wh, wh.cursor() as cur:
+                ledger.end_lease(cur, name, beat["fence"])
         argv, env = command(spec)
         started = launcher.start(name, argv, env)
         with wh, wh.cursor() as cur:
-            if beat is not None:
-                ledger.end_lease(cur, name, beat["fence"])
             ledger.record_stream_event(cur, name, decision.action, "supervisor", decision.reason)
         return f" (pid {started.pid}, log {started.log})"
     if decision.action == "stop":
