@@ -67,21 +67,18 @@ def main(argv: list[str]) -> int:
         ensure_control_schema(cur)
     sink = BatchSink(conn, spec, dead_letters=lambda rejects: send_dead_letters(
         args.bootstrap, args.dead_letter_topic, spec.topic, rejects))
+    control = None
     try:  # a live standing sink of this pipeline keeps its lease: a second copy never starts
         sink.acquire_fence(lease=spec.sink.lease)
+        if not args.available_now:
+            ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
+            control = StandingControl(lambda: connect(args.jdbc_url, args.user, password(args)), spec, sink.fence,
+                                      f"{socket.gethostname()}:{os.getpid()}", args.bootstrap)
+            control.start()
     except LeaseHeld as exc:
         raise JobError(str(exc)) from None
     sink.sweep_stages()
-    control = None
-    if not args.available_now:
-        ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
-        control = StandingControl(lambda: connect(args.jdbc_url, args.user, password(args)), spec, sink.fence,
-                                  f"{socket.gethostname()}:{os.getpid()}",
-                                  lambda: end_offsets(args.bootstrap, spec.topic, timeout_s=2))
-        try:
-            control.start()
-        except LeaseHeld as exc:
-            raise JobError(str(exc)) from None
+    if control is not None:
         signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
     starting = sink.starting_offsets()
     totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": []}

@@ -20,19 +20,18 @@ from typing import Any
 
 from tidemark import ledger
 from tidemark.spec import PipelineSpec
-from tidemark.supervise import records_behind
+from tidemark.supervisor import sink_lag
 
 log = logging.getLogger(__name__)
 
 
 class StandingControl:
-    def __init__(self, connect: Callable[[], Any], spec: PipelineSpec, fence: int, holder: str,
-                 end_offsets: Callable[[], dict[int, int]]):
+    def __init__(self, connect: Callable[[], Any], spec: PipelineSpec, fence: int, holder: str, bootstrap: str):
         self.connect = connect  # a new psycopg2 connection to the warehouse (this thread's own)
         self.spec = spec
         self.fence = fence
         self.holder = holder
-        self.end_offsets = end_offsets  # the topic's end offsets per partition, from the broker
+        self.bootstrap = bootstrap  # the broker, for the lag
         self.started_at = datetime.now(timezone.utc)
         self.apply_lock = threading.Lock()
         self.stop_requested = threading.Event()
@@ -90,19 +89,12 @@ class StandingControl:
     def _beat(self, *, records: int, offsets: dict[int, int] | None = None,
               batch_seconds: float | None = None) -> bool:
         started = time.monotonic()
-        try:
-            ends = self.end_offsets()
-        except Exception as exc:  # the broker is away: beat without a lag (the supervisor sees it as unknown)
-            log.warning("pipeline=%s cannot read end offsets for the lag (%s: %s)", self.spec.name,
-                        type(exc).__name__, exc)
-            ends = None
-        with self._db, self._connection() as conn, conn.cursor() as cur:
-            lag = None
-            if ends is not None:
-                stored = ledger.stored_offsets(cur, ledger.consumer_for(self.spec.name), self.spec.topic)
-                lag = records_behind(ends, stored)
-            ok = ledger.beat(cur, self.spec.name, self.fence, self.holder, self.started_at, records=records,
-                             lag=lag, offsets=offsets, batch_seconds=batch_seconds)
+        with self._db:
+            conn = self._connection()
+            lag = sink_lag(self.spec, conn, self.bootstrap, timeout_s=2)  # None: the broker cannot tell now
+            with conn, conn.cursor() as cur:
+                ok = ledger.beat(cur, self.spec.name, self.fence, self.holder, self.started_at, records=records,
+                                 lag=lag, offsets=offsets, batch_seconds=batch_seconds)
         if records:
             log.info("pipeline=%s standing sink (fence %s): micro-batch of %s records in %.1f s, lag %s "
                      "(beat in %.2f s)", self.spec.name, self.fence, records, batch_seconds or 0, lag,

@@ -132,11 +132,11 @@ def last_error(log_text: str) -> str:
     return lines[-1][:500] if lines else "the job printed nothing"
 
 
-def sink_lag(spec: PipelineSpec, wh, bootstrap: str) -> dict[int, int] | None:
+def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0) -> dict[int, int] | None:
     """Records per partition on the pipeline's topic beyond the offsets its sink committed in the
     warehouse; None when the broker cannot tell now (no topic yet, or the broker is away)."""
     try:
-        ends = end_offsets(bootstrap, spec.topic, timeout_s=3)
+        ends = end_offsets(bootstrap, spec.topic, timeout_s=timeout_s)
     except Exception as exc:
         log.warning("pipeline=%s lag unknown: cannot read end offsets of %s (%s)", spec.name, spec.topic, exc)
         return None
