@@ -33,6 +33,7 @@ from pathlib import Path
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from tidemark.sparkjob import jdbc_args
+    from tidemark.spec import DEAD_LETTER_TOPIC
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jdbc_args(p)
@@ -42,7 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-records-per-trigger", type=int,
                    help="bounds the sink's memory: at most this many records per micro-batch "
                         "(default: the spec's sink.max_offsets_per_trigger)")
-    p.add_argument("--dead-letter-topic", default="tidemark.dlq")
+    p.add_argument("--dead-letter-topic", default=DEAD_LETTER_TOPIC)
     return p.parse_args(argv)
 
 
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
     from tidemark.kafka_io import end_offsets, ensure_topic, send_dead_letters
     from tidemark.progress import progress_line
-    from tidemark.ledger import LeaseHeld, ensure_control_schema
+    from tidemark.ledger import LeaseHeld, ensure_control_schema, ensure_stream_target
     from tidemark.sink import BatchSink
     from tidemark.sparkjob import JobError, connect, password, session
     from tidemark.standing import StandingControl
@@ -65,6 +66,12 @@ def main(argv: list[str]) -> int:
     conn = connect(args.jdbc_url, args.user, password(args))
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
+        if spec.stream is not None:
+            try:  # the sink may start before the first event: the topic too (refused if its partitions differ)
+                ensure_stream_target(cur, spec)
+                ensure_topic(args.bootstrap, spec.stream.topic, spec.stream.partitions)
+            except (LookupError, ValueError) as exc:
+                raise JobError(f"pipeline {spec.name}: stream: {exc}") from None
     sink = BatchSink(conn, spec, dead_letters=lambda rejects: send_dead_letters(
         args.bootstrap, args.dead_letter_topic, spec.topic, rejects))
     control = None
@@ -81,11 +88,16 @@ def main(argv: list[str]) -> int:
     if control is not None:
         signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
     starting = sink.starting_offsets()
-    totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": []}
+    totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": [], "events": 0,
+              "duplicates": 0, "replayed": 0}
     # How much there is to read now: the denominator of the progress lines (None: from earliest).
-    ends = end_offsets(args.bootstrap, spec.topic)
-    backlog = (sum(max(ends.get(p, 0) - o, 0) for p, o in starting.items())
-               if all(o >= 0 for o in starting.values()) else None)
+    backlog = 0
+    for topic, offsets in starting.items():
+        ends = end_offsets(args.bootstrap, topic)
+        if backlog is not None and all(o >= 0 for o in offsets.values()):
+            backlog += sum(max(ends.get(p, 0) - o, 0) for p, o in offsets.items())
+        else:
+            backlog = None
     read = {"records": 0, "since": time.monotonic()}
 
     def header(name: str):
@@ -98,17 +110,17 @@ def main(argv: list[str]) -> int:
             if not control.stop_requested.is_set():
                 started = time.monotonic()
                 rows = apply_now(batch_df, epoch_id)
-                control.progress(rows, sink.starting_offsets(), time.monotonic() - started)
+                control.progress(rows, sink.committed_offsets(), time.monotonic() - started)
 
     def apply_now(batch_df, epoch_id: int) -> int:
         table = batch_df.toArrow()
-        report = sink.apply(table)
+        report = sink.apply(table, epoch_id)
         read["records"] += table.num_rows
         print(progress_line(f"pipeline={spec.name} sink micro-batch {epoch_id}", "records read", read["records"],
                             backlog, time.monotonic() - read["since"])
               + f"; staged {totals['staged'] + report.staged} so far, committed {totals['committed'] + report.committed or '-'}",
               flush=True)
-        for key in ("staged", "discarded", "rejected"):
+        for key in ("staged", "discarded", "rejected", "events", "duplicates", "replayed"):
             totals[key] += getattr(report, key)
         totals["committed"] += report.committed
         totals["refused"] += report.refused
@@ -119,8 +131,9 @@ def main(argv: list[str]) -> int:
         stream = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", args.bootstrap)
-            .option("assign", json.dumps({spec.topic: list(range(spec.partitions))}))
-            .option("startingOffsets", json.dumps({spec.topic: {str(p): o for p, o in starting.items()}}))
+            .option("assign", json.dumps({t: sorted(offsets) for t, offsets in starting.items()}))
+            .option("startingOffsets", json.dumps({t: {str(p): o for p, o in offsets.items()}
+                                                   for t, offsets in starting.items()}))
             .option("kafka.isolation.level", "read_committed")
             .option("includeHeaders", "true")
             .option("maxOffsetsPerTrigger", args.max_records_per_trigger or spec.sink.max_offsets_per_trigger)
@@ -130,7 +143,7 @@ def main(argv: list[str]) -> int:
         # not a crash). The row hash is over the same bytes, as the extract hashed its strings.
         key, value = F.col("key").cast("string"), F.col("value").cast("string")
         records = stream.select(
-            F.col("partition"), F.col("offset"), F.col("key"), F.col("value"),
+            F.col("topic"), F.col("partition"), F.col("offset"), F.col("key"), F.col("value"),
             header(HEADER_CONTROL).alias("control"), header(HEADER_BATCH).alias("batch_id"),
             header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
             F.xxhash64(key, value).alias("row_hash"),

@@ -196,7 +196,7 @@ def send_dead_letters(bootstrap: str, dlq_topic: str, source_topic: str, rejects
         payload, key = r.get("payload"), r.get("key")
         headers = [
             ("tidemark.reason", r["reason"].encode()),
-            ("tidemark.source", f"{source_topic}/{r['partition']}@{r['offset']}".encode()),
+            ("tidemark.source", f"{r.get('topic') or source_topic}/{r['partition']}@{r['offset']}".encode()),
         ]
         if r.get("batch_id") is not None:
             headers.append(("tidemark.batch", str(r["batch_id"]).encode()))

@@ -421,14 +421,34 @@ def ends(cur, batch_id: str, attempt: int) -> tuple[dict[int, tuple[int, int]], 
     return {p: (rows, int(checksum)) for p, rows, checksum, _ in found}, {b for *_, b in found if b is not None}
 
 
+def micro_batch_committed(cur, consumer: str, fence: int, micro_batch: int) -> bool:
+    cur.execute("SELECT 1 FROM tidemark_control.sink_micro_batches WHERE consumer = %s AND fence = %s "
+                "AND micro_batch = %s", (consumer, fence, micro_batch))
+    return cur.fetchone() is not None
+
+
+MICRO_BATCHES_KEPT = 1000  # Spark replays only its last micro-batch; a few more rows show recent history
+
+
+def record_micro_batch(cur, consumer: str, fence: int, micro_batch: int, records: int, events: int,
+                       duplicates: int, rejected: int) -> None:
+    cur.execute(
+        """INSERT INTO tidemark_control.sink_micro_batches
+               (consumer, fence, micro_batch, records, events, duplicates, rejected)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)""", (consumer, fence, micro_batch, records, events, duplicates, rejected))
+    cur.execute("DELETE FROM tidemark_control.sink_micro_batches WHERE consumer = %s AND (fence < %s OR "
+                "(fence = %s AND micro_batch < %s))", (consumer, fence, fence, micro_batch - MICRO_BATCHES_KEPT))
+
+
 def record_rejects(cur, consumer: str, topic: str, rejects: list[dict[str, Any]]) -> None:
+    """Rejects of the consumer's micro-batch; each on its own ``topic`` if it names one, else ``topic``."""
     for r in rejects:
         cur.execute(
             """INSERT INTO tidemark_control.sink_rejects
                    (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload, control)
                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
-            (consumer, topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"], r["payload"],
-             r.get("control")),
+            (consumer, r.get("topic") or topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"],
+             r["payload"], r.get("control")),
         )
 
 
@@ -481,7 +501,7 @@ def forget_pipeline(cur, pipeline: str) -> None:
     cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s", (pipeline,))
     for table in ("streams", "stream_events", "stream_heartbeats"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE pipeline = %s", (pipeline,))
-    for table in ("sink_offsets", "sink_fences", "sink_rejects"):
+    for table in ("sink_offsets", "sink_fences", "sink_rejects", "sink_micro_batches"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer_for(pipeline),))
 
 
@@ -728,6 +748,39 @@ def ensure_target(source_cur, warehouse_cur, spec: PipelineSpec) -> bool:
     if "." in spec.target_table:
         warehouse_cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(spec.target_table.split('.')[0])}")
     warehouse_cur.execute(f"CREATE TABLE IF NOT EXISTS {quote(spec.target_table)} (\n  {ddl},\n  PRIMARY KEY ({pk}))")
+    return True
+
+
+STREAM_COLUMNS = ("_tm_partition", "_tm_offset", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")
+
+
+def ensure_stream_target(cur, spec: PipelineSpec) -> bool:
+    """Create the spec's real-time table (``stream.target_table``) if it does not exist: the batch
+    target's columns and primary key, plus each event's source position, fencing token, micro-batch
+    and time applied. ``LookupError`` while the batch target does not exist (the first plan, or
+    the supervisor, creates it from the source)."""
+    assert spec.stream is not None
+    table = spec.stream.target_table
+    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(table), quote(spec.target_table)))
+    existing, target = cur.fetchone()
+    if existing is not None:
+        return False
+    if target is None:
+        raise LookupError(f"pipeline {spec.name}: stream.target_table {table} is made like the target "
+                          f"{spec.target_table}, which does not exist yet: the supervisor creates it from the source "
+                          f"table {spec.table} (or run the nightly DAG tidemark_{spec.name} once)")
+    schema = table.split(".")[0] if "." in table else "public"
+    cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+    if cur.fetchone() is None and not spec.create_target_schema:
+        raise LookupError(f"pipeline {spec.name}: the warehouse has no schema {schema} for stream.target_table "
+                          f"{table}: create it, or set create_target_schema: true in the spec")
+    cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
+    pk = ", ".join(quote(c) for c in spec.primary_key)
+    cur.execute(f"""CREATE TABLE IF NOT EXISTS {quote(table)} (
+        LIKE {quote(spec.target_table)} INCLUDING DEFAULTS,
+        _tm_partition integer NOT NULL, _tm_offset bigint NOT NULL, _tm_fence bigint NOT NULL,
+        _tm_micro_batch bigint, _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+        PRIMARY KEY ({pk}))""")
     return True
 
 

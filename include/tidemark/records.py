@@ -234,32 +234,39 @@ def _show(value: Any) -> str:
 class RecordRules:
     """The checks for one pipeline's records against its target table's columns."""
 
-    def __init__(self, spec: PipelineSpec, columns: list[Column]):
+    def __init__(self, spec: PipelineSpec, columns: list[Column], *, events: bool = False):
+        """``events``: the rules for the spec's stream (keyed by ``stream.key``, timed by
+        ``stream.event_time``, no window) instead of its batch records."""
+        table = spec.stream.target_table if events and spec.stream else spec.target_table
         if not columns:
-            raise LookupError(f"pipeline {spec.name}: target table {spec.target_table} does not exist")
-        self.spec = spec
+            raise LookupError(f"pipeline {spec.name}: target table {table} does not exist")
+        self.spec, self.table = spec, table
         self.columns = {c.name: c for c in columns}
-        missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in self.columns]
+        self.key_names = [spec.stream.key] if events and spec.stream else list(spec.primary_key)
+        self.time_column = spec.stream.event_time if events and spec.stream else spec.cursor.column
+        missing = [c for c in dict.fromkeys((*spec.primary_key, *self.key_names, self.time_column))
+                   if c not in self.columns]
         if missing:
-            raise LookupError(f"pipeline {spec.name}: target table {spec.target_table} has no column(s) {missing}")
+            raise LookupError(f"pipeline {spec.name}: target table {table} has no column(s) {missing}")
         allow = spec.allow_non_finite_numbers
         self.checks = {c.name: _checker(c, allow) for c in columns}
         # A single timestamp key travels as Spark's cast to string: UTC, without a zone.
         self.key_checks = {n: (lambda v, c=self.columns[n]: _timestamp(v, c, zoned=False))
                            if self.columns[n].data_type == "timestamp with time zone" else self.checks[n]
-                           for n in spec.primary_key}
+                           for n in self.key_names}
         self.required = [c.name for c in columns if c.not_null]
         self.max_bytes = spec.max_record_bytes
 
-    def check(self, key: bytes | None, value: bytes | None, window: Window) -> str | None:
-        """None if the record may be staged, else why not."""
+    def check(self, key: bytes | None, value: bytes | None, window: Window | None) -> str | None:
+        """None if the record may be staged (an event: applied), else why not. ``window`` None: an
+        event, whose time must only be present."""
         try:
             self._check(key, value, window)
         except Refused as exc:
             return str(exc)
         return None
 
-    def _check(self, key: bytes | None, value: bytes | None, window: Window) -> None:
+    def _check(self, key: bytes | None, value: bytes | None, window: Window | None) -> None:
         if value is None:
             raise Refused("record without a value")
         if len(value) > self.max_bytes:
@@ -275,7 +282,7 @@ class RecordRules:
             check = self.checks.get(name)
             if check is None:
                 if self.spec.unknown_fields == "reject":
-                    raise Refused(f"field {name!r} is not a column of target {self.spec.target_table} "
+                    raise Refused(f"field {name!r} is not a column of target {self.table} "
                                   "(set unknown_fields: ignore in the spec to drop such fields)")
                 continue
             if raw is not None:
@@ -286,11 +293,16 @@ class RecordRules:
         pk = tuple(typed.get(c) for c in self.spec.primary_key)
         if any(v is None for v in pk):
             raise Refused(f"primary key {self.spec.primary_key} missing or null in the value")
-        self._check_key(key_text, pk)
-        self._check_window(typed.get(self.spec.cursor.column), pk, window)
+        self._check_key(key_text, tuple(typed.get(c) for c in self.key_names))
+        when = typed.get(self.time_column)
+        if window is not None:
+            self._check_window(when, pk, window)
+        elif when is None:
+            raise Refused(f"event time field {self.time_column!r} is missing or null")
 
-    def _check_key(self, key: str | None, pk: tuple[Any, ...]) -> None:
-        names = self.spec.primary_key
+    def _check_key(self, key: str | None, expected: tuple[Any, ...]) -> None:
+        names = self.key_names
+        what = "primary key" if names == list(self.spec.primary_key) else f"key field {names[0]}"
         if key is None:
             raise Refused("record without a key")
         if len(names) == 1:
@@ -305,10 +317,10 @@ class RecordRules:
         try:
             from_key = tuple(self.key_checks[n](parts[n]) for n in names)
         except Refused as exc:
-            raise Refused(f"key {key!r} does not match the primary key in the value: {exc}") from None
-        if from_key != pk:
-            raise Refused(f"key {key!r} does not match the primary key in the value "
-                          f"{dict(zip(names, map(str, pk)))}")
+            raise Refused(f"key {key!r} does not match the {what} in the value: {exc}") from None
+        if from_key != expected:
+            raise Refused(f"key {key!r} does not match the {what} in the value "
+                          f"{dict(zip(names, map(str, expected)))}")
 
     def _check_window(self, cursor: Any, pk: tuple[Any, ...], window: Window) -> None:
         if cursor is None:

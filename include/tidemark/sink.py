@@ -15,9 +15,16 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
    per-partition row counts and checksums with what was staged, then either applies the batch
    (merge into the target, ledger, watermark) or refuses it: with expected and actual numbers,
    or with the count and first reasons of its dead letters;
-5. writes the dead letters (``sink_rejects``, and the dead-letter topic before the commit: a
-   crash in between sends them again, never loses them) and stores the next offset of every
-   partition it read.
+5. applies the events of the spec's ``stream`` (records outside any batch, from the events
+   topic) as they arrive: validated like batch records, inserted into the real-time table with
+   their source position and micro-batch; an event whose primary key is already there is a
+   no-op when it is the same event, and a dead letter when it differs;
+6. writes the dead letters (``sink_rejects``, and the dead-letter topic before the commit: a
+   crash in between sends them again, never loses them), stores the next offset of every
+   partition it read, and records the micro-batch id under the fencing token.
+
+Records below the stored offsets, and a micro-batch id already recorded under this token (Spark
+replays a micro-batch whose commit it did not see), are skipped: a replay changes nothing.
 
 A crash anywhere rolls the whole micro-batch back, and the next start resumes from the stored
 offsets, so every record has exactly one effect. No reader sees part of a batch: the target is
@@ -69,6 +76,9 @@ FIRST_REASONS = 3  # how many dead-letter reasons a refusal message quotes
 
 @dataclass
 class MicroBatchReport:
+    replayed: int = 0  # records already applied (below the stored offsets, or a recorded micro-batch)
+    events: int = 0  # events applied to the real-time table
+    duplicates: int = 0  # events already there, unchanged (a redelivery)
     staged: int = 0
     discarded: int = 0  # records of superseded, aborted or already committed attempts
     rejected: int = 0  # unusable records and control messages (also in sink_rejects)
@@ -84,12 +94,14 @@ class BatchSink:
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
         self.topic = spec.topic
+        self.topics = [spec.topic, *([spec.stream.topic] if spec.stream else [])]
         # One consumer per pipeline per warehouse database: a second sink of the pipeline in this
         # database is the same consumer, takes the fence, and the first can no longer commit.
         self.consumer = ledger.consumer_for(spec.name)
         self.dead_letters = dead_letters  # sends rejects to the DLQ; called before each commit
         self.fence: int | None = None
         self._rules: RecordRules | None = None
+        self._event_rules: RecordRules | None = None
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self, lease: Any = None) -> int:
@@ -119,24 +131,38 @@ class BatchSink:
                             self.spec.name, batch_id, attempt, state, stage_table(batch_id, attempt), size / 1e6)
         return [stage_table(b, a) for b, a, _ in dead]
 
-    def starting_offsets(self) -> dict[int, int]:
-        """Next offset per partition as committed with the data (-2 = earliest: never read)."""
+    def starting_offsets(self) -> dict[str, dict[int, int]]:
+        """Per topic read (the pipeline's, and its stream's), the next offset per partition as
+        committed with the data (-2 = earliest: never read)."""
+        counts = {self.spec.topic: self.spec.partitions,
+                  **({self.spec.stream.topic: self.spec.stream.partitions} if self.spec.stream else {})}
         with self.conn, self.conn.cursor() as cur:
-            stored = ledger.stored_offsets(cur, self.consumer, self.topic)
-        return {p: stored.get(p, -2) for p in range(self.spec.partitions)}
+            stored = {t: ledger.stored_offsets(cur, self.consumer, t) for t in counts}
+        return {t: {p: stored[t].get(p, -2) for p in range(n)} for t, n in counts.items()}
+
+    def committed_offsets(self) -> dict[int | str, int]:
+        """The next offsets committed: by partition on the pipeline's topic, ``<topic>/<partition>``
+        on its stream's (the keys the lag uses too)."""
+        return {(p if t == self.topic else f"{t}/{p}"): o
+                for t, parts in self.starting_offsets().items() for p, o in parts.items()}
 
     # --- one micro-batch ---------------------------------------------------------------------
-    def apply(self, table) -> MicroBatchReport:
-        """Apply one micro-batch (a pyarrow table with partition, offset, key, value, control,
-        batch_id, attempt, row_hash) in one transaction."""
+    def apply(self, table, micro_batch: int | None = None) -> MicroBatchReport:
+        """Apply one micro-batch (a pyarrow table with topic, partition, offset, key, value, control,
+        batch_id, attempt, row_hash; without topic: all from the pipeline's topic) in one
+        transaction. ``micro_batch``: Spark's id for it, recorded under the fencing token."""
+        import pyarrow as pa
+
         report = MicroBatchReport()
         if table.num_rows == 0:
             return report
         started = time.monotonic()
-        table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
+        if "topic" not in table.column_names:
+            table = table.append_column("topic", pa.array([self.topic] * table.num_rows, pa.string()))
+        table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
         try:
             with self.conn, self.conn.cursor() as cur:
-                controls = self._apply(cur, table, report)
+                controls = self._apply(cur, table, report, micro_batch)
         except (FencedError, SinkError):
             raise
         except Exception as exc:  # name where it happened: the next start resumes at the same offsets
@@ -145,19 +171,31 @@ class BatchSink:
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:2000]}); the sink resumes from the same offsets "
                 "when restarted. Next: if this repeats at the same offsets, see the error above"
             ) from exc
-        log.info("pipeline=%s micro-batch of %s records (%s control): staged %s, discarded %s, rejected %s, "
-                 "committed %s, refused %s in %.1f s", self.spec.name, table.num_rows, controls, report.staged,
-                 report.discarded, report.rejected, report.committed or "-", report.refused or "-",
+        events = (f"events applied {report.events}, duplicate {report.duplicates}, " if self.spec.stream else "")
+        log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
+                 "rejected %s, committed %s, refused %s in %.1f s", self.spec.name,
+                 micro_batch if micro_batch is not None else "-", table.num_rows, controls, report.replayed, events,
+                 report.staged, report.discarded, report.rejected, report.committed or "-", report.refused or "-",
                  time.monotonic() - started)
         return report
 
-    def _apply(self, cur, table, report: MicroBatchReport) -> int:
+    def _apply(self, cur, table, report: MicroBatchReport, micro_batch: int | None) -> int:
         import pyarrow.compute as pc
 
+        self._check_fence(cur)
+        if micro_batch is not None and ledger.micro_batch_committed(cur, self.consumer, self.fence, micro_batch):
+            report.replayed = table.num_rows
+            log.warning("pipeline=%s micro-batch %s under fence %s was already committed: replay skipped",
+                        self.spec.name, micro_batch, self.fence)
+            return 0
+        fresh = self._unapplied(cur, table)
+        report.replayed = table.num_rows - fresh.num_rows
+        ours = pc.equal(fresh["topic"], self.topic)
+        events = fresh.filter(pc.invert(ours))
+        table = fresh.filter(ours)
         is_control = pc.is_valid(table["control"])
         controls = table.filter(is_control).to_pylist()
         data = table.filter(pc.invert(is_control))
-        self._check_fence(cur)
         ends: list[tuple[dict[str, Any], ControlMessage]] = []
         for rec in controls:
             msg = self._decode(cur, rec, report)
@@ -182,11 +220,104 @@ class BatchSink:
                 complete.append((msg.batch_id, msg.attempt))
         for batch_id, attempt in complete:
             self._verify_and_apply(cur, batch_id, attempt, report)
+        if events.num_rows:
+            self._apply_events(cur, events, micro_batch, report)
         self._record_rejects(cur, report)
         if report.rejects and self.dead_letters is not None:
             self.dead_letters(report.rejects)  # before the commit: a crash after it re-sends, never loses
-        self._store_offsets(cur, table)
+        self._store_offsets(cur, fresh)
+        if micro_batch is not None:
+            ledger.record_micro_batch(cur, self.consumer, self.fence, micro_batch, fresh.num_rows, report.events,
+                                      report.duplicates, report.rejected)
         return len(controls)
+
+    def _unapplied(self, cur, table):
+        """The records at or after the offsets stored for their topic and partition."""
+        import pyarrow.compute as pc
+
+        seen = None
+        for topic in self.topics:
+            for p, next_offset in ledger.stored_offsets(cur, self.consumer, topic).items():
+                old = pc.and_(pc.and_(pc.equal(table["topic"], topic), pc.equal(table["partition"], p)),
+                              pc.less(table["offset"], next_offset))
+                seen = old if seen is None else pc.or_(seen, old)
+        return table if seen is None else table.filter(pc.invert(seen))
+
+    # --- events outside batches --------------------------------------------------------------
+    def _apply_events(self, cur, events, micro_batch: int | None, report: MicroBatchReport) -> None:
+        """Validate the stream's events and insert the good ones into the real-time table, each
+        once per primary key; a second event under a key already there is a redelivery when it is
+        equal (no-op, counted), else a dead letter naming the columns that differ."""
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        stream = self.spec.stream
+        rules = self._stream_rules(cur)
+        records = events.select(["topic", "partition", "offset", "key", "value"]).to_pylist()
+        good = []
+        for rec in records:
+            reason = rules.check(rec["key"], rec["value"], None)
+            if reason is not None:
+                self._reject(report, rec, f"event rejected: {reason}")
+            good.append(reason is None)
+        kept = events.filter(pa.array(good, pa.bool_())) if not all(good) else events
+        if not kept.num_rows:
+            return
+        cur.execute("CREATE TEMP TABLE IF NOT EXISTS tidemark_events (p integer, o bigint, value text) "
+                    "ON COMMIT DELETE ROWS")
+        buf = io.BytesIO()
+        pacsv.write_csv(pa.table({"p": kept["partition"], "o": kept["offset"], "value": kept["value"].cast(pa.string())}),
+                        buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+        buf.seek(0)
+        cur.copy_expert("COPY tidemark_events (p, o, value) FROM STDIN WITH (FORMAT csv)", buf)
+        table = quote(stream.target_table)
+        names = list(rules.columns)
+        cols = ", ".join(quote(c) for c in names)
+        pk = ", ".join(quote(c) for c in self.spec.primary_key)
+        parsed = f"tidemark_events e CROSS JOIN LATERAL json_populate_record(NULL::{table}, e.value::json) r"
+        insert = (f"""INSERT INTO {table} ({cols}, _tm_partition, _tm_offset, _tm_fence, _tm_micro_batch)
+                      SELECT {", ".join(f"r.{quote(c)}" for c in names)}, e.p, e.o, %s, %s FROM {parsed} {{where}}
+                      ORDER BY e.p, e.o ON CONFLICT ({pk}) DO NOTHING""")
+        by_position = {(r["partition"], r["offset"]): r for r in records}
+        cur.execute("SAVEPOINT events")
+        try:
+            cur.execute(insert.format(where=""), (self.fence, micro_batch))
+            report.events += cur.rowcount
+        except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded):
+            # the table refused one of them: find it one by one, so the others still go in
+            cur.execute("ROLLBACK TO SAVEPOINT events")
+            cur.execute("SELECT p, o FROM tidemark_events ORDER BY p, o")
+            for position in cur.fetchall():
+                cur.execute("SAVEPOINT event")
+                try:
+                    cur.execute(insert.format(where="WHERE e.p = %s AND e.o = %s"), (self.fence, micro_batch, *position))
+                    report.events += cur.rowcount
+                except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded) as exc:
+                    cur.execute("ROLLBACK TO SAVEPOINT event")
+                    cur.execute("DELETE FROM tidemark_events WHERE p = %s AND o = %s", position)
+                    self._reject(report, by_position[position], f"event rejected: the real-time table "
+                                 f"{stream.target_table} refused it: {' '.join(str(exc).split())}")
+        cur.execute(  # the events not inserted: which columns differ from the one already applied
+            f"""SELECT e.p, e.o, t._tm_partition, t._tm_offset,
+                       ARRAY(SELECT c FROM unnest(%s::text[]) c WHERE to_jsonb(r) -> c IS DISTINCT FROM to_jsonb(t) -> c)
+                  FROM {parsed} JOIN {table} t ON ({", ".join(f"t.{quote(c)}" for c in self.spec.primary_key)})
+                                              = ({", ".join(f"r.{quote(c)}" for c in self.spec.primary_key)})
+                 WHERE (t._tm_partition, t._tm_offset) <> (e.p, e.o)
+                 ORDER BY e.p, e.o""", (names,))
+        for p, o, tp, to, differ in cur.fetchall():
+            if not differ:
+                report.duplicates += 1
+                continue
+            self._reject(report, by_position[(p, o)],
+                         f"event rejected: primary key {self.spec.primary_key} is already applied from "
+                         f"{stream.topic}/{tp}@{to} with other values in {', '.join(differ)}; the first one stands")
+
+    def _stream_rules(self, cur) -> RecordRules:
+        if self._event_rules is None:
+            stream = self.spec.stream
+            columns = [c for c in target_columns(cur, stream.target_table) if c.name not in ledger.STREAM_COLUMNS]
+            self._event_rules = RecordRules(self.spec, columns, events=True)
+        return self._event_rules
 
     def _check_fence(self, cur) -> None:
         now = ledger.current_fence(cur, self.consumer)
@@ -202,13 +333,14 @@ class BatchSink:
         batch_id = msg.batch_id if msg else rec.get("batch_id")
         attempt = msg.attempt if msg else _int_or_none(rec.get("attempt"))
         report.rejects.append({
+            "topic": rec.get("topic") or self.topic,
             "partition": rec["partition"], "offset": rec["offset"], "batch_id": batch_id, "attempt": attempt,
             "reason": reason, "payload": rec.get("value"), "key": rec.get("key"), "control": rec.get("control"),
         })
         if report.rejected <= 20 or report.rejected % 1000 == 0:  # a flood of bad records: a sample and counts
-            log.error("pipeline=%s batch=%s attempt=%s partition=%s offset=%s DEAD LETTER (%s so far in this "
-                      "micro-batch): %s", self.spec.name, batch_id, attempt, rec["partition"], rec["offset"],
-                      report.rejected, reason)
+            log.error("pipeline=%s batch=%s attempt=%s %s/%s@%s DEAD LETTER (%s so far in this micro-batch): %s",
+                      self.spec.name, batch_id, attempt, rec.get("topic") or self.topic, rec["partition"],
+                      rec["offset"], report.rejected, reason)
 
     def _decode(self, cur, rec: dict[str, Any], report: MicroBatchReport) -> ControlMessage | None:
         try:
@@ -482,11 +614,8 @@ class BatchSink:
         report.recorded = len(report.rejects)
 
     def _store_offsets(self, cur, table) -> None:
-        import pyarrow.compute as pc
-
-        for p in pc.unique(table["partition"]).to_pylist():
-            last = pc.max(table.filter(pc.equal(table["partition"], p))["offset"]).as_py()
-            ledger.store_offset(cur, self.consumer, self.topic, p, last + 1, self.fence)
+        for r in table.group_by(["topic", "partition"]).aggregate([("offset", "max")]).to_pylist():
+            ledger.store_offset(cur, self.consumer, r["topic"], r["partition"], r["offset_max"] + 1, self.fence)
 
 
 def _payload_text(payload: bytes | str | None) -> str | None:
@@ -502,9 +631,9 @@ def _positions(table) -> str:
     """Partitions and offset ranges of a micro-batch, for error messages."""
     import pyarrow.compute as pc
 
-    ranges = table.group_by("partition").aggregate([("offset", "min"), ("offset", "max")]).to_pylist()
-    return ", ".join(f"p{r['partition']}@{r['offset_min']}..{r['offset_max']}" for r in
-                     sorted(ranges, key=lambda r: r["partition"])) or "(empty)"
+    ranges = table.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")]).to_pylist()
+    return ", ".join(f"{r['topic']}/{r['partition']}@{r['offset_min']}..{r['offset_max']}" for r in
+                     sorted(ranges, key=lambda r: (r["topic"], r["partition"]))) or "(empty)"
 
 
 def _int_or_none(value: Any) -> int | None:

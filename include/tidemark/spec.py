@@ -51,6 +51,7 @@ def _aware(value: datetime) -> datetime:
 TableName = Annotated[str, AfterValidator(_qualified)]
 
 
+DEAD_LETTER_TOPIC = "tidemark.dlq"
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a pipeline's name: in topics, tables, paths
 
 
@@ -86,6 +87,20 @@ class SinkSpec(BaseModel):
         return self.heartbeat * 6
 
 
+class StreamSpec(BaseModel):
+    """Events outside batches: JSON objects that applications publish to ``topic`` (keyed by the
+    field ``key``, their event time in the field ``event_time``). The standing sink applies them as
+    they arrive to ``target_table``, a real-time table made like the pipeline's target (one row per
+    primary key: a redelivered event is a no-op), with each event's source position."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    topic: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
+    key: Identifier
+    event_time: Identifier
+    target_table: TableName
+    partitions: Annotated[int, Field(ge=1, le=64)] = 3
+
+
 class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -114,6 +129,7 @@ class PipelineSpec(BaseModel):
     # last row, even inside a run of rows sharing one cursor value; the next batch goes on from there.
     max_batch_rows: Annotated[int, Field(ge=1)] | None = None
     sink: SinkSpec = SinkSpec()
+    stream: StreamSpec | None = None  # real-time events of the same facts, applied by the standing sink
 
     @field_validator("initial_watermark", mode="before")
     @classmethod
@@ -147,6 +163,14 @@ class PipelineSpec(BaseModel):
             raise ValueError("initial_watermark: an id cursor starts after an integer id, not a timestamp")
         if self.cursor.kind == "timestamp" and isinstance(self.initial_watermark, int):
             raise ValueError("initial_watermark: a timestamp cursor starts after a timestamp with a zone, not an id")
+        if self.stream is not None:
+            if self.sink.mode != "standing":
+                raise ValueError("stream: events are applied as they arrive, by a standing sink: set sink.mode: standing")
+            if self.stream.topic in (self.topic, DEAD_LETTER_TOPIC):
+                raise ValueError(f"stream.topic: {self.stream.topic} is Tidemark's own topic, not an events topic")
+            if self.stream.target_table == self.target_table:
+                raise ValueError(f"stream.target_table: {self.target_table} is the batch target; the events need "
+                                 "a table of their own (e.g. realtime.<table>)")
         return self
 
     @property
@@ -206,7 +230,8 @@ def load_specs(directory: Path) -> tuple[list[tuple[Path, PipelineSpec]], list[S
             errors.append(exc)
     writers: dict[str, list[Path]] = {}
     for path, spec in specs:
-        writers.setdefault(spec.target_table, []).append(path)
+        for table in (spec.target_table, *([spec.stream.target_table] if spec.stream else [])):
+            writers.setdefault(table, []).append(path)
     clashing = {p for paths in writers.values() if len(paths) > 1 for p in paths}
     for target, paths in writers.items():
         for path in paths if len(paths) > 1 else ():

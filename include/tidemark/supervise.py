@@ -86,13 +86,15 @@ class Decision:
     details: dict[str, str] = field(default_factory=dict)
 
 
-def records_behind(ends: dict[int, int], stored: dict[int, int]) -> dict[int, int]:
+def records_behind(ends: dict[int, int], stored: dict[int, int], *, transactional: bool = True) -> dict[int, int]:
     """Per partition, how far the offsets committed in the warehouse are behind the topic's end.
 
-    One offset at the end of a partition is not counted: a control message travels in a Kafka
-    transaction, whose commit marker takes an offset that no consumer ever reads, so a sink that
-    has read everything still sits one offset short (a healthy idle sink must show no lag)."""
-    return {p: max(end - stored.get(p, 0) - 1, 0) for p, end in ends.items()}
+    On a ``transactional`` topic (the pipeline's own), one offset at the end of a partition is not
+    counted: a control message travels in a Kafka transaction, whose commit marker takes an offset
+    that no consumer ever reads, so a sink that has read everything still sits one offset short
+    (a healthy idle sink must show no lag). Events are published without transactions."""
+    marker = 1 if transactional else 0
+    return {p: max(end - stored.get(p, 0) - marker, 0) for p, end in ends.items()}
 
 
 def decide(now: datetime, desired: DesiredState, actual: Actual, history: History, policy: Policy) -> Decision:

@@ -122,6 +122,33 @@ def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, inst
     return ""
 
 
+def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], Any]) -> None:
+    """A stream's real-time table is made like the batch target, which is made from the source
+    table: create both before the sink's first start (which may come before the first nightly run).
+    A failure is logged, not raised: the sink's start then fails naming it, other pipelines go on."""
+    try:
+        with wh, wh.cursor() as cur:
+            if ledger.ensure_stream_target(cur, spec):
+                log.info("pipeline=%s created the real-time table %s", spec.name, spec.stream.target_table)
+            return
+    except LookupError:
+        pass  # the batch target is missing too: it comes from the source
+    try:
+        source = source_connect()
+        try:
+            with source, source.cursor() as src, wh, wh.cursor() as cur:
+                ledger.ensure_target(src, cur, spec)
+                ledger.ensure_stream_target(cur, spec)
+        finally:
+            source.close()
+        log.info("pipeline=%s created the target %s from the source table %s, and the real-time table %s",
+                 spec.name, spec.target_table, spec.table, spec.stream.target_table)
+    except Exception as exc:
+        log.error("pipeline=%s cannot create its tables before its stream starts: %s. Next: check the connection %s "
+                  "and the spec's table and target_table fields", spec.name, " ".join(str(exc).split()),
+                  spec.source_conn_id)
+
+
 def last_error(log_text: str) -> str:
     """The job's own failure line (``<job>: FAILED: ...``), else its last error-looking line."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip() and not line.startswith("--- ")]
@@ -132,17 +159,23 @@ def last_error(log_text: str) -> str:
     return lines[-1][:500] if lines else "the job printed nothing"
 
 
-def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0) -> dict[int, int] | None:
-    """Records per partition on the pipeline's topic beyond the offsets its sink committed in the
-    warehouse; None when the broker cannot tell now (no topic yet, or the broker is away)."""
-    try:
-        ends = end_offsets(bootstrap, spec.topic, timeout_s=timeout_s)
-    except Exception as exc:
-        log.warning("pipeline=%s lag unknown: cannot read end offsets of %s (%s)", spec.name, spec.topic, exc)
-        return None
-    with wh, wh.cursor() as cur:
-        stored = ledger.stored_offsets(cur, ledger.consumer_for(spec.name), spec.topic)
-    return records_behind(ends, stored)
+def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0) -> dict[int | str, int] | None:
+    """Records per partition beyond the offsets the pipeline's sink committed in the warehouse: on
+    its topic (keys: partitions), and on its stream's events topic if it has one (keys:
+    ``<topic>/<partition>``). None when the broker cannot tell now (no topic yet, or it is away)."""
+    topics = [(spec.topic, True), *([(spec.stream.topic, False)] if spec.stream else [])]
+    lag: dict[int | str, int] = {}
+    for topic, transactional in topics:
+        try:
+            ends = end_offsets(bootstrap, topic, timeout_s=timeout_s)
+        except Exception as exc:
+            log.warning("pipeline=%s lag unknown: cannot read end offsets of %s (%s)", spec.name, topic, exc)
+            return None
+        with wh, wh.cursor() as cur:
+            stored = ledger.stored_offsets(cur, ledger.consumer_for(spec.name), topic)
+        behind = records_behind(ends, stored, transactional=transactional)
+        lag.update(behind if topic == spec.topic else {f"{topic}/{p}": n for p, n in behind.items()})
+    return lag
 
 
 def backpressure(spec: PipelineSpec, wh, bootstrap: str) -> tuple[bool, str]:

@@ -548,29 +548,51 @@ def hold_open(dsn: str, seconds: float, *, rows: int = 10, business_date: date |
 
 
 # --- concurrent writers -------------------------------------------------------------------------
+EVENTS_TOPIC = "bank.payment_events"
+
+
+def entry_events(cur, entry_ids: list[int]) -> list[tuple[bytes, bytes]]:
+    """The payment events of ledger entries as applications publish them: (key, value), keyed by
+    account, the entry as one JSON object written by PostgreSQL (numbers exact, times with their
+    zone, ``created_at`` the event time)."""
+    cur.execute(f"SELECT account_id::text, row_to_json(e)::text FROM {SCHEMA}.ledger_entries e "
+                "WHERE entry_id = ANY(%s) ORDER BY entry_id", (entry_ids,))
+    return [(key.encode(), value.encode()) for key, value in cur.fetchall()]
+
+
 class Simulator:
     """Concurrent writer threads, each with its own connection, posting small batches of transfers.
+
+    With ``events`` (a Kafka bootstrap), each writer also publishes the payment events of what it
+    committed to ``EVENTS_TOPIC`` (``entry_events``), after the commit, as an application would:
+    the real-time and batch paths see the same facts.
 
     Deadlocks and serialization failures are retried (counted in ``retries``); any other error
     stops that writer and is raised by ``stop()``.
     """
 
-    def __init__(self, dsn: str, *, writers: int = 3, seed: int = 0, max_transfers: int = 5, pause: float = 0.01):
+    def __init__(self, dsn: str, *, writers: int = 3, seed: int = 0, max_transfers: int = 5, pause: float = 0.01,
+                 events: str | None = None, events_topic: str = EVENTS_TOPIC, events_partitions: int = 3):
         if writers < 1:
             raise ValueError(f"writers must be >= 1, got {writers}")
+        self._events, self._events_topic, self._events_partitions = events, events_topic, events_partitions
         self._dsn, self._writers, self._seed = dsn, writers, seed
         self._max_transfers, self._pause = max_transfers, pause
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
-        self._stats = {"transactions": 0, "transfers": 0, "entries": 0, "retries": 0}
+        self._stats = {"transactions": 0, "transfers": 0, "entries": 0, "retries": 0, "events": 0}
         self._started = 0.0
         self.stats: dict[str, Any] = {}  # filled by stop(), also when used as a context manager
 
     def start(self) -> "Simulator":
         if self._threads:
             raise RuntimeError("simulator already started")
+        if self._events is not None:  # the broker creates no topic by itself
+            from tidemark.kafka_io import ensure_topic
+
+            ensure_topic(self._events, self._events_topic, self._events_partitions)
         self._started = time.monotonic()
         for i in range(self._writers):
             thread = threading.Thread(target=self._write, args=(i,), name=f"bank-writer-{i}", daemon=True)
@@ -586,7 +608,14 @@ class Simulator:
             with self._lock:
                 self._errors.append(exc)
             return
+        producer = None
         try:
+            if self._events is not None:
+                from confluent_kafka import Producer
+
+                from tidemark.kafka_io import producer_config
+
+                producer = Producer(producer_config(self._events))
             while not self._stop.is_set():
                 n = rng.randint(1, self._max_transfers)
                 try:
@@ -595,11 +624,21 @@ class Simulator:
                     with self._lock:
                         self._stats["retries"] += 1
                     continue
+                published = 0
+                if producer is not None:
+                    with conn, conn.cursor() as cur:
+                        for key, value in entry_events(cur, ids):
+                            producer.produce(self._events_topic, value=value, key=key)
+                            published += 1
+                    producer.poll(0)
                 with self._lock:
                     self._stats["transactions"] += 1
                     self._stats["transfers"] += n
                     self._stats["entries"] += len(ids)
+                    self._stats["events"] += published
                 self._stop.wait(self._pause)
+            if producer is not None and producer.flush(30) != 0:
+                raise RuntimeError(f"could not deliver every payment event to {self._events_topic} within 30 s")
         except BaseException as exc:  # noqa: BLE001
             with self._lock:
                 self._errors.append(exc)

@@ -5,7 +5,9 @@ than the safe lag, starts the Airflow services (api-server, scheduler, dag-proce
 and runs every nightly pipeline DAG through the scheduler while they write (its scheduled run, or
 a manual run made through the REST API as the UI makes it), prints per pipeline the window, batch
 id, rows, ledger state and watermark, then proves the target holds exactly the source rows up to
-the watermark. bank_ledger_entries' sink stands under the tidemark_supervisor DAG: the demo prints
+the watermark. The writers also publish payment events: the demo proves each is in the real-time
+table equal to its source row, and that a malformed one is a dead letter while the next one lands.
+bank_ledger_entries' sink stands under the tidemark_supervisor DAG: the demo prints
 each pipeline's status line, kills that sink with kill -9 and waits for the supervisor to restart
 it. The services stay up afterwards, so the runs and their logs can be read in the UI.
 ``run_dag`` runs a DAG with `airflow dags test` (the smoke test uses it).
@@ -153,6 +155,9 @@ def _start_afresh(settings: Settings) -> None:
                 cur.execute(f"DROP TABLE IF EXISTS {quote(spec.target_table)}")
                 forget_pipeline(cur, name)
                 delete_topic(settings.kafka_bootstrap, spec.topic)
+                if spec.stream is not None:
+                    cur.execute(f"DROP TABLE IF EXISTS {quote(spec.stream.target_table)}")
+                    delete_topic(settings.kafka_bootstrap, spec.stream.topic)
     finally:
         src.close()
         wh.close()
@@ -204,6 +209,69 @@ def _streams(settings: Settings, api) -> bool:
     return True
 
 
+def _events(settings: Settings, api, published: int) -> bool:
+    """The real-time path: every payment event the writers published is in realtime.ledger_entries,
+    equal to its source row; a malformed event goes to the dead-letter topic with its reason, and
+    the events after it still arrive."""
+    import json
+
+    import psycopg2
+    from confluent_kafka import Producer
+
+    from tidemark.kafka_io import producer_config
+    from tidemark.spec import DEAD_LETTER_TOPIC
+    from tidemark_workshop import bank
+    from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+    from tidemark_workshop.stack.batchrun import dead_letters
+
+    columns = "entry_id, txn_id, account_id, business_date, amount, currency, side, created_at"
+
+    def rows(dsn: str, table: str) -> dict:
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(f"SELECT {columns} FROM {table}")
+                return {r[0]: r for r in cur.fetchall()}
+        finally:
+            conn.close()
+
+    print(f"\nreal-time path: {published} payment events published to {bank.EVENTS_TOPIC} while the writers ran")
+    try:
+        api.wait_for("every event in realtime.ledger_entries",
+                     lambda: len(rows(settings.dsn(WAREHOUSE_DB), "realtime.ledger_entries")) >= published,
+                     timeout_s=180)
+    except StackError as exc:
+        print(f"  {exc}: MISMATCH")
+        return False
+    live, source = rows(settings.dsn(WAREHOUSE_DB), "realtime.ledger_entries"), rows(settings.dsn(SOURCE_DB),
+                                                                                      "bank.ledger_entries")
+    differ = [k for k, r in live.items() if source.get(k) != r]
+    print(f"  realtime.ledger_entries: {len(live)} events applied, {len(differ)} differ from the source row: "
+          f"{'MISMATCH' if differ or len(live) != published else 'OK'}")
+    bad = b'{"entry_id": 1, "amount": "12.50"'  # cut short: not JSON
+    src = psycopg2.connect(settings.dsn(SOURCE_DB))
+    try:
+        with src, src.cursor() as cur:  # then a good event: the newest entry's, under a new entry id
+            key, value = bank.entry_events(cur, [max(source)])[0]
+    finally:
+        src.close()
+    good = json.dumps({**json.loads(value), "entry_id": 10**15}).encode()
+    producer = Producer(producer_config(settings.kafka_bootstrap))
+    producer.produce(bank.EVENTS_TOPIC, value=bad, key=b"1")
+    producer.produce(bank.EVENTS_TOPIC, value=good, key=key)
+    producer.flush(30)
+    try:
+        letter = api.wait_for("the dead letter", lambda: [d for d in dead_letters(
+            settings.kafka_bootstrap, bank.EVENTS_TOPIC, DEAD_LETTER_TOPIC) if d["value"] == bad], timeout_s=120)[0]
+        api.wait_for("the event after it", lambda: 10**15 in rows(settings.dsn(WAREHOUSE_DB), "realtime.ledger_entries"),
+                     timeout_s=60)
+    except StackError as exc:
+        print(f"  a malformed event: {exc}: MISMATCH")
+        return False
+    print(f"  a malformed event went to {DEAD_LETTER_TOPIC}: {letter['tidemark.reason'].decode()}; the event after it applied: OK")
+    return not differ and len(live) == published
+
+
 def main() -> int:
     import psycopg2
 
@@ -227,7 +295,7 @@ def main() -> int:
     # bank_ledger_entries has a standing sink: the supervisor starts it, its nightly run waits for it
     api.wait_for("tidemark_supervisor to be parsed", lambda: api.exists("tidemark_supervisor"), timeout_s=180)
     api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": False})
-    with bank.Simulator(dsn, writers=3, pause=0.2) as sim:
+    with bank.Simulator(dsn, writers=3, pause=0.2, events=settings.kafka_bootstrap) as sim:
         held = bank.hold_open(dsn, 20, rows=10)
         for name in PIPELINES:
             ok &= _run_pipeline(settings, api, name)
@@ -236,6 +304,7 @@ def main() -> int:
     for line in _prove(settings):
         ok &= line.endswith(": OK")
         print(line)
+    ok &= _events(settings, api, sim.stats["events"])
     print("\nper pipeline (make status):")
     ok &= _streams(settings, api)
     print(f"\nThe Airflow UI is running at {ui.url} (runs, task logs; Tidemark status at {ui.url}/tidemark/), "

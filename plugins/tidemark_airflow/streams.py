@@ -52,7 +52,7 @@ def sink_command(paths: dict[str, Path]):
 def supervise() -> list[str]:
     """One supervisor cycle over every standing pipeline; fails (one line per pipeline) on crash loops."""
     from tidemark.launch import LocalLauncher
-    from tidemark.supervisor import run_cycle
+    from tidemark.supervisor import prepare_stream_tables, run_cycle
 
     standing = _standing_specs()
     if not standing:
@@ -64,6 +64,10 @@ def supervise() -> list[str]:
     try:
         with warehouse, warehouse.cursor() as cur:
             ensure_control_schema(cur)
+        for _, spec in standing:
+            if spec.stream is not None:
+                prepare_stream_tables(spec, warehouse, lambda: pg_connect(spec.source_conn_id,
+                                                                          application_name="tidemark-supervisor"))
         report = run_cycle([spec for _, spec in standing], warehouse, LocalLauncher(streams_dir()),
                            kafka_bootstrap(CONN_KAFKA), sink_command({spec.name: path for path, spec in standing}))
     finally:

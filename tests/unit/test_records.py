@@ -160,3 +160,24 @@ def test_a_target_without_the_key_or_cursor_columns_is_a_lookup_error():
         RecordRules(_spec(), [])
     with pytest.raises(LookupError, match=r"has no column\(s\) \['updated_at'\]"):
         RecordRules(_spec(), COLUMNS[:2])
+
+
+def test_an_event_is_keyed_by_its_key_field_and_needs_its_event_time_but_no_window():
+    spec = _spec(sink={"mode": "standing"}, stream={"topic": "core.payment_events", "key": "currency",
+                                                    "event_time": "updated_at", "target_table": "rt.payments"})
+    events = RecordRules(spec, COLUMNS, events=True)
+    late = {**GOOD, "updated_at": "2031-05-05T00:00:00Z"}  # far outside any batch window: events have none
+    assert events.check(b"EUR", _raw(late), None) is None
+    assert "does not match the key field currency" in events.check(b"USD", _raw(late), None)
+    assert events.check(None, _raw(late), None) == "record without a key"
+    no_time = {k: v for k, v in GOOD.items() if k != "updated_at"}
+    assert "updated_at" in events.check(b"EUR", _raw(no_time), None)
+    assert "not a column of target rt.payments" in events.check(b"EUR", _raw({**GOOD, "extra": 1}), None)
+    assert "field 'id' is missing" in events.check(b"EUR", _raw({k: v for k, v in GOOD.items() if k != "id"}), None)
+
+
+def test_event_rules_need_the_key_field_in_the_real_time_table():
+    spec = _spec(sink={"mode": "standing"}, stream={"topic": "core.payment_events", "key": "account_id",
+                                                    "event_time": "updated_at", "target_table": "rt.payments"})
+    with pytest.raises(LookupError, match=r"rt.payments has no column\(s\) \['account_id'\]"):
+        RecordRules(spec, COLUMNS, events=True)

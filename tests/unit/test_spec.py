@@ -37,6 +37,26 @@ def test_a_good_spec_loads_with_defaults(tmp_path):
     assert spec.topic == "tidemark.ledger_entries"
 
 
+STREAM = {"topic": "core.payment_events", "key": "account_id", "event_time": "updated_at",
+          "target_table": "rt.ledger_entries"}
+
+
+def test_a_stream_is_declared_beside_the_table(tmp_path):
+    spec = load_spec(_write(tmp_path, {**GOOD, "sink": {"mode": "standing"}, "stream": STREAM}))
+    assert spec.stream.topic == "core.payment_events" and spec.stream.partitions == 3
+    assert spec.stream.key == "account_id" and spec.stream.target_table == "rt.ledger_entries"
+
+
+def test_two_pipelines_never_write_one_real_time_table(tmp_path):
+    from tidemark.spec import load_specs
+
+    _write(tmp_path, {**GOOD, "sink": {"mode": "standing"}, "stream": STREAM})
+    _write(tmp_path, {**GOOD, "name": "other", "target_table": "dw.other", "sink": {"mode": "standing"},
+                      "stream": {**STREAM, "target_table": "rt.ledger_entries"}}, name="other")
+    valid, errors = load_specs(tmp_path)
+    assert valid == [] and len(errors) == 2 and all("rt.ledger_entries is also written by" in str(e) for e in errors)
+
+
 def _with(**changes) -> dict:
     fields = {**GOOD, **changes}
     return {k: v for k, v in fields.items() if v is not None}
@@ -66,6 +86,17 @@ INVALID = [
     ("unknown-field policy", _with(unknown_fields="keep"), "field 'unknown_fields'"),
     ("tiny record limit", _with(max_record_bytes=10), "field 'max_record_bytes'"),
     ("zero max_hold", _with(max_hold="PT0S"), "field 'max_hold'"),
+    ("stream without a standing sink", _with(stream=STREAM), "set sink.mode: standing"),
+    ("stream on the pipeline's own topic", _with(stream={**STREAM, "topic": "tidemark.ledger_entries"},
+                                                 sink={"mode": "standing"}), "Tidemark's own topic"),
+    ("stream on the dead-letter topic", _with(stream={**STREAM, "topic": "tidemark.dlq"}, sink={"mode": "standing"}),
+     "Tidemark's own topic"),
+    ("stream into the batch target", _with(stream={**STREAM, "target_table": "dw.ledger_entries"},
+                                           sink={"mode": "standing"}), "need a table of their own"),
+    ("stream key not an identifier", _with(stream={**STREAM, "key": "a-b"}, sink={"mode": "standing"}),
+     "field 'stream.key'"),
+    ("stream without event time", _with(stream={k: v for k, v in STREAM.items() if k != "event_time"},
+                                        sink={"mode": "standing"}), "field 'stream.event_time'"),
 ]
 
 

@@ -92,6 +92,8 @@ def test_the_stall_window_follows_the_trigger_interval_and_never_undercuts_it():
 def test_lag_ignores_the_one_commit_marker_a_control_message_leaves_at_a_partition_end():
     # partition 0: read to the END whose marker sits at 41; 1: 10 records unread; 2: never read
     assert records_behind({0: 42, 1: 60, 2: 5}, {0: 41, 1: 49}) == {0: 0, 1: 10, 2: 4}
+    # events travel without transactions: no commit marker, every offset is a record
+    assert records_behind({0: 42, 1: 60, 2: 5}, {0: 41, 1: 49}, transactional=False) == {0: 1, 1: 11, 2: 5}
 
 
 def test_a_resumed_job_is_started_not_restarted_and_costs_no_budget():

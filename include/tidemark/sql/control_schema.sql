@@ -93,6 +93,20 @@ CREATE TABLE IF NOT EXISTS tidemark_control.sink_offsets (
     PRIMARY KEY (consumer, topic, partition)
 );
 
+-- The micro-batches a sink committed under its fencing token (Spark's id for each): a micro-batch
+-- Spark replays because it did not see its commit is skipped. Rows of older tokens are pruned.
+CREATE TABLE IF NOT EXISTS tidemark_control.sink_micro_batches (
+    consumer      text NOT NULL,
+    fence         bigint NOT NULL,
+    micro_batch   bigint NOT NULL,
+    records       integer NOT NULL,       -- read and not already applied
+    events        integer NOT NULL,       -- events inserted into the real-time table
+    duplicates    integer NOT NULL,       -- redelivered events, already there unchanged
+    rejected      integer NOT NULL,
+    committed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (consumer, fence, micro_batch)
+);
+
 -- Records and control messages the sink could not use, with the reason (also sent to the DLQ).
 CREATE TABLE IF NOT EXISTS tidemark_control.sink_rejects (
     id            bigserial PRIMARY KEY,

@@ -1,0 +1,153 @@
+"""Events outside batches: a pipeline's stream, applied as they arrive by its standing sink.
+
+Real PostgreSQL, Kafka and Spark. One sink application applies both the pipeline's BEGIN/END
+batches and its stream's events; bad events go to the dead-letter topic with their reason and
+source position while the stream goes on; a redelivered event is a no-op, a different event under
+a key already applied is a dead letter; after kill -9 the restarted sink applies nothing twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pyarrow as pa
+from confluent_kafka import Producer
+
+from tidemark import jobs, ledger
+from tidemark.kafka_io import end_offsets, ensure_topic, producer_config
+from tidemark.launch import LocalLauncher
+from tidemark.sink import BatchSink
+from tidemark.supervisor import prepare_stream_tables, run_cycle
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
+from tidemark_workshop.stack.spark import submit_command
+
+STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
+
+
+def _stream() -> dict:
+    unique = uuid.uuid4().hex[:10]
+    return {"topic": f"it_events_{unique}", "key": "currency", "event_time": "updated_at",
+            "target_table": f"public.it_{unique}_rt"}
+
+
+def _until(what: str, predicate, timeout: float = 180.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+    return value
+
+
+def _event(i: int, amount: str = "1.25", currency: str = "EUR") -> bytes:
+    return f'{{"id": {i}, "amount": {amount}, "currency": "{currency}", "updated_at": "2026-11-23T10:00:0{i}Z"}}'.encode()
+
+
+def _publish(settings, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
+    producer = Producer(producer_config(settings.kafka_bootstrap))
+    for key, value in records:
+        producer.produce(topic, value=value, key=key)
+    assert producer.flush(30) == 0
+
+
+def _tables(pipe) -> None:
+    """The supervisor's step before a first start: the target from the source, then the real-time table."""
+    wh = pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+        prepare_stream_tables(pipe.spec, wh, pipe.src)
+    finally:
+        wh.close()
+
+
+BAD = {  # what each bad event's dead letter says
+    "not JSON": (b"EUR", b'{"id": 90, "amount": 1'),
+    "record without a key": (None, _event(5)),
+    "is not a JSON number": (b"EUR", _event(6, amount='"abc"')),
+    "is not valid UTF-8": (b"EUR", b'{"id": 7, "currency": "\xff\xfe"}'),
+    "exceeds max_record_bytes 1024": (b"EUR", _event(8)[:-1] + b', "pad": "' + b"x" * 1100 + b'"}'),
+    "does not match the key field currency": (b"USD", _event(9)),
+    "with other values in amount": (b"EUR", _event(2, amount="9.99")),  # id 2 again, another amount
+}
+
+
+def test_one_standing_sink_applies_batches_and_events_and_nothing_twice_after_kill_9(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=_stream(), max_record_bytes=1024)
+    name, topic = pipe.spec.name, pipe.spec.stream.topic
+    launcher = LocalLauncher(tmp_path / "streams")
+
+    def command(spec):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    _tables(pipe)
+    ensure_topic(settings.kafka_bootstrap, topic, 3)
+    good = [(b"EUR", _event(i)) for i in (1, 2, 3, 4)]
+    _publish(settings, topic, good[:2] + list(BAD.values()) + good[2:] + [good[0]])  # good[0] twice: a redelivery
+    insert_payments(pipe, 1, 20)
+    plan = pipe.plan("run-1")
+    attempt = pipe.begin(plan)
+    pipe.end(plan, attempt, pipe.extract(plan, attempt))
+    wh = pipe.wh()
+    try:
+        def cycle():
+            return run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name]
+
+        assert cycle().action == "start"
+        _until("the batch to commit", lambda: pipe.state(plan.batch_id, attempt) == "committed")
+        _until("the four events", lambda: pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.stream.target_table}")[0][0] == 4)
+        _until("the sink to read every event", lambda: pipe.query_wh(
+            "SELECT sum(next_offset) FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
+            (ledger.consumer_for(name), topic))[0][0] == sum(end_offsets(settings.kafka_bootstrap, topic).values()))
+
+        first = launcher.status(name)
+        os.killpg(first.pid, signal.SIGKILL)
+        _until("the job to be seen dead", lambda: not launcher.status(name).alive, timeout=30)
+        _publish(settings, topic, [(b"EUR", _event(5)), good[2]])  # a new event, and event 3 redelivered
+        assert cycle().action == "restart"
+        _until("event 5 after the restart", lambda: pipe.query_wh(
+            f"SELECT 1 FROM {pipe.spec.stream.target_table} WHERE id = 5"))
+
+        rows = pipe.query_wh(f"SELECT id, amount::text, currency, _tm_partition IS NOT NULL, _tm_micro_batch IS NOT NULL "
+                             f"FROM {pipe.spec.stream.target_table} ORDER BY id")
+        assert rows == [(i, "1.25", "EUR", True, True) for i in (1, 2, 3, 4, 5)]  # id 2 kept its first amount
+        assert len(pipe.rows("target", "amount")) == 20  # the batch, by the same application
+        rejects = pipe.query_wh("SELECT partition, kafka_offset, reason FROM tidemark_control.sink_rejects "
+                                "WHERE consumer = %s AND topic = %s", (ledger.consumer_for(name), topic))
+        assert len(rejects) == len(BAD) and len({(p, o) for p, o, _ in rejects}) == len(BAD)  # each once
+        for expected in BAD:
+            assert any(expected in reason for *_, reason in rejects), (expected, rejects)
+        letters = dead_letters(settings.kafka_bootstrap, topic)
+        assert {d["tidemark.source"] for d in letters} == {f"{topic}/{p}@{o}".encode() for p, o, _ in rejects}
+        # event 3's redelivery, counted by the restarted instance (the micro-batch rows of the first, with
+        # event 1's redelivery, are pruned when a new fencing token commits)
+        assert pipe.query_wh("SELECT sum(duplicates), count(DISTINCT fence) FROM tidemark_control.sink_micro_batches "
+                             "WHERE consumer = %s", (ledger.consumer_for(name),)) == [(1, 1)]
+    finally:
+        launcher.kill(name)
+        wh.close()
+
+
+def test_a_replayed_micro_batch_and_records_below_the_stored_offsets_change_nothing(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=_stream())
+    _tables(pipe)
+    topic = pipe.spec.stream.topic
+    events = pa.table({"topic": [topic] * 3, "partition": [0, 0, 1], "offset": [0, 1, 0],
+                       "key": [b"EUR"] * 3, "value": [_event(1), _event(2), _event(3)],
+                       "control": pa.nulls(3, pa.string()), "batch_id": pa.nulls(3, pa.string()),
+                       "attempt": pa.nulls(3, pa.int32()), "row_hash": [0, 0, 0]})
+    wh = pipe.wh()
+    try:
+        sink = BatchSink(wh, pipe.spec)
+        sink.acquire_fence()
+        assert sink.apply(events, micro_batch=0).events == 3
+        again = sink.apply(events, micro_batch=0)  # Spark replays a micro-batch whose commit it missed
+        assert again.replayed == 3 and again.events == 0
+        later = sink.apply(events, micro_batch=1)  # the same records under a new id: below the stored offsets
+        assert later.replayed == 3 and later.events == 0 and later.duplicates == 0
+        assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.stream.target_table}") == [(3,)]
+        assert sink.committed_offsets() == {0: -2, 1: -2, 2: -2, f"{topic}/0": 2, f"{topic}/1": 1, f"{topic}/2": -2}
+    finally:
+        wh.close()
