@@ -74,6 +74,10 @@ def main(argv: list[str]) -> int:
                 raise JobError(f"pipeline {spec.name}: stream: {exc}") from None
     sink = BatchSink(conn, spec, dead_letters=lambda rejects: send_dead_letters(
         args.bootstrap, args.dead_letter_topic, spec.topic, rejects))
+    try:
+        sink.check_stream()
+    except LookupError as exc:
+        raise JobError(str(exc)) from None
     control = None
     try:  # a live standing sink of this pipeline keeps its lease: a second copy never starts
         sink.acquire_fence(lease=spec.sink.lease)
@@ -89,7 +93,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
     starting = sink.starting_offsets()
     totals = {"staged": 0, "discarded": 0, "rejected": 0, "committed": [], "refused": [], "events": 0,
-              "duplicates": 0, "replayed": 0}
+              "duplicates": 0, "superseded": 0, "replayed": 0}
     # How much there is to read now: the denominator of the progress lines (None: from earliest).
     backlog = 0
     for topic, offsets in starting.items():
@@ -120,7 +124,7 @@ def main(argv: list[str]) -> int:
                             backlog, time.monotonic() - read["since"])
               + f"; staged {totals['staged'] + report.staged} so far, committed {totals['committed'] + report.committed or '-'}",
               flush=True)
-        for key in ("staged", "discarded", "rejected", "events", "duplicates", "replayed"):
+        for key in ("staged", "discarded", "rejected", "events", "duplicates", "superseded", "replayed"):
             totals[key] += getattr(report, key)
         totals["committed"] += report.committed
         totals["refused"] += report.refused

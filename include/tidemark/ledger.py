@@ -501,7 +501,7 @@ def forget_pipeline(cur, pipeline: str) -> None:
     cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s", (pipeline,))
     for table in ("streams", "stream_events", "stream_heartbeats"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE pipeline = %s", (pipeline,))
-    for table in ("sink_offsets", "sink_fences", "sink_rejects", "sink_micro_batches"):
+    for table in ("sink_offsets", "sink_fences", "sink_rejects", "sink_micro_batches", "stream_event_times"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer_for(pipeline),))
 
 
@@ -757,31 +757,95 @@ STREAM_COLUMNS = ("_tm_partition", "_tm_offset", "_tm_fence", "_tm_micro_batch",
 def ensure_stream_target(cur, spec: PipelineSpec) -> bool:
     """Create the spec's real-time table (``stream.target_table``) if it does not exist: the batch
     target's columns and primary key, plus each event's source position, fencing token, micro-batch
-    and time applied. ``LookupError`` while the batch target does not exist (the first plan, or
-    the supervisor, creates it from the source)."""
+    and time applied; and its serving views (``ensure_serving_view``). ``LookupError`` while the
+    batch target does not exist (the supervisor creates it from the source first)."""
     assert spec.stream is not None
     table = spec.stream.target_table
     cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(table), quote(spec.target_table)))
     existing, target = cur.fetchone()
-    if existing is not None:
-        return False
     if target is None:
         raise LookupError(f"pipeline {spec.name}: stream.target_table {table} is made like the target "
                           f"{spec.target_table}, which does not exist yet: the supervisor creates it from the source "
-                          f"table {spec.table} (or run the nightly DAG tidemark_{spec.name} once)")
+                          f"table {spec.table} (or run the nightly DAG tidemark_batch_{spec.name} once)")
+    created = existing is None
+    if created:
+        _ensure_schema(cur, spec, table, "stream.target_table")
+        pk = ", ".join(quote(c) for c in spec.primary_key)
+        cur.execute(f"""CREATE TABLE IF NOT EXISTS {quote(table)} (
+            LIKE {quote(spec.target_table)} INCLUDING DEFAULTS,
+            _tm_partition integer NOT NULL, _tm_offset bigint NOT NULL, _tm_fence bigint NOT NULL,
+            _tm_micro_batch bigint, _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            PRIMARY KEY ({pk}))""")
+    ensure_serving_view(cur, spec)
+    return created
+
+
+def _ensure_schema(cur, spec: PipelineSpec, table: str, field: str) -> None:
     schema = table.split(".")[0] if "." in table else "public"
     cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
-    if cur.fetchone() is None and not spec.create_target_schema:
-        raise LookupError(f"pipeline {spec.name}: the warehouse has no schema {schema} for stream.target_table "
-                          f"{table}: create it, or set create_target_schema: true in the spec")
-    cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
-    pk = ", ".join(quote(c) for c in spec.primary_key)
-    cur.execute(f"""CREATE TABLE IF NOT EXISTS {quote(table)} (
-        LIKE {quote(spec.target_table)} INCLUDING DEFAULTS,
-        _tm_partition integer NOT NULL, _tm_offset bigint NOT NULL, _tm_fence bigint NOT NULL,
-        _tm_micro_batch bigint, _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-        PRIMARY KEY ({pk}))""")
-    return True
+    if cur.fetchone() is None:
+        if not spec.create_target_schema:
+            raise LookupError(f"pipeline {spec.name}: the warehouse has no schema {schema} for {field} {table}: "
+                              "create it, or set create_target_schema: true in the spec")
+        cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
+
+
+def ensure_serving_view(cur, spec: PipelineSpec) -> None:
+    """The serving view (one row per key over the batch target and the real-time table: the newest
+    version by cursor, the batch's on a tie) and ``<view>_freshness`` (the batch watermark, the
+    stream's event-time watermark, and the later of the two: up to when the view is complete)."""
+    from tidemark.records import target_columns
+
+    stream = spec.stream
+    assert stream is not None
+    view, freshness = stream.serving_view, f"{stream.serving_view}_freshness"
+    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(view), quote(freshness)))
+    if None not in cur.fetchone():
+        return
+    _ensure_schema(cur, spec, view, "stream.serving_view")
+    names = [c.name for c in target_columns(cur, spec.target_table)]
+    batch, live, cursor = quote(spec.target_table), quote(stream.target_table), quote(spec.cursor.column)
+    same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
+    cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
+        SELECT {", ".join(f"b.{quote(c)}" for c in names)} FROM {batch} b
+         WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key} AND r.{cursor} > b.{cursor})
+        UNION ALL
+        SELECT {", ".join(f"r.{quote(c)}" for c in names)} FROM {live} r
+         WHERE NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
+    cur.execute(f"COMMENT ON VIEW {quote(view)} IS %s",
+                (f"Tidemark pipeline {spec.name}: {spec.target_table} merged with {stream.target_table}, one row "
+                 f"per key, newest {spec.cursor.column} wins; complete up to {freshness}.complete_up_to",))
+    cur.execute(f"""CREATE OR REPLACE VIEW {quote(freshness)} AS
+        SELECT w.batch_watermark, s.stream_watermark, greatest(w.batch_watermark, s.stream_watermark) AS complete_up_to
+          FROM (SELECT (SELECT cursor_ts FROM tidemark_control.watermarks WHERE pipeline = %(pipeline)s)
+                       AS batch_watermark) w,
+               (SELECT CASE WHEN count(*) = %(partitions)s THEN min(event_time) END AS stream_watermark
+                  FROM tidemark_control.stream_event_times WHERE consumer = %(consumer)s AND topic = %(topic)s) s""",
+                {"pipeline": spec.name, "partitions": stream.partitions, "consumer": consumer_for(spec.name),
+                 "topic": stream.topic})
+
+
+def advance_event_times(cur, consumer: str, topic: str, newest: dict[int, Any]) -> None:
+    """Per partition, the newest event time applied so far (never moves back)."""
+    for partition, event_time in newest.items():
+        cur.execute(
+            """INSERT INTO tidemark_control.stream_event_times AS t (consumer, topic, partition, event_time)
+               VALUES (%s, %s, %s, %s)
+               ON CONFLICT (consumer, topic, partition) DO UPDATE
+                  SET event_time = greatest(t.event_time, EXCLUDED.event_time), updated_at = clock_timestamp()""",
+            (consumer, topic, partition, event_time))
+
+
+def freshness(cur, spec: PipelineSpec) -> dict[str, Any] | None:
+    """The serving view's freshness row (None: the pipeline has no stream, or its view is not made yet)."""
+    if spec.stream is None:
+        return None
+    view = f"{spec.stream.serving_view}_freshness"
+    cur.execute("SELECT to_regclass(%s)", (quote(view),))
+    if cur.fetchone()[0] is None:
+        return None
+    cur.execute(f"SELECT batch_watermark, stream_watermark, complete_up_to FROM {quote(view)}")
+    return dict(zip(("batch_watermark", "stream_watermark", "complete_up_to"), cur.fetchone()))
 
 
 def observe_id_high(cur, spec: PipelineSpec) -> tuple[int | None, Any]:

@@ -11,14 +11,15 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
    lossless fit to the target's columns, inside the batch's window) and stages the good ones
    (COPY into the attempt's own table, plus running per-partition counts and checksums); bad
    records, records of unknown batches and late records of committed ones are dead letters;
-4. records END messages; for every attempt whose END has arrived on all partitions, compares
+4. applies the events of the spec's ``stream`` (records outside any batch, from its events
+   topic) as they arrive: validated like data records (no window), written to the real-time
+   table with their source position and micro-batch, one row per primary key (``_apply_events``);
+   events the committed watermark covers are in the batch target already and are skipped;
+5. records END messages; for every attempt whose END has arrived on all partitions, compares
    per-partition row counts and checksums with what was staged, then either applies the batch
-   (merge into the target, ledger, watermark) or refuses it: with expected and actual numbers,
-   or with the count and first reasons of its dead letters;
-5. applies the events of the spec's ``stream`` (records outside any batch, from the events
-   topic) as they arrive: validated like batch records, inserted into the real-time table with
-   their source position and micro-batch; an event whose primary key is already there is a
-   no-op when it is the same event, and a dead letter when it differs;
+   (merge into the target, ledger, watermark, and the real-time rows inside its window removed:
+   the batch is their truth now) or refuses it: with expected and actual numbers, or with the
+   count and first reasons of its dead letters;
 6. writes the dead letters (``sink_rejects``, and the dead-letter topic before the commit: a
    crash in between sends them again, never loses them), stores the next offset of every
    partition it read, and records the micro-batch id under the fencing token.
@@ -28,7 +29,7 @@ replays a micro-batch whose commit it did not see), are skipped: a replay change
 
 A crash anywhere rolls the whole micro-batch back, and the next start resumes from the stored
 offsets, so every record has exactly one effect. No reader sees part of a batch: the target is
-only touched by step 4, inside the same transaction as the ledger row that says "committed".
+only touched by step 5, inside the same transaction as the ledger row that says "committed".
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import psycopg2.errors
 
 from tidemark import ledger
 from tidemark.control import ControlMessage, ProtocolError, decode
+from tidemark.events import EventWriter
 from tidemark.records import RecordRules, target_columns
 from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import arrow_totals
@@ -79,6 +81,7 @@ class MicroBatchReport:
     replayed: int = 0  # records already applied (below the stored offsets, or a recorded micro-batch)
     events: int = 0  # events applied to the real-time table
     duplicates: int = 0  # events already there, unchanged (a redelivery)
+    superseded: int = 0  # events older than the version already there (upserted entities)
     staged: int = 0
     discarded: int = 0  # records of superseded, aborted or already committed attempts
     rejected: int = 0  # unusable records and control messages (also in sink_rejects)
@@ -101,7 +104,7 @@ class BatchSink:
         self.dead_letters = dead_letters  # sends rejects to the DLQ; called before each commit
         self.fence: int | None = None
         self._rules: RecordRules | None = None
-        self._event_rules: RecordRules | None = None
+        self.events = EventWriter(spec, self.consumer) if spec.stream else None
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self, lease: Any = None) -> int:
@@ -171,7 +174,8 @@ class BatchSink:
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:2000]}); the sink resumes from the same offsets "
                 "when restarted. Next: if this repeats at the same offsets, see the error above"
             ) from exc
-        events = (f"events applied {report.events}, duplicate {report.duplicates}, " if self.spec.stream else "")
+        events = (f"events applied {report.events}, duplicate {report.duplicates}, superseded {report.superseded}, "
+                  if self.spec.stream else "")
         log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
                  "rejected %s, committed %s, refused %s in %.1f s", self.spec.name,
                  micro_batch if micro_batch is not None else "-", table.num_rows, controls, report.replayed, events,
@@ -213,6 +217,9 @@ class BatchSink:
                 ends.append((rec, msg))
         if data.num_rows:
             self._stage(cur, data, report)
+        if events.num_rows:  # before any batch commits: its compaction covers these too
+            self.events.apply(cur, events, self.fence, micro_batch, report,
+                              lambda rec, reason: self._reject(report, rec, reason))
         self._record_rejects(cur, report)  # before verifying: an attempt with dead letters is refused
         complete: list[tuple[str, int]] = []
         for rec, msg in ends:
@@ -220,8 +227,6 @@ class BatchSink:
                 complete.append((msg.batch_id, msg.attempt))
         for batch_id, attempt in complete:
             self._verify_and_apply(cur, batch_id, attempt, report)
-        if events.num_rows:
-            self._apply_events(cur, events, micro_batch, report)
         self._record_rejects(cur, report)
         if report.rejects and self.dead_letters is not None:
             self.dead_letters(report.rejects)  # before the commit: a crash after it re-sends, never loses
@@ -243,81 +248,11 @@ class BatchSink:
                 seen = old if seen is None else pc.or_(seen, old)
         return table if seen is None else table.filter(pc.invert(seen))
 
-    # --- events outside batches --------------------------------------------------------------
-    def _apply_events(self, cur, events, micro_batch: int | None, report: MicroBatchReport) -> None:
-        """Validate the stream's events and insert the good ones into the real-time table, each
-        once per primary key; a second event under a key already there is a redelivery when it is
-        equal (no-op, counted), else a dead letter naming the columns that differ."""
-        import pyarrow as pa
-        import pyarrow.csv as pacsv
-
-        stream = self.spec.stream
-        rules = self._stream_rules(cur)
-        records = events.select(["topic", "partition", "offset", "key", "value"]).to_pylist()
-        good = []
-        for rec in records:
-            reason = rules.check(rec["key"], rec["value"], None)
-            if reason is not None:
-                self._reject(report, rec, f"event rejected: {reason}")
-            good.append(reason is None)
-        kept = events.filter(pa.array(good, pa.bool_())) if not all(good) else events
-        if not kept.num_rows:
-            return
-        cur.execute("CREATE TEMP TABLE IF NOT EXISTS tidemark_events (p integer, o bigint, value text) "
-                    "ON COMMIT DELETE ROWS")
-        buf = io.BytesIO()
-        pacsv.write_csv(pa.table({"p": kept["partition"], "o": kept["offset"], "value": kept["value"].cast(pa.string())}),
-                        buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
-        buf.seek(0)
-        cur.copy_expert("COPY tidemark_events (p, o, value) FROM STDIN WITH (FORMAT csv)", buf)
-        table = quote(stream.target_table)
-        names = list(rules.columns)
-        cols = ", ".join(quote(c) for c in names)
-        pk = ", ".join(quote(c) for c in self.spec.primary_key)
-        parsed = f"tidemark_events e CROSS JOIN LATERAL json_populate_record(NULL::{table}, e.value::json) r"
-        insert = (f"""INSERT INTO {table} ({cols}, _tm_partition, _tm_offset, _tm_fence, _tm_micro_batch)
-                      SELECT {", ".join(f"r.{quote(c)}" for c in names)}, e.p, e.o, %s, %s FROM {parsed} {{where}}
-                      ORDER BY e.p, e.o ON CONFLICT ({pk}) DO NOTHING""")
-        by_position = {(r["partition"], r["offset"]): r for r in records}
-        cur.execute("SAVEPOINT events")
-        try:
-            cur.execute(insert.format(where=""), (self.fence, micro_batch))
-            report.events += cur.rowcount
-        except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded):
-            # the table refused one of them: find it one by one, so the others still go in
-            cur.execute("ROLLBACK TO SAVEPOINT events")
-            cur.execute("SELECT p, o FROM tidemark_events ORDER BY p, o")
-            for position in cur.fetchall():
-                cur.execute("SAVEPOINT event")
-                try:
-                    cur.execute(insert.format(where="WHERE e.p = %s AND e.o = %s"), (self.fence, micro_batch, *position))
-                    report.events += cur.rowcount
-                except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded) as exc:
-                    cur.execute("ROLLBACK TO SAVEPOINT event")
-                    cur.execute("DELETE FROM tidemark_events WHERE p = %s AND o = %s", position)
-                    self._reject(report, by_position[position], f"event rejected: the real-time table "
-                                 f"{stream.target_table} refused it: {' '.join(str(exc).split())}")
-        cur.execute(  # the events not inserted: which columns differ from the one already applied
-            f"""SELECT e.p, e.o, t._tm_partition, t._tm_offset,
-                       ARRAY(SELECT c FROM unnest(%s::text[]) c WHERE to_jsonb(r) -> c IS DISTINCT FROM to_jsonb(t) -> c)
-                  FROM {parsed} JOIN {table} t ON ({", ".join(f"t.{quote(c)}" for c in self.spec.primary_key)})
-                                              = ({", ".join(f"r.{quote(c)}" for c in self.spec.primary_key)})
-                 WHERE (t._tm_partition, t._tm_offset) <> (e.p, e.o)
-                 ORDER BY e.p, e.o""", (names,))
-        for p, o, tp, to, differ in cur.fetchall():
-            if not differ:
-                report.duplicates += 1
-                continue
-            self._reject(report, by_position[(p, o)],
-                         f"event rejected: primary key {self.spec.primary_key} is already applied from "
-                         f"{stream.topic}/{tp}@{to} with other values in {', '.join(differ)}; the first one stands")
-
-    def _stream_rules(self, cur) -> RecordRules:
-        if self._event_rules is None:
-            stream = self.spec.stream
-            columns = [c for c in target_columns(cur, stream.target_table) if c.name not in ledger.STREAM_COLUMNS]
-            self._event_rules = RecordRules(self.spec, columns, events=True)
-        return self._event_rules
+    def check_stream(self) -> None:
+        """At start: the stream's real-time table can take its events (else ``LookupError``)."""
+        if self.events is not None:
+            with self.conn, self.conn.cursor() as cur:
+                self.events.rules(cur)
 
     def _check_fence(self, cur) -> None:
         now = ledger.current_fence(cur, self.consumer)
@@ -566,14 +501,23 @@ class BatchSink:
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the ledger refused the move "
                             "to committed (state changed under the lock?); rolled back")
         moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
+        compacted = self._compact(cur, window)
         self._drop_stage(cur, batch_id, attempt)
         report.committed.append(f"{batch_id}#{attempt}")
         log.info(
             "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s in %.1f s) "
-            "checksum=%s watermark %s", self.spec.name, batch_id, attempt, window, rows, applied,
+            "checksum=%s watermark %s%s", self.spec.name, batch_id, attempt, window, rows, applied,
             time.monotonic() - merge_started, checksum,
             f"-> {window.hi}" if moved else "unchanged (backfill or older window)",
+            f"; {compacted} real-time row(s) it covers compacted away" if compacted is not None else "",
         )
+
+    def _compact(self, cur, window: Window) -> int | None:
+        """The real-time rows inside the committed window: the batch is the truth for it now."""
+        if self.spec.stream is None:
+            return None
+        cur.execute(f"DELETE FROM {quote(self.spec.stream.target_table)} WHERE {predicate(self.spec, window)}")
+        return cur.rowcount
 
     def target_columns(self, cur) -> list[str]:
         return list(self._record_rules(cur).columns)

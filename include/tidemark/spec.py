@@ -91,13 +91,16 @@ class StreamSpec(BaseModel):
     """Events outside batches: JSON objects that applications publish to ``topic`` (keyed by the
     field ``key``, their event time in the field ``event_time``). The standing sink applies them as
     they arrive to ``target_table``, a real-time table made like the pipeline's target (one row per
-    primary key: a redelivered event is a no-op), with each event's source position."""
+    primary key: a redelivered event is a no-op), with each event's source position.
+    ``serving_view`` merges the batch target and the real-time table: one row per key, the newest
+    version by cursor (the batch's on a tie); ``<serving_view>_freshness`` says up to when."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     topic: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
     key: Identifier
     event_time: Identifier
     target_table: TableName
+    serving_view: TableName
     partitions: Annotated[int, Field(ge=1, le=64)] = 3
 
 
@@ -171,6 +174,12 @@ class PipelineSpec(BaseModel):
             if self.stream.target_table == self.target_table:
                 raise ValueError(f"stream.target_table: {self.target_table} is the batch target; the events need "
                                  "a table of their own (e.g. realtime.<table>)")
+            if len(self.stream.serving_view.split(".")[-1]) > 63 - len("_freshness"):
+                raise ValueError(f"stream.serving_view: {self.stream.serving_view} leaves no room for its companion "
+                                 "view <name>_freshness (63 characters at most)")
+            if self.stream.serving_view in (self.target_table, self.stream.target_table):
+                raise ValueError(f"stream.serving_view: {self.stream.serving_view} is one of the tables it merges; "
+                                 "give the view its own name (e.g. serving.<table>)")
         return self
 
     @property
@@ -230,7 +239,7 @@ def load_specs(directory: Path) -> tuple[list[tuple[Path, PipelineSpec]], list[S
             errors.append(exc)
     writers: dict[str, list[Path]] = {}
     for path, spec in specs:
-        for table in (spec.target_table, *([spec.stream.target_table] if spec.stream else [])):
+        for table in (spec.target_table, *([spec.stream.target_table, spec.stream.serving_view] if spec.stream else [])):
             writers.setdefault(table, []).append(path)
     clashing = {p for paths in writers.values() if len(paths) > 1 for p in paths}
     for target, paths in writers.items():

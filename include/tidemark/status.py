@@ -179,6 +179,8 @@ class StreamStatus:
     ended_at: datetime | None = None  # the instance stopped (or was seen dead)
     restarts: int = 0  # within the spec's budget window
     restart_budget: int = 0
+    serving_view: str | None = None  # the spec's stream merges into it
+    complete_up_to: datetime | None = None  # the serving view's freshness: the later of both watermarks
 
 
 @dataclass(frozen=True)
@@ -278,10 +280,12 @@ def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
     state = ledger.stream_state(cur, spec.name)
     beat = ledger.heartbeat(cur, spec.name) or {}
     restarts = ledger.restarts_since(cur, spec.name, spec.sink.budget_window)
+    fresh = ledger.freshness(cur, spec) or {}
     return StreamStatus(
         spec.name, state.desired, state.changed_by, state.changed_at, state.reason, state.crash_looping_since,
         beat.get("fence"), beat.get("holder"), beat.get("heartbeat_at"), beat.get("progress_at"), beat.get("records"),
-        beat.get("lag"), beat.get("ended_at"), len(restarts), spec.sink.restart_budget)
+        beat.get("lag"), beat.get("ended_at"), len(restarts), spec.sink.restart_budget,
+        spec.stream.serving_view if spec.stream else None, fresh.get("complete_up_to"))
 
 
 def orphan_stage_tables(cur, *, control_schema: bool = True) -> list[StageTable]:
@@ -439,6 +443,8 @@ def status_lines(report: StatusReport) -> list[str]:
         if t is not None:
             line += f"; stream desired={t.desired} {_instance(t, report.generated_at)} lag " \
                     f"{sum((t.lag or {}).values())} records, restarts {t.restarts}/{t.restart_budget}"
+            if t.serving_view:
+                line += f"; {t.serving_view} complete up to {utc_iso(t.complete_up_to) if t.complete_up_to else '-'}"
         lines.append(line)
     return lines
 

@@ -144,6 +144,11 @@ def predicate(spec: PipelineSpec, window: Window) -> str:
     return f"{_compare(spec, '>', window.lo)} AND {_compare(spec, '<=', window.hi)}"
 
 
+def covered(spec: PipelineSpec, bound: Bound) -> str:
+    """SQL condition: the row is at or before ``bound`` (a committed watermark covers it)."""
+    return _compare(spec, "<=", bound)
+
+
 def _compare(spec: PipelineSpec, op: str, bound: Bound) -> str:
     """``cursor <op> bound``, as a row comparison with the key when the bound has one."""
     if bound.pk is None:

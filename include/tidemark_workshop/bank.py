@@ -560,6 +560,22 @@ def entry_events(cur, entry_ids: list[int]) -> list[tuple[bytes, bytes]]:
     return [(key.encode(), value.encode()) for key, value in cur.fetchall()]
 
 
+def publish_events(conn: Connection, bootstrap: str, entry_ids: list[int], topic: str = EVENTS_TOPIC) -> int:
+    """Publish the payment events of committed entries (as the application that wrote them would)."""
+    from confluent_kafka import Producer
+
+    from tidemark.kafka_io import producer_config
+
+    producer = Producer(producer_config(bootstrap))
+    with conn, conn.cursor() as cur:
+        events = entry_events(cur, entry_ids)
+    for key, value in events:
+        producer.produce(topic, value=value, key=key)
+    if producer.flush(30) != 0:
+        raise RuntimeError(f"could not deliver {len(events)} payment event(s) to {topic} within 30 s")
+    return len(events)
+
+
 class Simulator:
     """Concurrent writer threads, each with its own connection, posting small batches of transfers.
 

@@ -181,12 +181,16 @@ def _streams(streams) -> str:
         else:
             state = f"beat {_e(format_duration(now - t.heartbeat_at))} ago ({_e(t.holder)}, fence {t.fence})"
         who = f"<br><small>by {_e(t.changed_by)} {_e(utc_iso(t.changed_at))} {_e(t.reason)}</small>" if t.changed_by else ""
-        lag = ", ".join(f"p{p}: {n}" for p, n in sorted((t.lag or {}).items())) or "-"
+        lag = ", ".join(f"p{p}: {n}" if str(p).isdigit() else f"{p}: {n}"
+                        for p, n in sorted((t.lag or {}).items())) or "-"
+        serving = (f"<code>{_e(t.serving_view)}</code> complete up to {_e(utc_iso(t.complete_up_to)) or '-'}"
+                   if t.serving_view else "-")
         rows.append(f"<tr><td><b>{_e(t.pipeline)}</b></td><td>{_e(t.desired)}{who}</td><td>{state}</td>"
                     f"<td>{_e(utc_iso(t.progress_at)) or '-'}</td><td class=num>{_e(t.records)}</td><td>{_e(lag)}</td>"
-                    f"<td class=num>{t.restarts}/{t.restart_budget}</td></tr>")
+                    f"<td class=num>{t.restarts}/{t.restart_budget}</td><td>{serving}</td></tr>")
     return ("<h3>Standing sinks</h3><table id=streams><tr><th>pipeline</th><th>desired</th><th>instance</th>"
-            "<th>last progress (UTC)</th><th>records read</th><th>lag (records)</th><th>restarts</th></tr>"
+            "<th>last progress (UTC)</th><th>records read</th><th>lag (records)</th><th>restarts</th>"
+            "<th>serving view (UTC)</th></tr>"
             + "".join(rows) + "</table>")
 
 

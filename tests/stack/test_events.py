@@ -30,7 +30,7 @@ STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
 def _stream() -> dict:
     unique = uuid.uuid4().hex[:10]
     return {"topic": f"it_events_{unique}", "key": "currency", "event_time": "updated_at",
-            "target_table": f"public.it_{unique}_rt"}
+            "target_table": f"public.it_{unique}_rt", "serving_view": f"public.it_{unique}_serving"}
 
 
 def _until(what: str, predicate, timeout: float = 180.0):
@@ -151,3 +151,45 @@ def test_a_replayed_micro_batch_and_records_below_the_stored_offsets_change_noth
         assert sink.committed_offsets() == {0: -2, 1: -2, 2: -2, f"{topic}/0": 2, f"{topic}/1": 1, f"{topic}/2": -2}
     finally:
         wh.close()
+
+
+def test_the_serving_view_is_the_source_after_a_batch_and_the_events_that_followed(settings, tmp_path):
+    stream = {**_stream(), "key": "id"}  # keyed by id: the events spread over the partitions
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=stream)
+    _tables(pipe)
+    ensure_topic(settings.kafka_bootstrap, stream["topic"], 3)
+
+    def source(sql: str, params=()) -> list[tuple]:
+        conn = pipe.src()
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql.format(table=pipe.source_table), params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def as_published(ids) -> list[tuple[bytes, bytes]]:  # the application's events: each row as the source has it
+        return [(k.encode(), v.encode()) for k, v in source(
+            "SELECT id::text, row_to_json(s)::text FROM {table} s WHERE id = ANY(%s) ORDER BY id", (list(ids),))]
+
+    insert_payments(pipe, 1, 10, stamp="now() - interval '1 minute'")
+    first = as_published(range(1, 11))
+    _publish(settings, stream["topic"], first)
+    plan = pipe.plan("run-1")
+    attempt = pipe.begin(plan)
+    pipe.end(plan, attempt, pipe.extract(plan, attempt))
+    # after the batch's window: row 3 changes, rows 11 and 12 arrive; their events follow, and then
+    # row 3's first event once more, delivered late
+    source("UPDATE {table} SET amount = 99.99, updated_at = now() WHERE id = 3")
+    insert_payments(pipe, 11, 12)
+    _publish(settings, stream["topic"], as_published([3, 11, 12]) + [first[2]])
+    summary = pipe.sink()  # one application: the batch and the events
+    assert summary["committed"] and summary["events"] >= 3, summary
+
+    view = {r[0]: r[1:] for r in pipe.query_wh(f"SELECT id, amount, currency, updated_at FROM {stream['serving_view']}")}
+    assert view == pipe.rows("source", "amount, currency, updated_at") and len(view) == 12
+    assert [r[0] for r in pipe.query_wh(f"SELECT id FROM {stream['target_table']} ORDER BY id")] == [3, 11, 12], \
+        "the real-time rows inside the committed window are compacted away with the batch"
+    assert pipe.query_wh(f"SELECT amount::text FROM {pipe.spec.target_table} WHERE id = 3") == [("1.11",)]  # batch: old
+    batch_mark, complete = pipe.query_wh(f"SELECT batch_watermark, complete_up_to FROM {stream['serving_view']}_freshness")[0]
+    assert batch_mark == plan.window.hi.cursor and complete >= batch_mark

@@ -164,7 +164,8 @@ def test_a_target_without_the_key_or_cursor_columns_is_a_lookup_error():
 
 def test_an_event_is_keyed_by_its_key_field_and_needs_its_event_time_but_no_window():
     spec = _spec(sink={"mode": "standing"}, stream={"topic": "core.payment_events", "key": "currency",
-                                                    "event_time": "updated_at", "target_table": "rt.payments"})
+                                                    "event_time": "updated_at", "target_table": "rt.payments",
+                                                    "serving_view": "serving.payments"})
     events = RecordRules(spec, COLUMNS, events=True)
     late = {**GOOD, "updated_at": "2031-05-05T00:00:00Z"}  # far outside any batch window: events have none
     assert events.check(b"EUR", _raw(late), None) is None
@@ -178,6 +179,7 @@ def test_an_event_is_keyed_by_its_key_field_and_needs_its_event_time_but_no_wind
 
 def test_event_rules_need_the_key_field_in_the_real_time_table():
     spec = _spec(sink={"mode": "standing"}, stream={"topic": "core.payment_events", "key": "account_id",
-                                                    "event_time": "updated_at", "target_table": "rt.payments"})
+                                                    "event_time": "updated_at", "target_table": "rt.payments",
+                                                    "serving_view": "serving.payments"})
     with pytest.raises(LookupError, match=r"rt.payments has no column\(s\) \['account_id'\]"):
         RecordRules(spec, COLUMNS, events=True)

@@ -38,7 +38,7 @@ def test_a_good_spec_loads_with_defaults(tmp_path):
 
 
 STREAM = {"topic": "core.payment_events", "key": "account_id", "event_time": "updated_at",
-          "target_table": "rt.ledger_entries"}
+          "target_table": "rt.ledger_entries", "serving_view": "serving.ledger_entries"}
 
 
 def test_a_stream_is_declared_beside_the_table(tmp_path):
@@ -52,7 +52,7 @@ def test_two_pipelines_never_write_one_real_time_table(tmp_path):
 
     _write(tmp_path, {**GOOD, "sink": {"mode": "standing"}, "stream": STREAM})
     _write(tmp_path, {**GOOD, "name": "other", "target_table": "dw.other", "sink": {"mode": "standing"},
-                      "stream": {**STREAM, "target_table": "rt.ledger_entries"}}, name="other")
+                      "stream": {**STREAM, "serving_view": "serving.other"}}, name="other")
     valid, errors = load_specs(tmp_path)
     assert valid == [] and len(errors) == 2 and all("rt.ledger_entries is also written by" in str(e) for e in errors)
 
@@ -95,6 +95,8 @@ INVALID = [
                                            sink={"mode": "standing"}), "need a table of their own"),
     ("stream key not an identifier", _with(stream={**STREAM, "key": "a-b"}, sink={"mode": "standing"}),
      "field 'stream.key'"),
+    ("serving view over its own table", _with(stream={**STREAM, "serving_view": "rt.ledger_entries"},
+                                              sink={"mode": "standing"}), "one of the tables it merges"),
     ("stream without event time", _with(stream={k: v for k, v in STREAM.items() if k != "event_time"},
                                         sink={"mode": "standing"}), "field 'stream.event_time'"),
 ]

@@ -107,6 +107,17 @@ CREATE TABLE IF NOT EXISTS tidemark_control.sink_micro_batches (
     PRIMARY KEY (consumer, fence, micro_batch)
 );
 
+-- Per events-topic partition, the newest event time applied: a stream is complete up to the
+-- smallest of them (the watermark rule for a stream; a partition without events holds it back).
+CREATE TABLE IF NOT EXISTS tidemark_control.stream_event_times (
+    consumer    text NOT NULL,
+    topic       text NOT NULL,
+    partition   integer NOT NULL,
+    event_time  timestamptz NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (consumer, topic, partition)
+);
+
 -- Records and control messages the sink could not use, with the reason (also sent to the DLQ).
 CREATE TABLE IF NOT EXISTS tidemark_control.sink_rejects (
     id            bigserial PRIMARY KEY,

@@ -1,0 +1,165 @@
+"""Events outside batches: a pipeline's stream, applied as it arrives to its real-time table.
+
+Applications publish events (JSON objects, keyed by the stream's ``key`` field, with the event
+time in its ``event_time`` field) to the stream's topic, without Tidemark headers. The sink hands
+each micro-batch's events to ``EventWriter.apply``, inside the transaction that also stores their
+offsets. Each event is validated like a batch record (``tidemark.records``, no window), then
+written to ``stream.target_table`` with its source position, fencing token and micro-batch, one
+row per primary key. Protocol: ``docs/control-protocol.md`` section 12.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+
+from tidemark import ledger
+from tidemark.records import RecordRules, target_columns
+from tidemark.spec import PipelineSpec, quote
+from tidemark.window import covered
+
+Reject = Callable[[dict[str, Any], str], None]  # (the record, the reason): a dead letter
+TABLE_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded)
+
+
+PARSED = "tidemark_events e CROSS JOIN LATERAL json_populate_record(NULL::{table}, e._tm_value::json) r"
+
+
+class EventWriter:
+    def __init__(self, spec: PipelineSpec, consumer: str):
+        assert spec.stream is not None
+        self.spec, self.stream, self.consumer = spec, spec.stream, consumer
+        # Facts (append-only) never change: the first event of a key stands. Entities: the newer
+        # version wins by cursor, then source position.
+        self.facts = spec.append_only or spec.write_mode == "append_window_replace"
+        self._rules: RecordRules | None = None
+
+    def apply(self, cur, events, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
+        """Validate the micro-batch's events and write the good ones. An event the committed
+        watermark covers is in the batch target already (or the batch says the source has no such
+        row): skipped, counted as superseded. One whose key is already there is a redelivery when
+        equal (a no-op, counted as a duplicate); else, for facts, a dead letter naming the columns
+        that differ, and for entities superseded when older than the stored version."""
+        import pyarrow as pa
+
+        rules = self.rules(cur)
+        records = events.select(["topic", "partition", "offset", "key", "value"]).to_pylist()
+        good = []
+        for rec in records:
+            reason = rules.check(rec["key"], rec["value"], None)
+            if reason is not None:
+                reject(rec, f"event rejected: {reason}")
+            good.append(reason is None)
+        kept = events.filter(pa.array(good, pa.bool_())) if not all(good) else events
+        if not kept.num_rows:
+            return
+        self._load(cur, kept)
+        mark = ledger.committed_watermark(cur, self.spec.name)
+        # (a text key in the watermark may hold a %: these statements also take parameters)
+        fresh = f"NOT ({covered(self.spec, mark)})".replace("%", "%%") if mark is not None else "true"
+        by_position = {(r["partition"], r["offset"]): r for r in records}
+        report.events += self._insert(cur, list(rules.columns), fresh, fence, micro_batch, by_position, reject)
+        parsed = PARSED.format(table=quote(self.stream.target_table))
+        if mark is not None:
+            cur.execute(f"SELECT count(*) FROM {parsed} WHERE NOT ({fresh})", ())
+            report.superseded += cur.fetchone()[0]
+        for (p, o), (tp, to), differ in self._not_written(cur, list(rules.columns), fresh):
+            if not differ:
+                report.duplicates += 1
+            elif not self.facts:
+                report.superseded += 1
+            else:
+                reject(by_position[(p, o)], f"event rejected: primary key {self.spec.primary_key} is already applied "
+                       f"from {self.stream.topic}/{tp}@{to} with other values in {', '.join(differ)}; the first one "
+                       "stands (the pipeline's facts are append-only)")
+        cur.execute(f"SELECT e._tm_p, max(r.{quote(rules.time_column)})::timestamptz FROM {parsed} GROUP BY e._tm_p")
+        ledger.advance_event_times(cur, self.consumer, self.stream.topic, dict(cur.fetchall()))
+
+    def _load(self, cur, kept) -> None:
+        """The good events into a temporary table: position and value, parsed by PostgreSQL from there."""
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        cur.execute("CREATE TEMP TABLE IF NOT EXISTS tidemark_events (_tm_p integer, _tm_o bigint, _tm_value text) "
+                    "ON COMMIT DELETE ROWS")
+        buf = io.BytesIO()
+        pacsv.write_csv(pa.table({"p": kept["partition"], "o": kept["offset"], "value": kept["value"].cast(pa.string())}),
+                        buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+        buf.seek(0)
+        cur.copy_expert("COPY tidemark_events (_tm_p, _tm_o, _tm_value) FROM STDIN WITH (FORMAT csv)", buf)
+
+    def _insert(self, cur, names: list[str], fresh: str, fence: int, micro_batch: int | None,
+                by_position: dict, reject: Reject) -> int:
+        """Write the loaded events; if the table refuses one (a data or integrity error), write them
+        one by one so only the refused ones are dead letters. Returns the rows written."""
+        table, pk = quote(self.stream.target_table), [quote(c) for c in self.spec.primary_key]
+        cols = ", ".join(quote(c) for c in names)
+        if self.facts:
+            distinct, order, conflict = "", "e._tm_p, e._tm_o", "DO NOTHING"
+        else:  # one version per key in the statement, then the newer of it and the stored one
+            cursor = quote(self.spec.cursor.column)
+            newer = (f"({table}.{cursor}, {table}._tm_partition, {table}._tm_offset) < "
+                     f"(EXCLUDED.{cursor}, EXCLUDED._tm_partition, EXCLUDED._tm_offset)")
+            changed = (f"({', '.join(f'{table}.{quote(c)}' for c in names)}) IS DISTINCT FROM "
+                       f"({', '.join(f'EXCLUDED.{quote(c)}' for c in names)})")
+            sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*map(quote, names), "_tm_partition", "_tm_offset",
+                                                              "_tm_fence", "_tm_micro_batch"))
+            distinct = f"DISTINCT ON ({', '.join(f'r.{c}' for c in pk)}) "
+            order = f"{', '.join(f'r.{c}' for c in pk)}, r.{cursor} DESC, e._tm_p DESC, e._tm_o DESC"
+            conflict = f"DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp() WHERE {newer} AND {changed}"
+
+        def insert(where: str) -> str:
+            return (f"INSERT INTO {table} ({cols}, _tm_partition, _tm_offset, _tm_fence, _tm_micro_batch) "
+                    f"SELECT {distinct}{', '.join(f'r.{quote(c)}' for c in names)}, e._tm_p, e._tm_o, %s, %s "
+                    f"FROM {PARSED.format(table=table)} WHERE {fresh} {where} ORDER BY {order} "
+                    f"ON CONFLICT ({', '.join(pk)}) {conflict}")
+
+        cur.execute("SAVEPOINT events")
+        try:
+            cur.execute(insert(""), (fence, micro_batch))
+            return cur.rowcount
+        except TABLE_REFUSED:
+            cur.execute("ROLLBACK TO SAVEPOINT events")
+        written = 0
+        cur.execute("SELECT _tm_p, _tm_o FROM tidemark_events ORDER BY _tm_p, _tm_o")
+        for position in cur.fetchall():
+            cur.execute("SAVEPOINT event")
+            try:
+                cur.execute(insert("AND e._tm_p = %s AND e._tm_o = %s"), (fence, micro_batch, *position))
+                written += cur.rowcount
+            except TABLE_REFUSED as exc:
+                cur.execute("ROLLBACK TO SAVEPOINT event")
+                cur.execute("DELETE FROM tidemark_events WHERE _tm_p = %s AND _tm_o = %s", position)
+                reject(by_position[position], f"event rejected: the real-time table {self.stream.target_table} "
+                       f"refused it: {' '.join(str(exc).split())}")
+        return written
+
+    def _not_written(self, cur, names: list[str], fresh: str) -> list[tuple[tuple, tuple, list[str]]]:
+        """The loaded events whose key holds another event's row: (their position, that row's
+        position, the columns in which they differ)."""
+        table = quote(self.stream.target_table)
+        same_key = " AND ".join(f"t.{quote(c)} = r.{quote(c)}" for c in self.spec.primary_key)
+        cur.execute(
+            f"""SELECT e._tm_p, e._tm_o, t._tm_partition, t._tm_offset,
+                       ARRAY(SELECT c FROM unnest(%s::text[]) c WHERE to_jsonb(r) -> c IS DISTINCT FROM to_jsonb(t) -> c)
+                  FROM {PARSED.format(table=table)} JOIN {table} t ON {same_key}
+                 WHERE (t._tm_partition, t._tm_offset) <> (e._tm_p, e._tm_o) AND {fresh}
+                 ORDER BY e._tm_p, e._tm_o""", (names,))
+        return [((p, o), (tp, to), differ) for p, o, tp, to, differ in cur.fetchall()]
+
+    def rules(self, cur) -> RecordRules:
+        """The checks for the stream's events; ``LookupError`` when the real-time table cannot take
+        them (a column missing, or an event time that is not a timestamp or date)."""
+        if self._rules is None:
+            columns = [c for c in target_columns(cur, self.stream.target_table) if c.name not in ledger.STREAM_COLUMNS]
+            rules = RecordRules(self.spec, columns, events=True)
+            kind = rules.columns[rules.time_column].data_type
+            if kind not in ("timestamp with time zone", "timestamp without time zone", "date"):
+                raise LookupError(f"pipeline {self.spec.name}: stream.event_time {rules.time_column} is a {kind} "
+                                  f"column of {self.stream.target_table}; an event time must be a timestamp or a date")
+            self._rules = rules
+        return self._rules
