@@ -53,9 +53,10 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
 
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
-    from tidemark.kafka_io import end_offsets, ensure_topic, send_dead_letters
+    from tidemark.dead_letters import DeadLetterOutbox
+    from tidemark.kafka_io import end_offsets, ensure_topic
     from tidemark.progress import progress_line
-    from tidemark.ledger import LeaseHeld, ensure_control_schema, ensure_stream_target
+    from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema, ensure_stream_target
     from tidemark.sink import BatchSink
     from tidemark.sparkjob import JobError, connect, password, session
     from tidemark.standing import StandingControl
@@ -72,8 +73,8 @@ def main(argv: list[str]) -> int:
                 ensure_topic(args.bootstrap, spec.stream.topic, spec.stream.partitions)
             except (LookupError, ValueError) as exc:
                 raise JobError(f"pipeline {spec.name}: stream: {exc}") from None
-    sink = BatchSink(conn, spec, dead_letters=lambda rejects: send_dead_letters(
-        args.bootstrap, args.dead_letter_topic, spec.topic, rejects))
+    sink = BatchSink(conn, spec, dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic,
+                                                               consumer_for(spec.name)))
     try:
         sink.check_stream()
     except LookupError as exc:
@@ -89,6 +90,7 @@ def main(argv: list[str]) -> int:
     except LeaseHeld as exc:
         raise JobError(str(exc)) from None
     sink.sweep_stages()
+    sink.dead_letters.flush(conn)  # what an earlier instance committed but could not publish
     if control is not None:
         signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
     starting = sink.starting_offsets()

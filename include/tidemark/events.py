@@ -60,7 +60,7 @@ class EventWriter:
         self._load(cur, kept)
         mark = ledger.committed_watermark(cur, self.spec.name)
         # (a text key in the watermark may hold a %: these statements also take parameters)
-        fresh = f"NOT ({covered(self.spec, mark)})".replace("%", "%%") if mark is not None else "true"
+        fresh = f"NOT ({covered(self.spec, mark, 'r')})".replace("%", "%%") if mark is not None else "true"
         by_position = {(r["partition"], r["offset"]): r for r in records}
         report.events += self._insert(cur, list(rules.columns), fresh, fence, micro_batch, by_position, reject)
         parsed = PARSED.format(table=quote(self.stream.target_table))

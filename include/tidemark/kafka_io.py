@@ -182,31 +182,3 @@ def read_committed(
                 pending.pop(msg.partition(), None)
     finally:
         consumer.close()
-
-
-def send_dead_letters(bootstrap: str, dlq_topic: str, source_topic: str, rejects: list[dict]) -> None:
-    """Publish rejected records as they arrived (value and key bytes) with their reason, source
-    position, batch and attempt. The sink calls this before it commits their rejection: a crash in
-    between sends them again (the source header tells duplicates apart), never loses them."""
-    from confluent_kafka import Producer
-
-    ensure_topic(bootstrap, dlq_topic, partitions=1)
-    producer = Producer(producer_config(bootstrap))
-    for r in rejects:
-        payload, key = r.get("payload"), r.get("key")
-        headers = [
-            ("tidemark.reason", r["reason"].encode()),
-            ("tidemark.source", f"{r.get('topic') or source_topic}/{r['partition']}@{r['offset']}".encode()),
-        ]
-        if r.get("batch_id") is not None:
-            headers.append(("tidemark.batch", str(r["batch_id"]).encode()))
-        if r.get("attempt") is not None:
-            headers.append(("tidemark.attempt", str(r["attempt"]).encode()))
-        producer.produce(
-            dlq_topic,
-            value=payload.encode() if isinstance(payload, str) else payload,
-            key=key.encode() if isinstance(key, str) else key,
-            headers=headers,
-        )
-    if producer.flush(30) != 0:
-        raise RuntimeError(f"could not deliver {len(rejects)} dead letter(s) to {dlq_topic}")

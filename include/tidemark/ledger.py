@@ -441,15 +441,44 @@ def record_micro_batch(cur, consumer: str, fence: int, micro_batch: int, records
 
 
 def record_rejects(cur, consumer: str, topic: str, rejects: list[dict[str, Any]]) -> None:
-    """Rejects of the consumer's micro-batch; each on its own ``topic`` if it names one, else ``topic``."""
+    """Rejects of the consumer's micro-batch (each on its own ``topic`` if it names one, else
+    ``topic``), pending for the dead-letter topic with their original bytes (``raw``, ``raw_key``)."""
     for r in rejects:
         cur.execute(
-            """INSERT INTO tidemark_control.sink_rejects
-                   (consumer, topic, partition, kafka_offset, batch_id, attempt, reason, payload, control)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+            """INSERT INTO tidemark_control.sink_rejects (consumer, topic, partition, kafka_offset, batch_id, attempt,
+                                                          reason, payload, control, raw, raw_key, in_dlq)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false)""",
             (consumer, r.get("topic") or topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"],
-             r["payload"], r.get("control")),
+             r["payload"], r.get("control"), _bytes(r.get("raw")), _bytes(r.get("raw_key"))),
         )
+
+
+def _bytes(value: Any) -> bytes | None:
+    import psycopg2
+
+    if value is None:
+        return None
+    return psycopg2.Binary(value.encode() if isinstance(value, str) else bytes(value))
+
+
+def pending_rejects(cur, consumer: str) -> list[dict[str, Any]]:
+    """The consumer's rejects not yet in the dead-letter topic, oldest first."""
+    cur.execute(
+        """SELECT id, topic, partition, kafka_offset, batch_id, attempt, reason, raw, raw_key, rejected_at
+             FROM tidemark_control.sink_rejects WHERE consumer = %s AND NOT in_dlq ORDER BY id""", (consumer,))
+    names = ("id", "topic", "partition", "kafka_offset", "batch_id", "attempt", "reason", "raw", "raw_key", "rejected_at")
+    return [{**dict(zip(names, row)), "raw": _plain(row[7]), "raw_key": _plain(row[8])} for row in cur.fetchall()]
+
+
+def _plain(value: Any) -> bytes | None:
+    return bytes(value) if value is not None else None
+
+
+def mark_published(cur, offsets: dict[int, int]) -> None:
+    """Rejects now in the dead-letter topic, at these offsets: their bytes are there, not kept here."""
+    for reject_id, offset in offsets.items():
+        cur.execute("UPDATE tidemark_control.sink_rejects SET in_dlq = true, dlq_offset = %s, raw = NULL, "
+                    "raw_key = NULL WHERE id = %s", (offset, reject_id))
 
 
 def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int) -> tuple[int, list[str]]:

@@ -20,9 +20,10 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
    (merge into the target, ledger, watermark, and the real-time rows inside its window removed:
    the batch is their truth now) or refuses it: with expected and actual numbers, or with the
    count and first reasons of its dead letters;
-6. writes the dead letters (``sink_rejects``, and the dead-letter topic before the commit: a
-   crash in between sends them again, never loses them), stores the next offset of every
-   partition it read, and records the micro-batch id under the fencing token.
+6. writes the dead letters to ``sink_rejects`` with their original bytes, stores the next offset
+   of every partition it read, and records the micro-batch id under the fencing token; after the
+   commit, the dead-letter outbox publishes them (``tidemark.dead_letters``: exactly once, however
+   the job dies).
 
 Records below the stored offsets, and a micro-batch id already recorded under this token (Spark
 replays a micro-batch whose commit it did not see), are skipped: a replay changes nothing.
@@ -41,13 +42,14 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import psycopg2
 import psycopg2.errors
 
-from tidemark import ledger
+from tidemark import faults, ledger
 from tidemark.control import ControlMessage, ProtocolError, decode
+from tidemark.dead_letters import DeadLetterError, DeadLetterOutbox
 from tidemark.events import EventWriter
 from tidemark.records import RecordRules, target_columns
 from tidemark.spec import PipelineSpec, quote
@@ -93,7 +95,7 @@ class MicroBatchReport:
 
 class BatchSink:
     def __init__(self, conn, spec: PipelineSpec, *,
-                 dead_letters: Callable[[list[dict[str, Any]]], None] | None = None):
+                 dead_letters: DeadLetterOutbox | None = None):
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
         self.topic = spec.topic
@@ -101,7 +103,7 @@ class BatchSink:
         # One consumer per pipeline per warehouse database: a second sink of the pipeline in this
         # database is the same consumer, takes the fence, and the first can no longer commit.
         self.consumer = ledger.consumer_for(spec.name)
-        self.dead_letters = dead_letters  # sends rejects to the DLQ; called before each commit
+        self.dead_letters = dead_letters  # publishes the committed rejects, after each commit and at start
         self.fence: int | None = None
         self._rules: RecordRules | None = None
         self.events = EventWriter(spec, self.consumer) if spec.stream else None
@@ -166,8 +168,14 @@ class BatchSink:
         try:
             with self.conn, self.conn.cursor() as cur:
                 controls = self._apply(cur, table, report, micro_batch)
+            faults.point("committed")
+            if report.rejects and self.dead_letters is not None:
+                self.dead_letters.flush(self.conn)
         except (FencedError, SinkError):
             raise
+        except DeadLetterError as exc:
+            raise SinkError(f"pipeline={self.spec.name} micro-batch {_positions(table)} committed, but {exc}. Next: "
+                            "when the broker is back, restarting the sink publishes them") from exc
         except Exception as exc:  # name where it happened: the next start resumes at the same offsets
             raise SinkError(
                 f"pipeline={self.spec.name} micro-batch {_positions(table)} failed and was rolled back "
@@ -217,6 +225,7 @@ class BatchSink:
                 ends.append((rec, msg))
         if data.num_rows:
             self._stage(cur, data, report)
+            faults.point("staged")
         if events.num_rows:  # before any batch commits: its compaction covers these too
             self.events.apply(cur, events, self.fence, micro_batch, report,
                               lambda rec, reason: self._reject(report, rec, reason))
@@ -228,12 +237,11 @@ class BatchSink:
         for batch_id, attempt in complete:
             self._verify_and_apply(cur, batch_id, attempt, report)
         self._record_rejects(cur, report)
-        if report.rejects and self.dead_letters is not None:
-            self.dead_letters(report.rejects)  # before the commit: a crash after it re-sends, never loses
         self._store_offsets(cur, fresh)
         if micro_batch is not None:
             ledger.record_micro_batch(cur, self.consumer, self.fence, micro_batch, fresh.num_rows, report.events,
                                       report.duplicates, report.rejected)
+        faults.point("before_commit")
         return len(controls)
 
     def _unapplied(self, cur, table):
@@ -554,7 +562,8 @@ class BatchSink:
     def _record_rejects(self, cur, report: MicroBatchReport) -> None:
         fresh = report.rejects[report.recorded:]
         ledger.record_rejects(cur, self.consumer, self.topic,
-                              [{**r, "payload": _payload_text(r["payload"])} for r in fresh])
+                              [{**r, "payload": _payload_text(r["payload"]), "raw": r["payload"], "raw_key": r.get("key")}
+                               for r in fresh])
         report.recorded = len(report.rejects)
 
     def _store_offsets(self, cur, table) -> None:

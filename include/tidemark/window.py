@@ -144,16 +144,17 @@ def predicate(spec: PipelineSpec, window: Window) -> str:
     return f"{_compare(spec, '>', window.lo)} AND {_compare(spec, '<=', window.hi)}"
 
 
-def covered(spec: PipelineSpec, bound: Bound) -> str:
-    """SQL condition: the row is at or before ``bound`` (a committed watermark covers it)."""
-    return _compare(spec, "<=", bound)
+def covered(spec: PipelineSpec, bound: Bound, alias: str) -> str:
+    """SQL condition: the row ``alias`` is at or before ``bound`` (a committed watermark covers it)."""
+    return _compare(spec, "<=", bound, alias)
 
 
-def _compare(spec: PipelineSpec, op: str, bound: Bound) -> str:
+def _compare(spec: PipelineSpec, op: str, bound: Bound, alias: str | None = None) -> str:
     """``cursor <op> bound``, as a row comparison with the key when the bound has one."""
+    prefix = f"{quote(alias)}." if alias else ""
     if bound.pk is None:
-        return f"{quote(spec.cursor.column)} {op} {literal(bound.cursor)}"
-    cols = ", ".join(quote(c) for c in (spec.cursor.column, *spec.primary_key))
+        return f"{prefix}{quote(spec.cursor.column)} {op} {literal(bound.cursor)}"
+    cols = ", ".join(prefix + quote(c) for c in (spec.cursor.column, *spec.primary_key))
     vals = ", ".join(literal(v) for v in (bound.cursor, *bound.pk))
     return f"({cols}) {op} ({vals})"
 

@@ -187,3 +187,10 @@ CREATE TABLE IF NOT EXISTS tidemark_control.stream_heartbeats (
 -- Added after the first release (kept idempotent for existing control schemas).
 ALTER TABLE tidemark_control.batch_ends ADD COLUMN IF NOT EXISTS batch_rows bigint;
 ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS control text;  -- BEGIN/END/ABORT; NULL: a data record
+-- The dead-letter outbox (tidemark/dead_letters.py): a reject is pending until it is in the DLQ;
+-- older rows were sent before their commit, hence the default.
+ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS in_dlq boolean NOT NULL DEFAULT true;
+ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS dlq_offset bigint;
+ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS raw bytea;      -- the record's bytes, until in the DLQ
+ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS raw_key bytea;
+CREATE INDEX IF NOT EXISTS sink_rejects_pending ON tidemark_control.sink_rejects (consumer, id) WHERE NOT in_dlq;
