@@ -3,6 +3,7 @@
 #   make test   installs what is missing, starts the stack, runs the test suite
 #   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
 #   make campaign  id-cursor campaign: writers hold transactions 20-60 s while batches run back to back
+#   make kill-trials  kill -9 the standing sink at seeded moments (TRIALS=20 SEED=...): exactly one effect
 SHELL := /bin/bash
 ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
 STATE := $(or $(TIDEMARK_STATE_DIR),$(ROOT)/.state)
@@ -13,8 +14,10 @@ STACK := $(PY) -m tidemark_workshop.stack
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CAMPAIGN_ARGS ?=
+TRIALS ?= 20
+SEED ?=
 
-.PHONY: help bootstrap up down status logs ui demo test bench campaign clean
+.PHONY: help bootstrap up down status logs ui demo test bench campaign kill-trials clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -48,6 +51,9 @@ bench: up
 
 campaign: up
 	@$(STACK) run -- $(PY) bench/id_cursor_campaign.py $(CAMPAIGN_ARGS)
+
+kill-trials: up
+	@$(STACK) run -- $(PY) -m tidemark_workshop.kill_trials --trials $(TRIALS) $(if $(SEED),--seed $(SEED))
 
 clean: down
 	rm -rf $(STATE)

@@ -27,7 +27,6 @@ exactly those days. An invalid spec file loads no DAG: it is listed under the UI
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pendulum
@@ -37,10 +36,6 @@ from tidemark.config import pipelines_dir
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark_airflow.batch import batch_pipeline
 
-# Transient failures (broker, connections) retry with growing delays; what will not heal fails
-# at once (the operators raise AirflowFailException for it).
-DEFAULTS = {"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True,
-            "max_retry_delay": timedelta(minutes=10), "owner": "tidemark"}
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
@@ -62,7 +57,10 @@ def _pipeline_dag(path: Path, spec: PipelineSpec) -> DAG:
         start_date=START,
         catchup=False,
         max_active_runs=1,
-        default_args=DEFAULTS,
+        # Transient failures (broker, connections) retry with growing delays (the spec's retries);
+        # what will not heal fails at once (the operators raise AirflowFailException for it).
+        default_args={"retries": spec.retries.count, "retry_delay": spec.retries.delay,
+                      "retry_exponential_backoff": True, "max_retry_delay": spec.retries.max_delay, "owner": "tidemark"},
         tags=["tidemark", "batch", spec.name],
     ) as dag:
         batch_pipeline(path, source_conn_id=spec.source_conn_id, backpressure=spec.sink.max_lag is not None)

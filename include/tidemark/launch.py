@@ -99,6 +99,14 @@ class LocalLauncher:
         self.kill(name)
         return self.status(name)
 
+    def forget(self, name: str) -> None:
+        """Drop the record of an instance that was stopped on purpose (its log stays), so the next
+        look at the pipeline sees nothing launched: a start, not a restart against the budget."""
+        if self.status(name).alive:
+            raise RuntimeError(f"{name}: still running; stop it before forgetting it")
+        for leftover in ("pid", "exit_code"):
+            (self._dir(name) / leftover).unlink(missing_ok=True)
+
     def kill(self, name: str) -> None:
         """SIGKILL to every process of the instance's group (what is left of it)."""
         current = self.status(name)

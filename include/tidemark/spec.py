@@ -87,6 +87,16 @@ class SinkSpec(BaseModel):
         return self.heartbeat * 6
 
 
+class RetrySpec(BaseModel):
+    """How the nightly DAG's tasks retry a transient failure (broker, connections): ``count``
+    retries, the first after ``delay``, each later one twice as long, at most ``max_delay``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    count: Annotated[int, Field(ge=0, le=20)] = 2
+    delay: Annotated[timedelta, Field(ge=timedelta(seconds=1), le=timedelta(hours=1))] = timedelta(seconds=30)
+    max_delay: Annotated[timedelta, Field(ge=timedelta(seconds=1), le=timedelta(hours=6))] = timedelta(minutes=10)
+
+
 class StreamSpec(BaseModel):
     """Events outside batches: JSON objects that applications publish to ``topic`` (keyed by the
     field ``key``, their event time in the field ``event_time``). The standing sink applies them as
@@ -132,6 +142,7 @@ class PipelineSpec(BaseModel):
     # last row, even inside a run of rows sharing one cursor value; the next batch goes on from there.
     max_batch_rows: Annotated[int, Field(ge=1)] | None = None
     sink: SinkSpec = SinkSpec()
+    retries: RetrySpec = RetrySpec()
     stream: StreamSpec | None = None  # real-time events of the same facts, applied by the standing sink
 
     @field_validator("initial_watermark", mode="before")

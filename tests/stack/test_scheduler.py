@@ -64,7 +64,8 @@ def scheduled(settings, tmp_path_factory):
 
     # Two more for the failure tests: a worker killed mid-extract, and the broker gone after plan.
     killed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
-    brokerless = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
+    brokerless = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
+                               retries={"count": 2, "delay": "PT5S"})  # the outage is only as long as the test
     blip = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
     # And one whose sink stands, under the supervisor DAG.
     streamed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},

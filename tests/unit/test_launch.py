@@ -54,6 +54,9 @@ def test_a_launched_job_outlives_the_process_that_started_it_and_stops_gracefull
     stopped = launcher.stop("p1", grace_s=10)
     assert not stopped.alive and stopped.exit_code == 0
     assert "graceful stop" in launcher.log_tail("p1")
+    launcher.forget("p1")  # stopped on purpose: the next look sees nothing launched, the log stays
+    forgotten = launcher.status("p1")
+    assert forgotten.pid is None and forgotten.exit_code is None and "graceful stop" in launcher.log_tail("p1")
 
 
 @pytest.fixture()

@@ -35,6 +35,8 @@ def test_a_good_spec_loads_with_defaults(tmp_path):
     assert spec.initial_watermark is None and spec.start.tzinfo is not None
     assert spec.unknown_fields == "reject" and spec.allow_non_finite_numbers is False and not spec.create_target_schema
     assert spec.topic == "tidemark.ledger_entries"
+    assert (spec.retries.count, spec.retries.delay, spec.retries.max_delay) == (2, timedelta(seconds=30),
+                                                                                timedelta(minutes=10))
 
 
 STREAM = {"topic": "core.payment_events", "key": "account_id", "event_time": "updated_at",
@@ -86,6 +88,8 @@ INVALID = [
     ("unknown-field policy", _with(unknown_fields="keep"), "field 'unknown_fields'"),
     ("tiny record limit", _with(max_record_bytes=10), "field 'max_record_bytes'"),
     ("zero max_hold", _with(max_hold="PT0S"), "field 'max_hold'"),
+    ("negative retries", _with(retries={"count": -1}), "field 'retries.count'"),
+    ("sub-second retry delay", _with(retries={"delay": "PT0.1S"}), "field 'retries.delay'"),
     ("stream without a standing sink", _with(stream=STREAM), "set sink.mode: standing"),
     ("stream on the pipeline's own topic", _with(stream={**STREAM, "topic": "tidemark.ledger_entries"},
                                                  sink={"mode": "standing"}), "Tidemark's own topic"),

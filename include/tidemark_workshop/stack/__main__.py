@@ -61,6 +61,7 @@ def stop_streams(s: Settings) -> None:
         if launcher.status(d.name).alive:
             launcher.stop(d.name, grace_s=10)
             say("streams", f"stopped the standing sink of {d.name}")
+        launcher.forget(d.name)  # stopped on purpose: the supervisor's next look is a start, not a restart
 
 
 def pipeline_lines(s: Settings) -> list[str]:
