@@ -196,3 +196,65 @@ def test_the_serving_view_is_the_source_after_a_batch_and_the_events_that_follow
     assert pipe.query_wh(f"SELECT amount::text FROM {pipe.spec.target_table} WHERE id = 3") == [("1.11",)]  # batch: old
     batch_mark, complete = pipe.query_wh(f"SELECT batch_watermark, complete_up_to FROM {stream['serving_view']}_freshness")[0]
     assert batch_mark == plan.window.hi.cursor and complete >= batch_mark
+
+
+def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(settings, tmp_path):
+    """Events flow while the broker goes away for 10 s; the sink recovers by itself or the
+    supervisor restarts it, and each event is in the real-time table once."""
+    import threading
+
+    from tidemark_workshop.stack.kafka import Kafka
+
+    stream = {**_stream(), "key": "id"}
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=stream)
+    _tables(pipe)
+    ensure_topic(settings.kafka_bootstrap, stream["topic"], 3)
+    launcher = LocalLauncher(tmp_path / "streams")
+    name, total = pipe.spec.name, 600
+
+    def command(spec):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    def event(i: int) -> bytes:
+        return f'{{"id": {i}, "amount": {i}.00, "currency": "EUR", "updated_at": "2099-01-01T00:00:00Z"}}'.encode()
+
+    def feed():  # 20 events a second for 30 s; the producer holds them while the broker is away
+        producer = Producer(producer_config(settings.kafka_bootstrap))
+        for i in range(1, total + 1):
+            producer.produce(stream["topic"], value=event(i), key=str(i).encode())
+            producer.poll(0)
+            time.sleep(0.05)
+        assert producer.flush(120) == 0
+
+    wh = pipe.wh()
+    try:
+        _publish(settings, stream["topic"], [(b"0", event(0))])
+        actions = [run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name].action]
+        _until("the sink's first event", lambda: pipe.query_wh(f"SELECT count(*) FROM {stream['target_table']}")[0][0],
+               timeout=120)
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        time.sleep(8)
+        broker = Kafka(settings)
+        broker.stop()
+        try:
+            time.sleep(10)
+        finally:
+            broker.start()
+        feeder.join(180)
+
+        def caught_up():  # the supervisor's cycle every 5 s, as its DAG would (every minute)
+            actions.append(run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name].action)
+            return pipe.query_wh(f"SELECT count(*) FROM {stream['target_table']}")[0][0] >= total + 1
+
+        _until("every event after the broker restart", lambda: caught_up() or time.sleep(5), timeout=300)
+        ids = [r[0] for r in pipe.query_wh(f"SELECT id FROM {stream['target_table']} ORDER BY id")]
+        assert ids == list(range(0, total + 1)), "each event exactly once"
+        amounts = pipe.query_wh(f"SELECT sum(amount) FROM {stream['target_table']} WHERE id > 0")[0][0]
+        assert amounts == sum(range(1, total + 1)), "control total"
+        assert pipe.query_wh("SELECT count(*) FROM tidemark_control.sink_rejects WHERE consumer = %s",
+                             (ledger.consumer_for(name),)) == [(0,)]
+        print(f"supervisor actions: {actions}")
+    finally:
+        launcher.kill(name)
+        wh.close()
