@@ -32,7 +32,7 @@ from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, dead_letter
 from tidemark_workshop.stack.spark import submit_command
 
 GOOD_PER_TRIAL, BAD_PER_TRIAL, REPEATS_PER_TRIAL = 40, 3, 2
-BATCH_EVERY = 6  # trials; a batch brings its own records, BEGIN/END and an apply to the trials
+BATCH_EVERY = 10  # trials; a batch brings its own records, BEGIN/END and an apply to the trials
 BATCH_ROWS = 30
 ROTATION = ("timer", "before_commit", "timer", "committed", "timer", "dlq_published")
 POINTS = {"staged": "between staging a batch's records and the commit",
@@ -169,7 +169,7 @@ def _kill(launcher: LocalLauncher, name: str, argv, env, rng: random.Random, mom
             launcher.kill(name)
             return f"kill -9 after 90 s (point {point} not reached)"
         return f"kill -9 at {point} (pass {nth}): {POINTS[point]}"
-    delay = rng.uniform(3.0, 15.0)  # start-up takes ~10 s: some die starting, some mid-stream
+    delay = rng.uniform(3.0, 12.0)  # start-up takes ~10 s: some die starting, some mid-stream
     launcher.start(name, argv, env)
     time.sleep(delay)
     launcher.kill(name)
