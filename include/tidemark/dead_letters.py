@@ -21,6 +21,9 @@ from tidemark import faults, ledger
 log = logging.getLogger(__name__)
 
 SCAN_MARGIN = timedelta(minutes=5)  # how far before the oldest pending reject the topic is read (clock skew)
+CHUNK = 5_000  # rejects per Kafka transaction (the producer's queue and memory stay bounded)
+MAX_VALUE = 900_000  # bytes of a dead letter's value; a longer one is cut, with header tidemark.truncated
+MAX_REASON = 2_000  # characters of the reason header
 HEADER_REJECT = "tidemark.reject"
 HEADER_CONSUMER = "tidemark.consumer"
 
@@ -35,22 +38,25 @@ class DeadLetterOutbox:
         self._producer = None
 
     def flush(self, conn) -> int:
-        """Publish the consumer's pending rejects; returns how many were published now."""
-        with conn, conn.cursor() as cur:
-            pending = ledger.pending_rejects(cur, self.consumer)
-        if not pending:
-            return 0
-        found = self._already_published({r["id"] for r in pending}, min(r["rejected_at"] for r in pending))
-        todo = [r for r in pending if r["id"] not in found]
-        offsets = self._publish(todo) if todo else {}
-        faults.point("dlq_published")
-        with conn, conn.cursor() as cur:
-            ledger.mark_published(cur, {**found, **offsets})
-        if found:
-            log.warning("consumer=%s %s dead letter(s) were in %s already (the job died before marking them): "
-                        "marked, not sent again", self.consumer, len(found), self.topic)
-        log.info("consumer=%s %s dead letter(s) published to %s", self.consumer, len(offsets), self.topic)
-        return len(offsets)
+        """Publish the consumer's pending rejects, in chunks; returns how many were published now."""
+        sent = 0
+        while True:
+            with conn, conn.cursor() as cur:
+                pending = ledger.pending_rejects(cur, self.consumer, limit=CHUNK)
+            if not pending:
+                return sent
+            self._transactional()  # first: it fences an older instance, whose commits the scan then sees
+            found = self._already_published({r["id"] for r in pending}, min(r["rejected_at"] for r in pending))
+            todo = [r for r in pending if r["id"] not in found]
+            offsets = self._publish(todo) if todo else {}
+            faults.point("dlq_published")
+            with conn, conn.cursor() as cur:
+                ledger.mark_published(cur, {**found, **offsets})
+            if found:
+                log.warning("consumer=%s %s dead letter(s) were in %s already (the job died before marking them): "
+                            "marked, not sent again", self.consumer, len(found), self.topic)
+            log.info("consumer=%s %s dead letter(s) published to %s", self.consumer, len(offsets), self.topic)
+            sent += len(offsets)
 
     def _publish(self, rejects: list[dict]) -> dict[int, int]:
         from confluent_kafka import KafkaException
@@ -68,8 +74,16 @@ class DeadLetterOutbox:
         try:
             producer.begin_transaction()
             for r in rejects:
-                producer.produce(self.topic, value=r["raw"], key=r["raw_key"], headers=_headers(self.consumer, r),
-                                 on_delivery=lambda err, msg, i=r["id"]: delivered(err, msg, i))
+                value, headers = _fit(r["raw"]), _headers(self.consumer, r)
+                if value is not r["raw"]:
+                    headers.append(("tidemark.truncated", str(len(r["raw"])).encode()))
+                while True:
+                    try:
+                        producer.produce(self.topic, value=value, key=r["raw_key"], headers=headers,
+                                         on_delivery=lambda err, msg, i=r["id"]: delivered(err, msg, i))
+                        break
+                    except BufferError:  # the local queue is full: let it drain
+                        producer.poll(0.1)
             producer.commit_transaction(self.timeout_s)
         except KafkaException as exc:
             self._producer = None  # a fenced or broken producer is not reused
@@ -116,12 +130,16 @@ class DeadLetterOutbox:
             mine = self.consumer.encode()
             while True:
                 msg = consumer.poll(self.timeout_s)
-                if msg is None:
-                    raise DeadLetterError(f"consumer={self.consumer}: reading {self.topic} stalled at offset "
-                                          f"{start.offset}..{end} while checking for dead letters sent already")
+                if msg is None:  # e.g. another consumer's open transaction holds the stable offset back
+                    raise DeadLetterError(f"consumer={self.consumer}: reading {self.topic} stalled below offset "
+                                          f"{end} while checking for dead letters sent already; they stay pending")
                 if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                    # under read_committed the end of the partition may be an open transaction's start:
+                    # only the high watermark read at the start counts as the end
+                    if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= end:
                         break
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        continue
                     raise KafkaException(msg.error())
                 headers = dict(msg.headers() or [])
                 if headers.get(HEADER_CONSUMER) == mine and headers.get(HEADER_REJECT) is not None:
@@ -135,9 +153,13 @@ class DeadLetterOutbox:
         return found
 
 
+def _fit(raw: bytes | None) -> bytes | None:
+    return raw if raw is None or len(raw) <= MAX_VALUE else raw[:MAX_VALUE]
+
+
 def _headers(consumer: str, r: dict) -> list[tuple[str, bytes]]:
     headers = [
-        ("tidemark.reason", r["reason"].encode()),
+        ("tidemark.reason", r["reason"][:MAX_REASON].encode()),
         ("tidemark.source", f"{r['topic']}/{r['partition']}@{r['kafka_offset']}".encode()),
         (HEADER_CONSUMER, consumer.encode()),
         (HEADER_REJECT, str(r["id"]).encode()),

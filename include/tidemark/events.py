@@ -84,8 +84,8 @@ class EventWriter:
         import pyarrow as pa
         import pyarrow.csv as pacsv
 
-        cur.execute("CREATE TEMP TABLE IF NOT EXISTS tidemark_events (_tm_p integer, _tm_o bigint, _tm_value text) "
-                    "ON COMMIT DELETE ROWS")
+        cur.execute("CREATE TEMP TABLE IF NOT EXISTS tidemark_events (_tm_p integer, _tm_o bigint, _tm_value text, "
+                    "PRIMARY KEY (_tm_p, _tm_o)) ON COMMIT DELETE ROWS")
         buf = io.BytesIO()
         pacsv.write_csv(pa.table({"p": kept["partition"], "o": kept["offset"], "value": kept["value"].cast(pa.string())}),
                         buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
@@ -131,6 +131,7 @@ class EventWriter:
             try:
                 cur.execute(insert("AND e._tm_p = %s AND e._tm_o = %s"), (fence, micro_batch, *position))
                 written += cur.rowcount
+                cur.execute("RELEASE SAVEPOINT event")
             except TABLE_REFUSED as exc:
                 cur.execute("ROLLBACK TO SAVEPOINT event")
                 cur.execute("DELETE FROM tidemark_events WHERE _tm_p = %s AND _tm_o = %s", position)

@@ -461,11 +461,12 @@ def _bytes(value: Any) -> bytes | None:
     return psycopg2.Binary(value.encode() if isinstance(value, str) else bytes(value))
 
 
-def pending_rejects(cur, consumer: str) -> list[dict[str, Any]]:
-    """The consumer's rejects not yet in the dead-letter topic, oldest first."""
+def pending_rejects(cur, consumer: str, *, limit: int) -> list[dict[str, Any]]:
+    """The consumer's oldest ``limit`` rejects not yet in the dead-letter topic."""
     cur.execute(
         """SELECT id, topic, partition, kafka_offset, batch_id, attempt, reason, raw, raw_key, rejected_at
-             FROM tidemark_control.sink_rejects WHERE consumer = %s AND NOT in_dlq ORDER BY id""", (consumer,))
+             FROM tidemark_control.sink_rejects WHERE consumer = %s AND NOT in_dlq ORDER BY id LIMIT %s""",
+        (consumer, limit))
     names = ("id", "topic", "partition", "kafka_offset", "batch_id", "attempt", "reason", "raw", "raw_key", "rejected_at")
     return [{**dict(zip(names, row)), "raw": _plain(row[7]), "raw_key": _plain(row[8])} for row in cur.fetchall()]
 

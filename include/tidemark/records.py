@@ -299,6 +299,8 @@ class RecordRules:
             self._check_window(when, pk, window)
         elif when is None:
             raise Refused(f"event time field {self.time_column!r} is missing or null")
+        elif typed.get(self.spec.cursor.column) is None:  # the serving view and compaction order by it
+            raise Refused(f"cursor field {self.spec.cursor.column!r} is missing or null")
 
     def _check_key(self, key: str | None, expected: tuple[Any, ...]) -> None:
         names = self.key_names

@@ -49,7 +49,7 @@ import psycopg2.errors
 
 from tidemark import faults, ledger
 from tidemark.control import ControlMessage, ProtocolError, decode
-from tidemark.dead_letters import DeadLetterError, DeadLetterOutbox
+from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
 from tidemark.records import RecordRules, target_columns
 from tidemark.spec import PipelineSpec, quote
@@ -169,19 +169,21 @@ class BatchSink:
             with self.conn, self.conn.cursor() as cur:
                 controls = self._apply(cur, table, report, micro_batch)
             faults.point("committed")
-            if report.rejects and self.dead_letters is not None:
-                self.dead_letters.flush(self.conn)
         except (FencedError, SinkError):
             raise
-        except DeadLetterError as exc:
-            raise SinkError(f"pipeline={self.spec.name} micro-batch {_positions(table)} committed, but {exc}. Next: "
-                            "when the broker is back, restarting the sink publishes them") from exc
         except Exception as exc:  # name where it happened: the next start resumes at the same offsets
             raise SinkError(
                 f"pipeline={self.spec.name} micro-batch {_positions(table)} failed and was rolled back "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:2000]}); the sink resumes from the same offsets "
                 "when restarted. Next: if this repeats at the same offsets, see the error above"
             ) from exc
+        try:
+            if report.rejects and self.dead_letters is not None:
+                self.dead_letters.flush(self.conn)
+        except Exception as exc:  # committed: the rejects stay pending in sink_rejects, none is lost
+            raise SinkError(f"pipeline={self.spec.name} micro-batch {_positions(table)} committed, but its dead "
+                            f"letters were not published ({type(exc).__name__}: {' '.join(str(exc).split())[:500]}). "
+                            "Next: when the broker is back, restarting the sink publishes them") from exc
         events = (f"events applied {report.events}, duplicate {report.duplicates}, superseded {report.superseded}, "
                   if self.spec.stream else "")
         log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
