@@ -7,6 +7,8 @@ replication factor 1 so that transactions work on one broker.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tidemark_workshop.settings import REPO_ROOT, Settings
 from tidemark_workshop.stack.maven import resolve
@@ -102,6 +104,15 @@ class Kafka:
         spawn(self._java("kafka.Kafka", str(self.config)), log=self.log, pid_file=self.pid_file)
         wait_until(self.answers, timeout_s=120, what="Kafka broker", alive=self.is_running, log=self.log)
         say("kafka", "broker answers")
+
+    @contextmanager
+    def away(self) -> Iterator[None]:
+        """The broker stopped for the ``with`` block and started again after it (outage tests)."""
+        self.stop()
+        try:
+            yield
+        finally:
+            self.start()
 
     def stop(self) -> None:
         if stop_pid(self.pid_file):
