@@ -1,5 +1,9 @@
 """Launch long-running jobs outside Airflow's worker slots, and find them again later.
 
+Every launcher has the ``Launcher`` interface; the supervisor knows no other. ``LocalLauncher``
+(here) runs a job on this machine; ``tidemark.standalone.StandaloneLauncher`` submits it to a Spark
+standalone master in cluster mode and asks the master for its driver's state.
+
 ``LocalLauncher`` runs a command detached: its own session and process group, its pid, start
 time, log and exit code in files under ``<root>/<name>/``, so it outlives the Airflow task that
 started it and the next supervisor run (another process) can tell whether it runs, how it ended,
@@ -17,6 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 from tidemark.spec import NAME_PATTERN
 
@@ -44,6 +49,24 @@ class Instance:
     alive: bool
     exit_code: int | None  # set once it ended (137: killed)
     log: Path
+    driver: str | None = None  # a cluster's driver id (the standalone launcher), instead of a pid
+
+    @property
+    def handle(self) -> str:
+        """How a person finds it: ``pid 4242`` here, ``driver driver-2026...`` on a cluster."""
+        return f"driver {self.driver}" if self.driver else f"pid {self.pid}"
+
+
+class Launcher(Protocol):
+    """What the supervisor asks of a launcher, for one job per pipeline name."""
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Instance: ...
+    def status(self, name: str) -> Instance: ...
+    def stop(self, name: str, grace_s: float = 30.0) -> Instance: ...
+    def kill(self, name: str) -> None: ...
+    def forget(self, name: str) -> None: ...
+    def log_tail(self, name: str, lines: int = 20) -> str: ...
+    def log_location(self, name: str) -> str: ...
 
 
 class LocalLauncher:
@@ -125,6 +148,9 @@ class LocalLauncher:
                 (d / "exit_code").write_text("137\n")  # the wrapper died with it
                 break
             time.sleep(0.1)
+
+    def log_location(self, name: str) -> str:
+        return str(self._dir(name) / "log")
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tidemark import ledger
 from tidemark.kafka_io import end_offsets
-from tidemark.launch import LocalLauncher
+from tidemark.launch import Launcher
 from tidemark.spec import PipelineSpec
 from tidemark.supervise import Actual, Decision, History, Policy, decide, records_behind
 
@@ -44,7 +44,7 @@ class CycleReport:
     decisions: dict[str, Decision] = field(default_factory=dict)
 
 
-def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: LocalLauncher, bootstrap: str,
+def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, bootstrap: str,
               command: Command, *, now: datetime | None = None) -> CycleReport:
     report = CycleReport()
     for spec in (s for s in specs if s.sink.mode == "standing"):
@@ -56,7 +56,7 @@ def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: LocalLauncher
     return report
 
 
-def _supervise(spec: PipelineSpec, wh, launcher: LocalLauncher, bootstrap: str, command: Command,
+def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, command: Command,
                now: datetime, report: CycleReport) -> tuple[str, Decision]:
     name, policy = spec.name, policy_for(spec)
     instance = launcher.status(name)
@@ -76,7 +76,7 @@ def _supervise(spec: PipelineSpec, wh, launcher: LocalLauncher, bootstrap: str, 
     history = History(tuple(restarts), state.crash_looping_since, state.changed_at if person else None)
     decision = decide(now, state.desired, actual, history, policy)
     did = _act(spec, decision, state, instance, beat, launcher, command, wh, now, report)
-    seen = ("running pid %s" % instance.pid if instance.alive else
+    seen = (f"running {instance.handle}" if instance.alive else
             "not started" if instance.started_at is None else f"ended (exit {instance.exit_code})")
     progress = actual.progress_at.isoformat() if actual.progress_at else "-"
     line = (f"pipeline={name} desired={state.desired} actual={seen} lag={lag if lag is not None else 'unknown'} "
@@ -86,7 +86,7 @@ def _supervise(spec: PipelineSpec, wh, launcher: LocalLauncher, bootstrap: str, 
 
 
 def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, instance, beat: dict[str, Any] | None,
-         launcher: LocalLauncher, command: Command, wh, now: datetime, report: CycleReport) -> str:
+         launcher: Launcher, command: Command, wh, now: datetime, report: CycleReport) -> str:
     name = spec.name
     if decision.action in ("start", "restart"):
         if instance.alive:  # hung or stalled: it goes first, and its lease with it
@@ -98,7 +98,7 @@ def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, inst
         started = launcher.start(name, argv, env)
         with wh, wh.cursor() as cur:
             ledger.record_stream_event(cur, name, decision.action, "supervisor", decision.reason)
-        return f" (pid {started.pid}, log {started.log})"
+        return f" ({started.handle}, log {launcher.log_location(name)})"
     if decision.action == "stop":
         asked = state.changed_at
         grace = graceful_stop_grace(spec)
@@ -117,7 +117,7 @@ def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, inst
             with wh, wh.cursor() as cur:
                 ledger.mark_crash_looping(cur, name, f"{decision.reason}; last error: {error}")
         report.crash_looping.append(
-            f"pipeline {name} is crash-looping: last error: {error}; log: {launcher.root / name / 'log'}. Next: fix "
+            f"pipeline {name} is crash-looping: last error: {error}; log: {launcher.log_location(name)}. Next: fix "
             f"the cause, then run the DAG tidemark_stream_control with pipeline={name} action=clear")
     return ""
 

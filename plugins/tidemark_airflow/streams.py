@@ -49,9 +49,39 @@ def sink_command(paths: dict[str, Path]):
     return command
 
 
+def launcher():
+    """Where standing sinks run, from the ``tidemark_spark`` connection as the Spark provider resolves it:
+    a ``spark://`` master with extra ``deploy-mode: cluster`` runs each sink's driver on that standalone
+    cluster (extras ``master-ui``, default ``http://<host>:8080``; ``python``, the workers' interpreter);
+    anything else runs it detached on this machine."""
+    import shutil
+    import sys
+
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from tidemark.launch import LocalLauncher
+
+    resolved = SparkSubmitHook(conn_id=CONN_SPARK)._connection  # master and deploy mode, as the operator submits
+    if not (resolved["master"].startswith("spark://") and resolved["deploy_mode"] == "cluster"):
+        return LocalLauncher(streams_dir())
+    from urllib.parse import urlsplit
+
+    from tidemark.standalone import StandaloneLauncher
+
+    extra = Connection.get(CONN_SPARK).extra_dejson
+    jars = [j for j in (os.environ.get("TIDEMARK_SPARK_JARS") or "").split(",") if j.endswith(".jar")]
+    if not jars:
+        raise AirflowFailException("a standalone cluster runs a sink's Python driver through a jar, and "
+                                   "TIDEMARK_SPARK_JARS names none; set it to the connector jars (with tidemark-udf.jar)")
+    runner = next((j for j in jars if j.endswith("tidemark-udf.jar")), jars[0])
+    master_ui = extra.get("master-ui") or f"http://{urlsplit(resolved['master']).hostname}:8080"
+    python = extra.get("python") or os.environ.get("PYSPARK_PYTHON") or sys.executable
+    spark_class = shutil.which("spark-class") or "spark-class"
+    return StandaloneLauncher(streams_dir(), resolved["master"], master_ui, runner, python, spark_class=spark_class)
+
+
 def supervise() -> list[str]:
     """One supervisor cycle over every standing pipeline; fails (one line per pipeline) on crash loops."""
-    from tidemark.launch import LocalLauncher
     from tidemark.supervisor import prepare_stream_tables, run_cycle
 
     standing = _standing_specs()
@@ -68,7 +98,7 @@ def supervise() -> list[str]:
             if spec.stream is not None:
                 prepare_stream_tables(spec, warehouse, lambda: pg_connect(spec.source_conn_id,
                                                                           application_name="tidemark-supervisor"))
-        report = run_cycle([spec for _, spec in standing], warehouse, LocalLauncher(streams_dir()),
+        report = run_cycle([spec for _, spec in standing], warehouse, launcher(),
                            kafka_bootstrap(CONN_KAFKA), sink_command({spec.name: path for path, spec in standing}))
     finally:
         warehouse.close()

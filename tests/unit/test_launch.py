@@ -1,4 +1,5 @@
-"""The detached local launcher (tidemark.launch) with real processes: no Spark, a few seconds."""
+"""The detached local launcher (tidemark.launch) with real processes: no Spark, a few seconds; and the
+standalone launcher's command rewrite (tidemark.standalone, pure)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tidemark.launch import LocalLauncher
+from tidemark.standalone import cluster_argv
 
 PY = sys.executable
 GRACEFUL = """
@@ -93,3 +95,15 @@ def test_a_crash_is_seen_with_its_exit_code_and_last_log_lines(launcher):
 def test_names_are_pipeline_names(tmp_path: Path):
     with pytest.raises(ValueError, match="not a pipeline name"):
         LocalLauncher(tmp_path).status("../etc")
+
+
+def test_cluster_argv_moves_a_python_driver_onto_the_cluster():
+    argv = ["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", "--verbose",
+            "--deploy-mode=client", "--jars", "a.jar,b.jar", "/x/batch_sink.py", "--spec", "s.yaml"]
+    assert cluster_argv(argv, "spark://m:7077", "/j/udf.jar", "/v/python") == [
+        "spark-submit", "--master", "spark://m:7077", "--deploy-mode", "cluster",
+        "--class", "org.apache.spark.deploy.PythonRunner", "--conf", "spark.pyspark.python=/v/python",
+        "--conf", "spark.ui.enabled=false", "--verbose", "--jars", "a.jar,b.jar",
+        "/j/udf.jar", "/x/batch_sink.py", "", "--spec", "s.yaml"]
+    with pytest.raises(ValueError, match="not a spark-submit of a Python application"):
+        cluster_argv(["spark-submit", "--class", "Main", "app.jar"], "spark://m:7077", "/j/udf.jar", "/v/python")

@@ -147,3 +147,63 @@ def session_rss_bytes(session_id: int) -> int:
         if int(fields[3]) == session_id:  # fields after the name: state ppid pgrp session ... rss at [21]
             total += int(fields[21]) * page
     return total
+
+
+class StandaloneCluster:
+    """A Spark standalone master and one worker, started from the PySpark distribution
+    (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``) on 127.0.0.1, for the
+    scale-out tests: the same jobs submit to it as to a real cluster. Within ``with`` it runs.
+
+    ``default_cores`` is the master's ``spark.deploy.defaultCores``: without it the first
+    application takes every core and the next one waits forever."""
+
+    def __init__(self, settings: Settings, work_dir: Path, *, port: int, ui_port: int, worker_ui_port: int,
+                 cores: int = 4, memory: str = "6g", default_cores: int = 1):
+        self.settings, self.work_dir = settings, Path(work_dir)
+        self.master = f"spark://127.0.0.1:{port}"
+        self.master_ui = f"http://127.0.0.1:{ui_port}"
+        self._port, self._ui_port, self._worker_ui_port = port, ui_port, worker_ui_port
+        self._cores, self._memory, self._default_cores = cores, memory, default_cores
+        self._procs: list[subprocess.Popen] = []
+
+    def _start(self, role: str, args: list[str]) -> None:
+        env = {**os.environ, **self.settings.runtime_env(), "SPARK_HOME": str(pyspark_jars_dir().parent),
+               "SPARK_WORKER_DIR": str(self.work_dir / "work"), "SPARK_LOG_DIR": str(self.work_dir),
+               "SPARK_MASTER_OPTS": f"-Dspark.deploy.defaultCores={self._default_cores}"}
+        log = open(self.work_dir / f"{role}.log", "ab")
+        self._procs.append(subprocess.Popen(
+            [str(self.settings.venv / "bin" / "spark-class"), f"org.apache.spark.deploy.{role}", *args],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        log.close()
+
+    def __enter__(self) -> "StandaloneCluster":
+        import json
+        import time
+        import urllib.request
+
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._start("master.Master", ["--host", "127.0.0.1", "--port", str(self._port),
+                                      "--webui-port", str(self._ui_port)])
+        self._start("worker.Worker", ["--host", "127.0.0.1", "--webui-port", str(self._worker_ui_port),
+                                      "--cores", str(self._cores), "--memory", self._memory, self.master])
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
+                    if json.load(response).get("aliveworkers"):
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
+                self.__exit__(None, None, None)
+                raise StackError(f"the standalone master or worker did not come up within 120 s; see {self.work_dir}")
+            time.sleep(1)
+
+    def __exit__(self, *exc_info: object) -> None:
+        for proc in reversed(self._procs):  # the worker first: it ends its drivers and executors
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._procs.clear()
