@@ -45,3 +45,23 @@ def streams_dir() -> Path:
     import tempfile
 
     return Path(os.environ.get("TIDEMARK_STREAMS_DIR") or Path(tempfile.gettempdir()) / "tidemark-streams")
+
+
+def reconcile_dir() -> Path:
+    """Where reconciliation writes Great Expectations' Data Docs and the reports of differing rows:
+    ``TIDEMARK_RECONCILE_DIR``, or a folder in the system's temporary directory."""
+    import tempfile
+
+    return Path(os.environ.get("TIDEMARK_RECONCILE_DIR") or Path(tempfile.gettempdir()) / "tidemark-reconcile")
+
+
+def code_version() -> str:
+    """The deployed code's git commit (recorded with every reconciliation result), else ``unknown``."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(PROJECT_DIR), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"

@@ -906,3 +906,47 @@ def safe_id_high(cur, pipeline: str, observed: tuple[int | None, Any], horizon: 
         cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s AND observed_at < %s",
                     (pipeline, newest))
     return final
+
+
+# --- reconciliation evidence (append-only: the table refuses UPDATE and DELETE) ---------------
+
+def record_reconciliation(cur, *, run_id: str, pipeline: str, batch_id: str | None, attempt: int | None,
+                          window: Window | None, checks, tolerance, tolerance_reason: str | None,
+                          code_version: str) -> bool:
+    """Append one row per check (``tidemark.reconcile.Check``) and, for a batch, its verdict on the
+    ledger (``reconciled`` or ``reconciliation_failed``; the latest run's stands). Returns the verdict."""
+    from psycopg2.extras import execute_values
+
+    passed = all(c.passed for c in checks)
+    lo, hi = (json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json())) if window is not None else (None, None)
+    execute_values(cur, """
+        INSERT INTO tidemark_control.reconciliation_results (run_id, pipeline, batch_id, attempt, scope, window_lo,
+            window_hi, check_name, subject, expected, actual, difference, verdict, tolerance, tolerance_reason,
+            code_version) VALUES %s""",
+        [(run_id, pipeline, batch_id, attempt, "batch" if batch_id else "full", lo, hi, c.check, c.subject,
+          c.expected, c.actual, c.difference, "pass" if c.passed else "fail", tolerance, tolerance_reason,
+          code_version) for c in checks])
+    if batch_id is not None:
+        cur.execute("UPDATE tidemark_control.batches SET reconciliation = %s, reconciled_at = clock_timestamp() "
+                    "WHERE batch_id = %s", ("reconciled" if passed else "reconciliation_failed", batch_id))
+    return passed
+
+
+def reconciliation_results(cur, run_id: str) -> list[dict[str, Any]]:
+    cur.execute("SELECT check_name, subject, expected, actual, difference, verdict, tolerance, tolerance_reason "
+                "FROM tidemark_control.reconciliation_results WHERE run_id = %s ORDER BY id", (run_id,))
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def committed_batch(cur, batch_id: str) -> tuple[str, Window, int]:
+    """(pipeline, window, committed attempt) of a committed batch; LookupError names what it is instead."""
+    cur.execute("SELECT pipeline, state, window_lo, window_hi, backfill, committed_attempt "
+                "FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    if row is None:
+        raise LookupError(f"batch {batch_id} is not in the ledger")
+    pipeline, state, lo, hi, backfill, attempt = row
+    if state != "committed":
+        raise LookupError(f"batch {batch_id} is {state}, not committed: only a committed batch can be reconciled")
+    return pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), attempt

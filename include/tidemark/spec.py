@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -114,6 +115,44 @@ class StreamSpec(BaseModel):
     partitions: Annotated[int, Field(ge=1, le=64)] = 3
 
 
+class ControlTotal(BaseModel):
+    """Exact decimal sums of ``columns``, per group of ``group_by`` (none: one sum for the window)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    columns: Annotated[list[Identifier], Field(min_length=1)]
+    group_by: list[Identifier] = []
+
+
+class DoubleEntry(BaseModel):
+    """Every journal (``journal``) sums to zero per currency: signed ``amount``s, debits negative."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    journal: Identifier
+    amount: Identifier
+    currency: Identifier
+
+
+class ReconcileSpec(BaseModel):
+    """What reconciliation proves after each load, besides row counts and hash totals (always):
+    control totals, required fields, accepted values, double entry. Zero tolerance unless
+    ``tolerance`` is set, and then only with ``tolerance_reason`` (kept with every result)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    control_totals: list[ControlTotal] = []
+    required: list[Identifier] = []
+    accepted_values: dict[Identifier, Annotated[list[str | int], Field(min_length=1)]] = {}
+    double_entry: DoubleEntry | None = None
+    tolerance: Annotated[Decimal, Field(ge=0)] = Decimal(0)
+    tolerance_reason: Annotated[str, Field(min_length=10, max_length=500)] | None = None
+
+    @model_validator(mode="after")
+    def _reasoned(self) -> "ReconcileSpec":
+        if self.tolerance and not self.tolerance_reason:
+            raise ValueError(f"tolerance {self.tolerance}: a non-zero tolerance needs tolerance_reason (why the "
+                             "books may differ by that much); it is recorded with every result")
+        return self
+
+
 class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -144,6 +183,7 @@ class PipelineSpec(BaseModel):
     sink: SinkSpec = SinkSpec()
     retries: RetrySpec = RetrySpec()
     stream: StreamSpec | None = None  # real-time events of the same facts, applied by the standing sink
+    reconcile: ReconcileSpec = ReconcileSpec()  # what every load must prove (tidemark.reconcile)
 
     @field_validator("initial_watermark", mode="before")
     @classmethod

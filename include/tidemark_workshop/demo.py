@@ -55,8 +55,11 @@ def _run_pipeline(settings: Settings, api, name: str) -> bool:
     from tidemark.ledger import batch_id_for
     from tidemark_workshop.settings import WAREHOUSE_DB
 
-    dag_id = f"tidemark_batch_{name}"
+    dag_id, reconcile_id = f"tidemark_batch_{name}", f"tidemark_reconcile_{name}"
     api.wait_for(f"{dag_id} to be parsed", lambda: api.exists(dag_id), timeout_s=180)
+    api.wait_for(f"{reconcile_id} to be parsed", lambda: api.exists(reconcile_id), timeout_s=180)
+    api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": False})  # scheduled by the batch's Asset event
+    before = {r["dag_run_id"] for r in api.runs(reconcile_id)}
     api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})
     t0 = time.monotonic()
     try:
@@ -82,7 +85,61 @@ def _run_pipeline(settings: Settings, api, name: str) -> bool:
         wh.close()
     print(f"  window {facts['window']}\n  batch {facts['batch_id']} attempt {facts['attempt']}: {facts['state']}, "
           f"rows={facts['rows']}, watermark {facts['watermark']}")
-    return facts["state"] == "committed"
+    runs = api.wait_for(f"{reconcile_id}'s run scheduled by the batch", lambda: [
+        r for r in api.runs(reconcile_id, run_type="asset_triggered") if r["dag_run_id"] not in before], timeout_s=120)
+    passed, line = _reconciliation(api, reconcile_id, runs[-1]["dag_run_id"])
+    print(f"  {reconcile_id}: {line}")
+    return facts["state"] == "committed" and passed
+
+
+def _reconciliation(api, dag_id: str, run_id: str) -> tuple[bool, str]:
+    """A reconciliation run's verdict: the task's own verdict line (counts, report, Data Docs)."""
+    state = api.wait_finished(dag_id, run_id, timeout_s=600)["state"]
+    tries = [t for t in api.task_instances(dag_id, run_id) if t["task_id"] == "reconcile"]
+    text = api.log_text(dag_id, run_id, "reconcile", tries[0]["try_number"]) if tries else ""
+    verdicts = re.findall(r"(\S+ batch \S+: (?:reconciled|\d+ rows differ|\d+ of \d+ checks failed)[^\n\"]*)", text)
+    return state == "success", verdicts[-1].strip() if verdicts else f"{state} (no verdict line in its log)"
+
+
+def _detect_a_difference(settings: Settings, api) -> bool:
+    """Change one committed amount in the warehouse by a cent, as a stray manual fix would; the
+    reconciliation of its batch finds it, names the row and the column, and writes the report.
+    The demo then puts the cent back and reconciles again: the evidence keeps both verdicts."""
+    import psycopg2
+
+    from tidemark_workshop.settings import WAREHOUSE_DB
+
+    name, table = "bank_ledger_entries", "batch.ledger_entries"
+    dag_id = f"tidemark_reconcile_{name}"
+    wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    try:
+        with wh, wh.cursor() as cur:
+            cur.execute("SELECT batch_id FROM tidemark_control.batches WHERE pipeline = %s AND state = 'committed' "
+                        "ORDER BY committed_at DESC LIMIT 1", (name,))
+            batch_id = cur.fetchone()[0]
+            cur.execute(f"UPDATE {table} SET amount = amount + 0.01 WHERE entry_id = (SELECT min(entry_id) + 41 "
+                        f"FROM {table}) RETURNING entry_id")
+            entry = cur.fetchone()[0]
+        print(f"\ncorrupting one row on purpose: {table} entry {entry} amount + 0.01; reconciling batch {batch_id} "
+              "again (a manual run with batch_id, as from the UI's Trigger form) ...", flush=True)
+        found, line = _reconciliation(api, dag_id, api.trigger(dag_id, {"batch_id": batch_id, "scope": "batch"}))
+        print(f"  {dag_id}: {line}")
+        detected = not found and "1 rows differ: 1 amount changed" in line
+        with wh, wh.cursor() as cur:
+            cur.execute(f"UPDATE {table} SET amount = amount - 0.01 WHERE entry_id = %s", (entry,))
+        print("  the cent is put back (a repair run that re-extracts the keys is not built yet); reconciling again ...",
+              flush=True)
+        again, line = _reconciliation(api, dag_id, api.trigger(dag_id, {"batch_id": batch_id, "scope": "batch"}))
+        print(f"  {dag_id}: {line}")
+        with wh, wh.cursor() as cur:
+            cur.execute("SELECT count(DISTINCT run_id), count(*) FILTER (WHERE verdict = 'fail') FROM "
+                        "tidemark_control.reconciliation_results WHERE batch_id = %s", (batch_id,))
+            runs, failures = cur.fetchone()
+        print(f"  evidence for batch {batch_id}: {runs} reconciliation runs, {failures} failed checks kept "
+              "(tidemark_control.reconciliation_results refuses UPDATE and DELETE)")
+        return detected and again
+    finally:
+        wh.close()
 
 
 def _prove(settings: Settings) -> list[str]:
@@ -319,6 +376,7 @@ def main() -> int:
     for line in _prove(settings):
         ok &= line.endswith(": OK")
         print(line)
+    ok &= _detect_a_difference(settings, api)
     ok &= _events(settings, api, sim.stats["events"] + held_events)
     print("\nper pipeline (make status):")
     ok &= _streams(settings, api)

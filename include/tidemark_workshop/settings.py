@@ -154,6 +154,7 @@ class Settings:
         env = {
             "TIDEMARK_STATE_DIR": str(self.state_dir),
             "TIDEMARK_STREAMS_DIR": str(self.state_dir / "streams"),  # standing sinks' pid, log, exit code
+            "TIDEMARK_RECONCILE_DIR": str(self.state_dir / "reconcile"),  # Data Docs and difference reports
             "TIDEMARK_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "TIDEMARK_SPARK_MASTER": self.spark_master,
             "TIDEMARK_SPARK_JARS": ",".join(str(j) for j in self.spark_jars()),

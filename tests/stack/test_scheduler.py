@@ -108,7 +108,9 @@ def _rows(pipe, side: str, where: str = "true", params=()) -> dict:
 
 def test_a_scheduled_nightly_run_loads_its_window_with_checksums_past_2_63(scheduled):
     api, pipe, *_ = scheduled
-    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    dag_id, reconcile_id = f"tidemark_batch_{pipe.spec.name}", f"tidemark_reconcile_{pipe.spec.name}"
+    api.wait_for(f"{reconcile_id} to be parsed", lambda: api.exists(reconcile_id), timeout_s=180)
+    api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": False})  # a paused DAG is not queued by Asset events
     api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})  # the scheduler creates the latest interval's run
     run = api.wait_for("the scheduled run", lambda: api.runs(dag_id, run_type="scheduled"))[0]
     run = api.wait_finished(dag_id, run["dag_run_id"])
@@ -127,6 +129,21 @@ def test_a_scheduled_nightly_run_loads_its_window_with_checksums_past_2_63(sched
     assert [(x["batch_id"], x["rows"], x["checksum"], x["empty"]) for x in extras] == [
         (batch_id, rows, str(checksum), False)]
     assert _unfinished(pipe) == 0
+
+    # The batch's Asset event schedules its reconciliation, which proves it and says so in the ledger.
+    recon = api.wait_for("the reconciliation the Asset event scheduled",
+                         lambda: api.runs(reconcile_id, run_type="asset_triggered"))[0]
+    api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": True})  # the module's other batches need no proof
+    recon = api.wait_finished(reconcile_id, recon["dag_run_id"])
+    log = api.log_text(reconcile_id, recon["dag_run_id"], "reconcile", 1)
+    assert recon["state"] == "success", log[-3000:]
+    assert f"batch={batch_id}" in log and f"batch {batch_id}: reconciled, {rows} rows" in log, log[-3000:]
+    verdicts = pipe.query_wh("SELECT check_name, verdict FROM tidemark_control.reconciliation_results "
+                             "WHERE batch_id = %s", (batch_id,))
+    assert {"row_count", "hash_total", "gx:expect_table_row_count_to_equal"} <= {c for c, _ in verdicts}
+    assert {v for _, v in verdicts} == {"pass"}
+    assert pipe.query_wh("SELECT reconciliation FROM tidemark_control.batches WHERE batch_id = %s",
+                         (batch_id,)) == [("reconciled",)]
 
 
 def test_a_three_day_backfill_loads_exactly_those_days_and_keeps_the_watermark(scheduled):

@@ -49,6 +49,17 @@ def test_a_stream_is_declared_beside_the_table(tmp_path):
     assert spec.stream.key == "account_id" and spec.stream.target_table == "rt.ledger_entries"
 
 
+def test_reconciliation_is_declared_in_the_spec(tmp_path):
+    spec = load_spec(_write(tmp_path, _with(reconcile={
+        "control_totals": [{"columns": ["amount"], "group_by": ["currency", "business_date"]}],
+        "required": ["amount"], "accepted_values": {"currency": ["EUR", "USD"]},
+        "double_entry": {"journal": "txn_id", "amount": "amount", "currency": "currency"},
+        "tolerance": "0.01", "tolerance_reason": "the core system rounds interest per entry"})))
+    assert spec.reconcile.control_totals[0].group_by == ["currency", "business_date"]
+    assert str(spec.reconcile.tolerance) == "0.01" and spec.reconcile.double_entry.journal == "txn_id"
+    assert load_spec(_write(tmp_path, GOOD)).reconcile.tolerance == 0  # zero tolerance unless a reason is given
+
+
 def test_two_pipelines_never_write_one_real_time_table(tmp_path):
     from tidemark.spec import load_specs
 
@@ -103,6 +114,13 @@ INVALID = [
                                               sink={"mode": "standing"}), "one of the tables it merges"),
     ("stream without event time", _with(stream={k: v for k, v in STREAM.items() if k != "event_time"},
                                         sink={"mode": "standing"}), "field 'stream.event_time'"),
+    ("tolerance without a reason", _with(reconcile={"tolerance": "0.01"}), "needs tolerance_reason"),
+    ("negative tolerance", _with(reconcile={"tolerance": "-1", "tolerance_reason": "rounding in the core system"}),
+     "field 'reconcile.tolerance'"),
+    ("control total without columns", _with(reconcile={"control_totals": [{"group_by": ["currency"]}]}),
+     "field 'reconcile.control_totals.0.columns'"),
+    ("injection in a reconciled column", _with(reconcile={"required": ["memo; DROP TABLE x"]}),
+     "field 'reconcile.required.0'"),
 ]
 
 

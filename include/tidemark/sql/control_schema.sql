@@ -194,3 +194,42 @@ ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS dlq_offset bi
 ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS raw bytea;      -- the record's bytes, until in the DLQ
 ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS raw_key bytea;
 CREATE INDEX IF NOT EXISTS sink_rejects_pending ON tidemark_control.sink_rejects (consumer, id) WHERE NOT in_dlq;
+
+-- Reconciliation evidence (tidemark/reconcile.py): one row per check of every reconciliation run,
+-- append-only. A trigger refuses UPDATE, DELETE and TRUNCATE whoever asks, and no role is granted
+-- more than INSERT and SELECT; a repair run adds rows, it never edits the verdict before it.
+CREATE TABLE IF NOT EXISTS tidemark_control.reconciliation_results (
+    id                bigserial PRIMARY KEY,
+    run_id            uuid NOT NULL,               -- one reconciliation run: all its checks
+    pipeline          text NOT NULL,
+    batch_id          text,                        -- NULL: a full-table reconciliation
+    attempt           integer,
+    scope             text NOT NULL CHECK (scope IN ('batch', 'full')),
+    window_lo         jsonb,
+    window_hi         jsonb,
+    check_name        text NOT NULL,
+    subject           text NOT NULL DEFAULT '',
+    expected          text,
+    actual            text,
+    difference        text,
+    verdict           text NOT NULL CHECK (verdict IN ('pass', 'fail')),
+    tolerance         numeric NOT NULL DEFAULT 0,
+    tolerance_reason  text,
+    checked_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    code_version      text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reconciliation_results_by_batch
+    ON tidemark_control.reconciliation_results (pipeline, batch_id, checked_at);
+CREATE OR REPLACE FUNCTION tidemark_control.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'tidemark_control.% is append-only evidence: % refused', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+DROP TRIGGER IF EXISTS reconciliation_results_append_only ON tidemark_control.reconciliation_results;
+CREATE TRIGGER reconciliation_results_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON tidemark_control.reconciliation_results
+    FOR EACH STATEMENT EXECUTE FUNCTION tidemark_control.refuse_change();
+REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.reconciliation_results FROM PUBLIC, CURRENT_USER;
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS reconciliation text
+    CHECK (reconciliation IN ('reconciled', 'reconciliation_failed'));
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS reconciled_at timestamptz;

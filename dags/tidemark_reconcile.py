@@ -1,0 +1,61 @@
+"""
+### Tidemark reconciliation: proof that the warehouse equals the source, after every load
+
+Every pipeline spec in `include/pipelines/` gets a DAG `tidemark_reconcile_<name>`, scheduled on
+the Asset `tidemark.batch.<name>` that its nightly DAG updates when a batch commits: it runs right
+after each load and reconciles that batch's window, source against target, in the databases:
+
+- **unique keys** in the target (first: a precondition);
+- **row counts** and **hash totals** over the full content of every row;
+- **control totals**: exact decimal sums of the spec's `reconcile.control_totals`, per group;
+- **double entry** (`reconcile.double_entry`): every journal sums to zero per currency;
+- **required fields** and **accepted values**, by Great Expectations, with Data Docs.
+
+Zero tolerance unless the spec sets `reconcile.tolerance` with a `tolerance_reason`. Every result
+goes into the append-only `tidemark_control.reconciliation_results`; the batch ledger shows
+`reconciled` or `reconciliation_failed`. When the sides differ, only the key ranges whose totals
+differ are read again, down to the rows: the task fails with one line (how many rows, which
+kind) and the path of a CSV and HTML report of the missing, extra and changed rows.
+
+Run it by hand (**Trigger**) for any past batch with `batch_id`, or with `scope: full` for the
+whole table up to the committed watermark.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, Param
+
+from tidemark.config import pipelines_dir
+from tidemark.spec import PipelineSpec, load_specs
+from tidemark_airflow.batch import batch_asset
+from tidemark_airflow.reconcile import ReconcileOperator
+
+
+def _reconcile_dag(path: Path, spec: PipelineSpec) -> DAG:
+    with DAG(
+        dag_id=f"tidemark_reconcile_{spec.name}",
+        doc_md=f"### Reconciliation: `{spec.name}`\n\n`{spec.table}` against `{spec.target_table}`\n\n---\n{__doc__}",
+        schedule=[batch_asset(spec.name)],
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "owner": "tidemark"},
+        params={
+            "batch_id": Param("", type="string", description="a committed batch (default: the one that scheduled "
+                                                             "this run, else the newest)"),
+            "scope": Param("batch", enum=["batch", "full"], description="full: the whole table up to the watermark"),
+        },
+        tags=["tidemark", "reconcile", spec.name],
+    ) as dag:
+        ReconcileOperator(task_id="reconcile", spec_path=str(path))
+    return dag
+
+
+_specs, _ = load_specs(pipelines_dir())  # the invalid ones: dags/tidemark_spec_errors.py
+for _path, _spec in _specs:
+    _dag = _reconcile_dag(_path, _spec)
+    globals()[_dag.dag_id] = _dag

@@ -1,0 +1,91 @@
+"""The declarative checks of a reconciliation, carried by Great Expectations 1.x on the warehouse side.
+
+One expectation suite per pipeline, built from its spec: the key columns and ``reconcile.required``
+are never null, ``reconcile.accepted_values`` hold, and the rows compared number what the source
+holds. They run as one checkpoint over a query asset (the same rows the reconciliation compared)
+and the checkpoint renders Data Docs into ``<root>/gx/uncommitted/data_docs/local_site/``.
+
+The GX context is a file context under ``root``, built at run time (never at DAG parse time: the
+import alone takes seconds). The warehouse connection string reaches GX through an environment
+variable that the context's config names (``${TIDEMARK_GX_WAREHOUSE}``), so no password is written
+to its files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidemark.spec import PipelineSpec, quote
+
+URL_ENV = "TIDEMARK_GX_WAREHOUSE"
+
+
+@dataclass(frozen=True)
+class Expected:
+    check: str  # "gx:<expectation type>"
+    subject: str  # its column(s), or ""
+    expected: str
+    actual: str
+    passed: bool
+
+    @property
+    def difference(self) -> str | None:
+        return None if self.passed else self.actual
+
+
+def sqlalchemy_url(host: str, port: int | None, database: str, user: str, password: str) -> str:
+    from urllib.parse import quote as escape
+
+    return f"postgresql+psycopg2://{escape(user, safe='')}:{escape(password, safe='')}@{host}:{port or 5432}/{database}"
+
+
+def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: str, run_name: str
+             ) -> tuple[list[Expected], Path]:
+    """Run the pipeline's suite over ``SELECT * FROM target WHERE where``; the results, and the Data
+    Docs index page."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    os.environ[URL_ENV] = url
+    context = gx.get_context(mode="file", project_root_dir=str(root))
+    source = context.data_sources.add_or_update_postgres(name="tidemark_warehouse",
+                                                         connection_string="${" + URL_ENV + "}")
+    asset_name = f"{spec.name}_{run_name}"[:200]
+    asset = source.add_query_asset(name=asset_name, query=f"SELECT * FROM {quote(spec.target_table)} WHERE {where}")
+    batch = asset.add_batch_definition_whole_table("rows compared")
+    suite = context.suites.add_or_update(gx.ExpectationSuite(name=f"tidemark_{spec.name}"))
+    for existing in list(suite.expectations):
+        suite.delete_expectation(existing)
+    rec = spec.reconcile
+    for column in dict.fromkeys([*spec.primary_key, *rec.required]):
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=column))
+    for column, values in rec.accepted_values.items():
+        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=[str(v) for v in values]))
+    suite.add_expectation(gxe.ExpectTableRowCountToEqual(value=source_rows))
+    suite.save()
+    definition = context.validation_definitions.add_or_update(
+        gx.ValidationDefinition(name=asset_name, data=batch, suite=suite))
+    checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
+        name=asset_name, validation_definitions=[definition],
+        actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")], result_format={"result_format": "SUMMARY"}))
+    result = checkpoint.run(run_id=gx.RunIdentifier(run_name=run_name))
+    found = []
+    for run in result.run_results.values():
+        for item in run.results:
+            config, outcome = item.expectation_config, item.result or {}
+            kwargs = config.kwargs
+            subject = kwargs.get("column") or ""
+            if config.type == "expect_table_row_count_to_equal":
+                found.append(Expected(f"gx:{config.type}", "", str(kwargs["value"]), str(outcome.get("observed_value")),
+                                      bool(item.success)))
+            elif config.type == "expect_column_values_to_not_be_null":
+                found.append(Expected(f"gx:{config.type}", subject, "0 nulls",
+                                      f"{outcome.get('unexpected_count', 0)} nulls", bool(item.success)))
+            else:
+                values = list(kwargs.get("value_set") or [])
+                found.append(Expected(f"gx:{config.type}", subject, f"every value in {values}",
+                                      f"{outcome.get('unexpected_count', 0)} rows outside", bool(item.success)))
+    index = root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+    return found, index

@@ -1,0 +1,87 @@
+"""Reconciliation as an Airflow task: which batch (the Asset event that scheduled the run, a
+``batch_id`` param, or the whole table), connections at run time, and one failing line when the
+books differ. The work is ``tidemark.reconcile.run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator, Connection
+from airflow.sdk.exceptions import AirflowFailException
+
+from tidemark.config import CONN_WAREHOUSE
+from tidemark_airflow.batch import pg_connect
+
+NEXT_MISMATCH = ("open the report, find why the target differs from the source (a manual edit, a source row "
+                 "updated without moving its cursor), fix it, then run this DAG again with batch_id={batch} "
+                 "(the evidence keeps both verdicts)")
+
+
+def batch_from_events(context: dict[str, Any]) -> str | None:
+    """The batch id of the newest Asset event that scheduled this run (the nightly DAG's publish)."""
+    events = context.get("triggering_asset_events") or {}
+    newest = None
+    for asset_events in events.values():
+        for event in asset_events:
+            if (event.extra or {}).get("batch_id") and (newest is None or event.timestamp >= newest.timestamp):
+                newest = event
+    return newest.extra["batch_id"] if newest is not None else None
+
+
+class ReconcileOperator(BaseOperator):
+    """Reconcile a committed batch of the pipeline (or the whole table: param ``scope: full``)."""
+
+    template_fields = ("spec_path",)
+
+    def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+        self.warehouse_conn_id = warehouse_conn_id
+
+    def execute(self, context) -> dict[str, Any]:
+        from tidemark import ledger, reconcile
+        from tidemark.config import code_version, reconcile_dir
+        from tidemark.expectations import sqlalchemy_url
+        from tidemark.spec import load_spec
+
+        spec = load_spec(Path(self.spec_path))
+        params = context["params"]
+        full = params.get("scope") == "full"
+        batch_id = None if full else (params.get("batch_id") or batch_from_events(context))
+        warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
+        source = pg_connect(spec.source_conn_id, application_name="tidemark-reconcile")
+        try:
+            if not full and batch_id is None:  # a manual run without a batch: the newest committed one
+                with warehouse, warehouse.cursor() as cur:
+                    newest = ledger.last_committed(cur, spec.name)
+                if newest is None:
+                    raise AirflowFailException(f"pipeline={spec.name}: no committed batch to reconcile yet. Next: run "
+                                               f"tidemark_batch_{spec.name} first")
+                batch_id = newest[0]
+            what = f"pipeline={spec.name} batch={batch_id}" if batch_id else f"pipeline={spec.name} full table"
+            self.log.info("%s: reconciling %s against %s", what, spec.table, spec.target_table)
+            conn = Connection.get(self.warehouse_conn_id)
+            url = sqlalchemy_url(conn.host, conn.port, conn.schema, conn.login or "", conn.password or "")
+            try:
+                outcome = reconcile.run(spec, source, warehouse, reconcile_dir(), batch_id=batch_id, warehouse_url=url,
+                                        code_version=code_version())
+            except (reconcile.ReconcileError, LookupError) as exc:
+                raise AirflowFailException(f"{what}: cannot reconcile: {exc}. Next: fix the cause named here, then "
+                                           "run this DAG again") from None
+        finally:
+            source.close()
+            warehouse.close()
+        verdict = outcome.verdict
+        for check in verdict.checks:
+            self.log.info("%s check=%s %s expected=%s actual=%s%s", what, check.check, check.subject, check.expected,
+                          check.actual, "" if check.passed else f" difference={check.difference} FAILED")
+        self.log.info("%s window=%s rows source=%s target=%s, localising read %s rows (%.2f%%), run %s", what,
+                      outcome.window, verdict.rows_source, verdict.rows_target, verdict.rows_read_localising,
+                      100 * verdict.read_fraction, outcome.run_id)
+        if not verdict.passed:
+            self.log.error("%s: %s", what, outcome.line)
+            raise AirflowFailException(f"{outcome.line}. Next: " + NEXT_MISMATCH.format(batch=batch_id or "''"))
+        self.log.info("%s: %s", what, outcome.line)
+        return {"run_id": outcome.run_id, "batch_id": batch_id, "passed": True, "rows": verdict.rows_target,
+                "data_docs": str(outcome.data_docs) if outcome.data_docs else None}
