@@ -3,6 +3,7 @@
 #   make test   installs what is missing, starts the stack, runs the test suite
 #   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
 #   make bench-stream  the streaming benchmark: events/s drained, p50/p99 publish-to-visible at 5,000/s, restart
+#   make bench-reconcile  reconcile a 2M-row ledger batch against plain count+sum scans; localise 10 changed rows
 #   make campaign  id-cursor campaign: writers hold transactions 20-60 s while batches run back to back
 #   make kill-trials  kill -9 the standing sink at seeded moments (TRIALS=20 SEED=...): exactly one effect
 SHELL := /bin/bash
@@ -18,7 +19,7 @@ CAMPAIGN_ARGS ?=
 TRIALS ?= 20
 SEED ?=
 
-.PHONY: help bootstrap up down status logs ui demo test bench bench-stream campaign kill-trials clean
+.PHONY: help bootstrap up down status logs ui demo test bench bench-stream bench-reconcile campaign kill-trials clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -52,6 +53,9 @@ bench: up
 
 bench-stream: up
 	@$(STACK) run -- $(PY) bench/stream_events.py $(BENCH_ARGS)
+
+bench-reconcile: up
+	@$(STACK) run -- $(PY) bench/reconcile_batch.py $(BENCH_ARGS)
 
 campaign: up
 	@$(STACK) run -- $(PY) bench/id_cursor_campaign.py $(CAMPAIGN_ARGS)

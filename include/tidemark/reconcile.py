@@ -80,8 +80,10 @@ class Verdict:
 
     def summary(self, spec: PipelineSpec, batch_id: str) -> str:
         """One line an analyst understands."""
+        moved = (f" ({self.moved_keys} keys changed at the source after the window left out: the next batch "
+                 "carries them)") if self.moved_keys else ""
         if self.passed:
-            return (f"{spec.target_table} batch {batch_id}: reconciled, {self.rows_target} rows, "
+            return (f"{spec.target_table} batch {batch_id}: reconciled, {self.rows_target} rows{moved}, "
                     f"{len(self.checks)} checks passed")
         failed = [c for c in self.checks if not c.passed]
         kinds: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""The batch benchmark's fast subset: the same script as `make bench`, on 20,000 rows.
+"""The benchmarks' fast subsets: the same scripts as `make bench` and `make bench-reconcile`, on 20,000 rows.
 
 It fails if any contender's copy differs from the source (the script checks counts and exact
 amounts per currency) or if the figures the issue asks for are missing from its JSON line.
@@ -29,3 +29,13 @@ def test_bench_subset_reports_every_figure():
     assert set(result["sink_peak_mb"]) == {"10000", "20000", "40000"}
     assert all(mb > 100 for mb in result["sink_peak_mb"].values()), "a JVM and Python take more than that"
     assert all(s > 0 for s in result["jvm_startup_s"].values())
+
+
+def test_reconcile_bench_subset_localises_exactly_the_changed_rows():
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "reconcile_batch.py"), "--rows", "20000"],
+                          text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])  # the script itself checks the verdicts
+    assert result["rows"] == 20000 and result["changed_found"] == 10
+    for key in ("reconcile_s", "scan_s", "ratio_vs_scan", "localise_s", "rows_compared_fraction"):
+        assert result[key] > 0, key

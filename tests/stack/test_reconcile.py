@@ -173,3 +173,25 @@ def test_a_run_records_evidence_renders_data_docs_and_reports_the_rows(loaded, s
     finally:
         src.close()
         wh.close()
+
+
+def test_a_full_reconciliation_finds_a_source_change_no_incremental_pull_can_see(loaded, tmp_path):
+    """A source row updated without moving its cursor (older than the version loaded): no batch will
+    ever carry it; the full-table reconciliation (up to the watermark) finds it."""
+    pipe, _, _ = loaded
+    table = pipe.spec.table
+    src, wh = pipe.src(), pipe.wh()
+    try:
+        with src, src.cursor() as cur:
+            cur.execute(f"UPDATE {table} SET amount = amount + 100 WHERE entry_id = 1500")
+        outcome = reconcile.run(pipe.spec, src, wh, tmp_path, code_version="test")  # no batch: the full table
+        assert outcome.batch_id is None and str(outcome.window.lo.cursor).startswith("1970-01-01")
+        assert [(d.key[0], d.kind, d.columns) for d in outcome.verdict.differences] == [(1500, "changed", ["amount"])]
+        assert "up to the watermark" in outcome.report.read_text()
+        assert pipe.query_wh("SELECT DISTINCT scope FROM tidemark_control.reconciliation_results WHERE run_id = %s",
+                             (outcome.run_id,)) == [("full",)]
+    finally:
+        with src, src.cursor() as cur:
+            cur.execute(f"UPDATE {table} SET amount = amount - 100 WHERE entry_id = 1500")
+        src.close()
+        wh.close()
