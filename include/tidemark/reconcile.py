@@ -175,13 +175,18 @@ def one_pass(cur, spec: PipelineSpec, table: str, where: str, columns: list[tupl
     one hash aggregate by (range, every grouping column), rolled up here both ways."""
     totals = spec.reconcile.control_totals
     key = quote(spec.primary_key[0])
-    bucket = f"width_bucket({key}, %(bounds)s::{kind}[])" if bounds else "0"
+    params: dict[str, Any] = {"bounds": bounds}
+    if kind in ("smallint", "integer", "bigint") and len(bounds) >= 2:  # equal widths: arithmetic, no search
+        params.update(width=bounds[1] - bounds[0], lo=bounds[0] - (bounds[1] - bounds[0]), n=len(bounds))
+        bucket = f"least(greatest(({key}::bigint - %(lo)s) / %(width)s, 0), %(n)s)"  # = width_bucket(key, bounds)
+    else:
+        bucket = f"width_bucket({key}, %(bounds)s::{kind}[])" if bounds else "0"
     group_cols = list(dict.fromkeys(c for total in totals for c in total.group_by))
     amounts = list(dict.fromkeys(c for total in totals for c in total.columns))
     select = [bucket, *[quote(c) for c in group_cols], "count(*)", f"sum({_row_hash(columns)})::text",
               *[f"sum({quote(c)})::text" for c in amounts]]
     cur.execute(f"SELECT {', '.join(select)} FROM {quote(table)} WHERE {where} "
-                f"GROUP BY {', '.join(str(i + 1) for i in range(1 + len(group_cols)))}", {"bounds": bounds})
+                f"GROUP BY {', '.join(str(i + 1) for i in range(1 + len(group_cols)))}", params)
     out = Pass()
     n = len(group_cols)
     for row in cur.fetchall():
@@ -252,6 +257,9 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, buc
     if spec.reconcile.double_entry is not None:
         checks.append(double_entry(target_cur, spec, where))
         mark = timed("double entry", mark)
+    if spec.reconcile.balance_continuity is not None:
+        checks += balance_continuity(target_cur, spec, where)
+        mark = timed("balance continuity", mark)
     verdict = Verdict(checks, [], src.rows, tgt.rows, moved_keys=len(moved), where=where.replace("%%", "%"),
                       timings=timings)
     verdict.seconds = time.perf_counter() - started
@@ -323,6 +331,43 @@ def double_entry(cur, spec: PipelineSpec, where: str) -> Check:
     n, examples = cur.fetchone()
     return Check("double_entry", f"sum({rule.amount}) per {rule.journal} and {rule.currency}", "0 unbalanced",
                  f"{n} unbalanced" + (f": {examples}" if examples else ""), str(n) if n else None, n == 0)
+
+
+def balance_continuity(cur, spec: PipelineSpec, where: str) -> list[Check]:
+    """Opening + movements = closing on the window's rows, and each row's opening equals the same
+    account's previous closing (the previous row may be older than the window)."""
+    rule = spec.reconcile.balance_continuity
+    account, day = quote(rule.account), quote(rule.date)
+    opening, movements, closing = quote(rule.opening), quote(rule.movements), quote(rule.closing)
+    cur.execute(f"""SELECT count(*) FILTER (WHERE {opening} + {movements} <> {closing}),
+                           string_agg({account}::text || ' ' || {day}::text, '; ' ORDER BY {account}, {day})
+                               FILTER (WHERE {opening} + {movements} <> {closing}),
+                           count(*) FILTER (WHERE {opening} <> _tm_previous),
+                           string_agg({account}::text || ' ' || {day}::text || ': opening ' || {opening}::text
+                                      || ', previous closing ' || _tm_previous::text, '; ' ORDER BY {account}, {day})
+                               FILTER (WHERE {opening} <> _tm_previous)
+                      FROM (SELECT *, lag({closing}) OVER (PARTITION BY {account} ORDER BY {day}) AS _tm_previous
+                              FROM {quote(spec.target_table)}) t
+                     WHERE {where}""", {})
+    unbalanced, rows, broken, chain = cur.fetchone()
+    examples = lambda text: f": {'; '.join(text.split('; ')[:5])}" if text else ""  # noqa: E731
+    return [
+        Check("balance_continuity", f"{rule.opening} + {rule.movements} = {rule.closing}", "0 rows",
+              f"{unbalanced} rows{examples(rows)}", str(unbalanced) if unbalanced else None, unbalanced == 0),
+        Check("balance_continuity", f"{rule.opening} = previous {rule.closing} per {rule.account}", "0 rows",
+              f"{broken} rows{examples(chain)}", str(broken) if broken else None, broken == 0),
+    ]
+
+
+def freshness(spec: PipelineSpec, source_cur, watermark: Any) -> Check | None:
+    """The committed watermark is no older than ``reconcile.max_staleness`` by the source's clock."""
+    limit = spec.reconcile.max_staleness
+    if limit is None or not hasattr(watermark, "isoformat"):  # id cursors have no age
+        return None
+    source_cur.execute("SELECT now()")
+    age = source_cur.fetchone()[0] - watermark
+    return Check("freshness", f"watermark {watermark.isoformat()}", f"at most {limit} old", f"{age} old",
+                 str(age - limit) if age > limit else None, age <= limit)
 
 
 # --- localisation ------------------------------------------------------------------------------
@@ -440,12 +485,12 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     from tidemark.window import Bound
 
     with warehouse_conn, warehouse_conn.cursor() as cur:
+        mark = ledger.committed_watermark(cur, spec.name)
         if batch_id is not None:
             pipeline, window, attempt = ledger.committed_batch(cur, batch_id)
             if pipeline != spec.name:
                 raise ReconcileError(f"batch {batch_id} belongs to pipeline {pipeline}, not {spec.name}")
         else:
-            mark = ledger.committed_watermark(cur, spec.name)
             if mark is None:
                 raise ReconcileError(f"pipeline {spec.name} has no committed batch yet: nothing to reconcile")
             window, attempt = Window(Bound(spec.start), mark), None
@@ -453,6 +498,9 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
         with source_conn, source_conn.cursor() as s, warehouse_conn, warehouse_conn.cursor() as t:
             s.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")  # one snapshot per side
             verdict = reconcile(spec, window, s, t, **options)
+            fresh = freshness(spec, s, mark.cursor if mark is not None else None)
+            if fresh is not None:
+                verdict.checks.append(fresh)
     except LookupError as exc:
         raise ReconcileError(str(exc)) from None
     run_id = str(uuid.uuid4())

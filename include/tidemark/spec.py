@@ -132,9 +132,22 @@ class DoubleEntry(BaseModel):
     currency: Identifier
 
 
+class BalanceContinuity(BaseModel):
+    """Daily balances that must chain: ``opening + movements = closing`` on every row, and each
+    row's ``opening`` equals the ``closing`` of the same account's previous row (by ``date``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    account: Identifier
+    date: Identifier
+    opening: Identifier
+    movements: Identifier
+    closing: Identifier
+
+
 class ReconcileSpec(BaseModel):
     """What reconciliation proves after each load, besides row counts and hash totals (always):
-    control totals, required fields, accepted values, double entry. Zero tolerance unless
+    control totals, required fields, accepted values, double entry, balance continuity, the
+    watermark's freshness. Zero tolerance unless
     ``tolerance`` is set, and then only with ``tolerance_reason`` (kept with every result)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -142,6 +155,9 @@ class ReconcileSpec(BaseModel):
     required: list[Identifier] = []
     accepted_values: dict[Identifier, Annotated[list[str | int], Field(min_length=1)]] = {}
     double_entry: DoubleEntry | None = None
+    balance_continuity: BalanceContinuity | None = None
+    # The committed watermark may lag the source's clock by at most this much (None: not checked).
+    max_staleness: Annotated[timedelta, Field(gt=timedelta(0))] | None = None
     tolerance: Annotated[Decimal, Field(ge=0)] = Decimal(0)
     tolerance_reason: Annotated[str, Field(min_length=10, max_length=500)] | None = None
 

@@ -8,10 +8,14 @@ change them.
 
 from __future__ import annotations
 
+import datetime
+import json
+
 import psycopg2
 import pytest
 
 from tidemark import reconcile
+from tidemark.spec import load_spec
 from tidemark.window import Window
 from tidemark_workshop.stack.batchrun import make_pipeline
 
@@ -195,3 +199,55 @@ def test_a_full_reconciliation_finds_a_source_change_no_incremental_pull_can_see
             cur.execute(f"UPDATE {table} SET amount = amount - 100 WHERE entry_id = 1500")
         src.close()
         wh.close()
+
+
+BALANCES_DDL = """
+CREATE TABLE {table} (
+    account_id bigint NOT NULL, business_date date NOT NULL, opening numeric(18,2) NOT NULL,
+    movements numeric(18,2) NOT NULL, closing numeric(18,2) NOT NULL, updated_at timestamptz NOT NULL,
+    PRIMARY KEY (account_id, business_date))"""
+
+
+def test_broken_balance_continuity_is_found_on_the_rows_involved(settings, tmp_path):
+    """Balances loaded as they are (no Spark needed for the check): a closing changed on one day breaks
+    that day's sum and the next day's opening; each is named."""
+    pipe = make_pipeline(settings, tmp_path, BALANCES_DDL, primary_key=["account_id", "business_date"],
+                         reconcile={"balance_continuity": {"account": "account_id", "date": "business_date",
+                                                           "opening": "opening", "movements": "movements",
+                                                           "closing": "closing"}})
+    rows = """INSERT INTO {table} SELECT a, date '2026-11-01' + d, 100 * a + 10 * d, 10, 100 * a + 10 * (d + 1),
+                  timestamptz '2026-11-20 00:00+00' FROM generate_series(1, 3) a, generate_series(0, 9) d"""
+    for conn, table in ((pipe.src(), pipe.spec.table), (pipe.wh(), pipe.spec.target_table)):
+        with conn, conn.cursor() as cur:
+            if table == pipe.spec.target_table:
+                cur.execute(BALANCES_DDL.format(table=table))
+            cur.execute(rows.format(table=table))
+        conn.close()
+    window = Window.from_json({"lo": {"cursor": "2026-11-01T00:00:00+00:00", "pk": None},
+                               "hi": {"cursor": "2026-11-30T00:00:00+00:00", "pk": None}})
+    clean = _reconcile(pipe, window)
+    assert clean.passed, [c for c in clean.checks if not c.passed]
+    broken = _reconcile(pipe, window, ["UPDATE {target} SET closing = closing + 1 "
+                                       "WHERE account_id = 2 AND business_date = '2026-11-05'"])
+    failed = {(c.check, c.subject): c.actual for c in broken.checks if not c.passed}
+    assert failed[("balance_continuity", "opening + movements = closing")] == "1 rows: 2 2026-11-05"
+    assert failed[("balance_continuity", "opening = previous closing per account_id")] == (
+        "1 rows: 2 2026-11-06: opening 250.00, previous closing 251.00")
+    assert [(d.key, d.kind, d.columns) for d in broken.differences] == [
+        ((2, datetime.date(2026, 11, 5)), "changed", ["closing"])]
+
+
+def test_a_stale_watermark_fails_the_freshness_check(loaded, tmp_path):
+    pipe, plan, _ = loaded
+    strict = tmp_path / pipe.path.name  # the same pipeline, with a freshness limit its watermark cannot meet
+    strict.write_text(json.dumps({**json.loads(pipe.path.read_text()),
+                                  "reconcile": {**RECONCILE, "max_staleness": "PT0.001S"}}))
+    src, wh = pipe.src(), pipe.wh()
+    try:
+        outcome = reconcile.run(load_spec(strict), src, wh, tmp_path, batch_id=plan.batch_id, code_version="test")
+    finally:
+        src.close()
+        wh.close()
+    failed = [c for c in outcome.verdict.checks if not c.passed]
+    assert [c.check for c in failed] == ["freshness"] and failed[0].expected == "at most 0:00:00.001000 old"
+    assert outcome.verdict.differences == [] and "1 of" in outcome.line
