@@ -676,10 +676,11 @@ def stream_tables_exist(cur) -> bool:
     return cur.fetchone()[0]
 
 
-def last_committed(cur, pipeline: str) -> tuple[str, Window, int | None, Any, int | None] | None:
-    """(batch id, window, rows, committed at, attempt) of the pipeline's newest committed batch."""
+def last_committed(cur, pipeline: str) -> tuple[str, Window, int | None, Any, int | None, str | None] | None:
+    """(batch id, window, rows, committed at, attempt, reconciliation verdict or None) of the
+    pipeline's newest committed batch."""
     cur.execute(
-        """SELECT batch_id, window_lo, window_hi, backfill, rows, committed_at, committed_attempt
+        """SELECT batch_id, window_lo, window_hi, backfill, rows, committed_at, committed_attempt, reconciliation
              FROM tidemark_control.batches WHERE pipeline = %s AND state = 'committed'
             ORDER BY committed_at DESC NULLS LAST LIMIT 1""",
         (pipeline,),
@@ -687,8 +688,8 @@ def last_committed(cur, pipeline: str) -> tuple[str, Window, int | None, Any, in
     row = cur.fetchone()
     if row is None:
         return None
-    batch_id, lo, hi, backfill, rows, committed_at, attempt = row
-    return batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), rows, committed_at, attempt
+    batch_id, lo, hi, backfill, rows, committed_at, attempt, verdict = row
+    return batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), rows, committed_at, attempt, verdict
 
 
 def watermark_row(cur, pipeline: str) -> tuple[Bound, str, Any] | None:

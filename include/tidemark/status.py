@@ -71,6 +71,7 @@ class CommittedBatch:
     rows: int | None
     committed_at: datetime | None
     attempt: int | None
+    reconciliation: str | None = None  # reconciled, reconciliation_failed, or None (not yet)
 
 
 @dataclass(frozen=True)
@@ -266,8 +267,8 @@ def read_only_session(conn) -> None:
 def pipeline_ledger(cur, pipeline: str, failure_window: timedelta = FAILURE_WINDOW) -> PipelineLedger:
     committed = ledger.last_committed(cur, pipeline)
     if committed is not None:
-        batch_id, window, rows, committed_at, attempt = committed
-        committed = CommittedBatch(batch_id, str(window), window.backfill, rows, committed_at, attempt)
+        batch_id, window, rows, committed_at, attempt, verdict = committed
+        committed = CommittedBatch(batch_id, str(window), window.backfill, rows, committed_at, attempt, verdict)
     mark = ledger.watermark_row(cur, pipeline)
     watermark = Watermark(str(mark[0]), mark[0].cursor, mark[1], mark[2]) if mark else None
     unfinished = [Attempt(*r) for r in ledger.attempts(cur, pipeline, UNFINISHED)]
@@ -434,7 +435,8 @@ def status_lines(report: StatusReport) -> list[str]:
             lines.append(f"{p.name}: invalid spec: {p.error}")
             continue
         c, w = p.ledger.last_committed, p.ledger.watermark
-        batch = f"last batch {c.batch_id} ({c.rows} rows, {utc_iso(c.committed_at)})" if c else "no batch yet"
+        batch = (f"last batch {c.batch_id} ({c.rows} rows, {utc_iso(c.committed_at)}, "
+                 f"{c.reconciliation or 'not reconciled yet'})" if c else "no batch yet")
         lag = p.lag
         behind = ("-" if lag is None else lag.error if lag.error else f"{lag.ids} ids" if lag.ids is not None
                   else format_duration(lag.seconds) + (" (held back by a source transaction)" if lag.held_back else ""))

@@ -92,7 +92,9 @@ def _pipeline_row(p) -> str:
         batch = "<td colspan=4>no batch yet</td>"
     else:
         batch = (f"<td>{_e(c.batch_id)} #{_e(c.attempt)}</td><td>{_e(c.window)}</td>"
-                 f"<td class=num>{_e(c.rows)}</td><td>{_e(utc_iso(c.committed_at))}</td>")
+                 f"<td class=num>{_e(c.rows)}</td><td>{_e(utc_iso(c.committed_at))}<br>"
+                 f"<small class={'bad' if c.reconciliation == 'reconciliation_failed' else 'ok'}>"
+                 f"{_e(c.reconciliation or 'not reconciled yet')}</small></td>")
     w = led.watermark
     watermark = f"{_e(w.bound)}<br><small>by {_e(w.batch_id)}</small>" if w else "no batch yet"
     failures = _attempts(led.recent_failures, with_message=True) or "none"

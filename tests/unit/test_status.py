@@ -146,6 +146,6 @@ def test_text_lines_name_each_pipeline_its_batch_lag_and_stream():
     lines = status_lines(_report())
     assert lines[0].startswith("broken: invalid spec: /specs/broken.yaml")
     assert lines[1] == "idle: no batch yet; watermark -; behind the source -"
-    assert lines[2].startswith("loaded: last batch p:run-a (1234 rows, 2026-11-22T08:00:00+00:00)")
+    assert lines[2].startswith("loaded: last batch p:run-a (1234 rows, 2026-11-22T08:00:00+00:00, not reconciled yet)")
     assert "behind the source 3m 05s (held back by a source transaction)" in lines[2]
     assert lines[2].endswith("; stream desired=paused stopped at 2026-11-22T08:00:00+00:00 lag 5 records, restarts 1/3")
