@@ -3,10 +3,10 @@
 One pass per side (both at once) computes, grouped by key range (``width_bucket`` over equal-width
 ranges of integer keys, else the target's key quantiles) and by the control totals' grouping
 columns: row counts, hash totals over the full content of every row (the values' own hashes), and
-exact decimal sums. The same pass on
-the target also counts nulls in required fields and values outside the accepted ones. Separate
-queries check what one pass cannot: duplicate keys (skipped when a unique index enforces them) and
-double-entry journals that do not sum to zero per currency.
+exact decimal sums. Separate queries on the target check what one pass cannot: duplicate keys
+(skipped when a unique index enforces them), double-entry journals that do not sum to zero per
+currency, and balance continuity. Required fields and accepted values are Great Expectations'
+(``tidemark.expectations``), run by ``run`` over the same rows.
 
 When the sides differ, only the key ranges whose count or hash total differ are read again,
 split further while they hold more than ``leaf_rows`` rows, down to the rows: the report lists
@@ -14,7 +14,8 @@ missing, extra and changed keys, with both versions and the columns that differ.
 while localising are counted, so a report can say what fraction of the batch it had to read.
 
 Pure SQL over psycopg2 cursors: no Spark, no Airflow. Both sessions run in UTC so that every
-value's text form (the input of the row hash) is the same on both sides.
+value's text form (what localisation compares, and the row hash of types hashed as text) is the
+same on both sides.
 """
 
 from __future__ import annotations
