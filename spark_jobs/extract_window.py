@@ -33,6 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--report", required=True, type=Path, help="where to write the per-partition totals")
     p.add_argument("--read-partitions", type=int, default=4, help="parallel JDBC range reads")
+    p.add_argument("--repair-keys", type=Path, help="a repair batch: JSON document of the only keys to read")
     return p.parse_args(argv)
 
 
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType
 
-    from tidemark import extract, totals
+    from tidemark import extract, repair, totals
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
     from tidemark.kafka_io import end_offsets
     from tidemark.progress import Ticker
@@ -62,6 +63,10 @@ def main(argv: list[str]) -> int:
         spark.udf.registerJavaFunction("kafka_partition", "tidemark.KafkaPartition", IntegerType())
         props = {"user": args.user, "password": secret, "driver": "org.postgresql.Driver", "fetchsize": "20000"}
         table, cursor = quote(spec.table), quote(spec.cursor.column)
+        if args.repair_keys is not None:  # a repair batch: only its keys, still inside the window
+            keys = repair.read_document(args.repair_keys, spec)
+            table = f"(SELECT * FROM {table} WHERE {repair.filter_from_document(keys)}) AS repair"
+            tag += f" repair of {len(keys['keys'])} key(s)"
         span = spark.read.jdbc(
             args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi, count(*) AS n FROM {table} "
             f"WHERE {predicate(spec, window)}) AS span", properties=props,

@@ -26,13 +26,16 @@ class Plan:
     batch_id: str
     window: Window
     reused: bool
+    repair: bool = False  # a repair batch (tidemark.repair): only the keys the ledger holds for it
 
     def to_xcom(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused}
+        return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused,
+                "repair": self.repair}
 
     @classmethod
     def from_xcom(cls, raw: dict[str, Any]) -> "Plan":
-        return cls(raw["batch_id"], Window.from_json(raw["window"]), bool(raw.get("reused")))
+        return cls(raw["batch_id"], Window.from_json(raw["window"]), bool(raw.get("reused")),
+                   bool(raw.get("repair")))
 
 
 def plan(

@@ -77,6 +77,46 @@ def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Win
     return PlannedBatch(batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), reused=True)
 
 
+def record_repair_plan(cur, spec: PipelineSpec, batch_id: str, window: Window, keys: list[list[str]],
+                       repair_of: str | None, repair_run: str) -> PlannedBatch:
+    """Store a repair batch: ``keys`` (text forms of the key columns) re-loaded from the source
+    within ``window`` (a backfill window: the watermark never moves)."""
+    if not window.backfill:
+        raise ValueError("a repair batch's window is a backfill window: it must never move the watermark")
+    cur.execute(
+        """INSERT INTO tidemark_control.batches
+               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, repair_keys, repair_of,
+                repair_run)
+           VALUES (%s, %s, NULL, %s, %s, true, %s, 'planned', %s, %s, %s)""",
+        (batch_id, spec.name, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()), spec.partitions,
+         json.dumps(keys), repair_of, repair_run),
+    )
+    return PlannedBatch(batch_id, window, reused=False)
+
+
+@dataclass(frozen=True)
+class Repair:
+    batch_id: str
+    pipeline: str
+    state: str
+    window: Window
+    keys: list[list[str]]
+    repair_of: str | None  # the repaired batch; None: the whole table
+    repair_run: str  # the reconciliation run that found the keys
+
+
+def repair(cur, batch_id: str) -> Repair | None:
+    """The repair batch ``batch_id`` (None: no such batch, or not a repair)."""
+    cur.execute("SELECT pipeline, state, window_lo, window_hi, repair_keys, repair_of, repair_run::text "
+                "FROM tidemark_control.batches WHERE batch_id = %s AND repair_keys IS NOT NULL", (batch_id,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    pipeline, state, lo, hi, keys, repair_of, run = row
+    return Repair(batch_id, pipeline, state, Window(Bound.from_json(lo), Bound.from_json(hi), True), keys, repair_of,
+                  run)
+
+
 class AlreadyCommitted(RuntimeError):
     """The batch is committed: nothing may reopen it (a cleared run, a replay)."""
 
@@ -346,17 +386,18 @@ class LedgerBatch:
     pipeline: str
     window: Window
     latest_attempt: int
+    repair_keys: list[list[str]] | None = None  # a repair batch: only these keys (text forms) are re-loaded
 
 
 def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
     """What the orchestrator planned for a batch (None: never planned)."""
-    cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt FROM tidemark_control.batches "
+    cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt, repair_keys FROM tidemark_control.batches "
                 "WHERE batch_id = %s", (batch_id,))
     row = cur.fetchone()
     if row is None:
         return None
-    pipeline, lo, hi, backfill, latest = row
-    return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest)
+    pipeline, lo, hi, backfill, latest, keys = row
+    return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest, keys)
 
 
 def attempt_state(cur, batch_id: str, attempt: int, *, lock: bool = False) -> str | None:
@@ -913,9 +954,10 @@ def safe_id_high(cur, pipeline: str, observed: tuple[int | None, Any], horizon: 
 
 def record_reconciliation(cur, *, run_id: str, pipeline: str, batch_id: str | None, attempt: int | None,
                           window: Window | None, checks, tolerance, tolerance_reason: str | None,
-                          code_version: str) -> bool:
+                          code_version: str, repair_batch: str | None = None) -> bool:
     """Append one row per check (``tidemark.reconcile.Check``) and, for a batch, its verdict on the
-    ledger (``reconciled`` or ``reconciliation_failed``; the latest run's stands). Returns the verdict."""
+    ledger (``reconciled`` or ``reconciliation_failed``; the latest run's stands), also on the
+    ``repair_batch`` whose load set the run off. Returns the verdict."""
     from psycopg2.extras import execute_values
 
     passed = all(c.passed for c in checks)
@@ -927,9 +969,10 @@ def record_reconciliation(cur, *, run_id: str, pipeline: str, batch_id: str | No
         [(run_id, pipeline, batch_id, attempt, "batch" if batch_id else "full", lo, hi, c.check, c.subject,
           c.expected, c.actual, c.difference, "pass" if c.passed else "fail", tolerance, tolerance_reason,
           code_version) for c in checks])
-    if batch_id is not None:
+    batches = [b for b in (batch_id, repair_batch) if b is not None]
+    if batches:
         cur.execute("UPDATE tidemark_control.batches SET reconciliation = %s, reconciled_at = clock_timestamp() "
-                    "WHERE batch_id = %s", ("reconciled" if passed else "reconciliation_failed", batch_id))
+                    "WHERE batch_id = ANY(%s)", ("reconciled" if passed else "reconciliation_failed", batches))
     return passed
 
 

@@ -471,6 +471,7 @@ class Outcome:
     line: str  # one line for the log: the verdict, and where the report is
     report: Path | None = None  # the HTML report (the CSV beside it), when rows differ
     data_docs: Path | None = None  # Great Expectations' Data Docs index
+    after_repair: str | None = None  # the repair batch whose load set this run off
 
 
 def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id: str | None = None,
@@ -485,8 +486,12 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     from tidemark import ledger
     from tidemark.window import Bound
 
+    after_repair = None
     with warehouse_conn, warehouse_conn.cursor() as cur:
         mark = ledger.committed_watermark(cur, spec.name)
+        repaired = ledger.repair(cur, batch_id) if batch_id is not None else None
+        if repaired is not None:  # a repair batch: reconcile what it repaired (a batch, or the whole table)
+            after_repair, batch_id = batch_id, repaired.repair_of
         if batch_id is not None:
             pipeline, window, attempt = ledger.committed_batch(cur, batch_id)
             if pipeline != spec.name:
@@ -514,6 +519,8 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
         verdict.checks += [Check(e.check, e.subject, e.expected, e.actual, e.difference, e.passed) for e in expected]
     subject = f"batch {batch_id}" if batch_id else f"up to the watermark {window.hi}"
     line = verdict.summary(spec, batch_id or "(full table)")
+    if after_repair is not None:
+        line += f" (after repair batch {after_repair})"
     report = None
     if verdict.differences:
         report = write_report(root / "reports" / spec.name / run_id, spec, subject, verdict)
@@ -523,8 +530,9 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     with warehouse_conn, warehouse_conn.cursor() as cur:
         ledger.record_reconciliation(cur, run_id=run_id, pipeline=spec.name, batch_id=batch_id, attempt=attempt,
                                      window=window, checks=verdict.checks, tolerance=spec.reconcile.tolerance,
-                                     tolerance_reason=spec.reconcile.tolerance_reason, code_version=code_version)
-    return Outcome(run_id, batch_id, window, verdict, line, report, docs)
+                                     tolerance_reason=spec.reconcile.tolerance_reason, code_version=code_version,
+                                     repair_batch=after_repair)
+    return Outcome(run_id, batch_id, window, verdict, line, report, docs, after_repair)
 
 
 def write_report(folder: Path, spec: PipelineSpec, subject: str, verdict: Verdict) -> Path:

@@ -492,13 +492,25 @@ class BatchSink:
         if wrong:
             self._refuse(cur, batch_id, attempt, report, "count/checksum mismatch: " + "; ".join(wrong))
             return
-        window = ledger.planned_batch(cur, batch_id).window
+        planned = ledger.planned_batch(cur, batch_id)
+        window, repair_keys = planned.window, planned.repair_keys
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
         cur.execute("SAVEPOINT merge")
         merge_started = time.monotonic()
         try:
-            applied = self._merge(cur, batch_id, attempt, window)
+            if repair_keys is not None:
+                applied = self._repair(cur, batch_id, attempt, repair_keys)
+                if applied != rows:  # a staged record outside the repair's keys: nothing of it applies
+                    cur.execute("ROLLBACK TO SAVEPOINT merge")
+                    self._refuse(cur, batch_id, attempt, report,
+                                 f"repair batch: {rows - applied} of {rows} staged record(s) carry keys that are not "
+                                 f"among its {len(repair_keys)} repair keys",
+                                 "plan the repair again from a new reconciliation (tidemark_reconcile_"
+                                 f"{self.spec.name} with repair=true)")
+                    return
+            else:
+                applied = self._merge(cur, batch_id, attempt, window)
         except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded) as exc:
             # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
@@ -511,14 +523,14 @@ class BatchSink:
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the ledger refused the move "
                             "to committed (state changed under the lock?); rolled back")
         moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
-        compacted = self._compact(cur, window)
+        compacted = self._compact(cur, window) if repair_keys is None else None  # a repair covers its keys only
         self._drop_stage(cur, batch_id, attempt)
         report.committed.append(f"{batch_id}#{attempt}")
         log.info(
             "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s in %.1f s) "
             "checksum=%s watermark %s%s", self.spec.name, batch_id, attempt, window, rows, applied,
             time.monotonic() - merge_started, checksum,
-            f"-> {window.hi}" if moved else "unchanged (backfill or older window)",
+            f"-> {window.hi}" if moved else "unchanged (backfill, repair or older window)",
             f"; {compacted} real-time row(s) it covers compacted away" if compacted is not None else "",
         )
 
@@ -559,6 +571,25 @@ class BatchSink:
                 SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) * FROM ({records}) batch ORDER BY {pk}, {cursor_col} DESC) latest
                 ON CONFLICT ({pk}) {conflict}"""
         )
+        return cur.rowcount
+
+    def _repair(self, cur, batch_id: str, attempt: int, keys: list[list[str]]) -> int:
+        """A repair batch: the target's rows of its keys are replaced by what was staged (a key the
+        source no longer holds stays deleted). Returns the staged records inserted: those whose key
+        is one of ``keys`` (the caller refuses the batch unless that is all of them)."""
+        from tidemark.repair import key_filter, key_types
+
+        spec = self.spec
+        target = quote(spec.target_table)
+        cols = ", ".join(quote(c) for c in self.target_columns(cur))
+        keyed = key_filter(list(spec.primary_key), key_types(cur, spec.target_table, list(spec.primary_key)), keys)
+        records = (f"SELECT r.* FROM {self._ensure_stage(cur, batch_id, attempt)} s, "
+                   f"LATERAL json_populate_record(NULL::{target}, s.value::json) r")
+        cur.execute(f"DELETE FROM {target} WHERE {keyed}")
+        deleted = cur.rowcount
+        cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch WHERE {keyed}")
+        log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s): %s target row(s) deleted, %s inserted",
+                 spec.name, batch_id, attempt, len(keys), deleted, cur.rowcount)
         return cur.rowcount
 
     def _record_rejects(self, cur, report: MicroBatchReport) -> None:

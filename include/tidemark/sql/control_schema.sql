@@ -233,3 +233,9 @@ REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.reconciliation_results FROM 
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS reconciliation text
     CHECK (reconciliation IN ('reconciled', 'reconciliation_failed'));
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS reconciled_at timestamptz;
+-- Repair batches (tidemark/repair.py): a batch that re-loads only the keys a reconciliation found
+-- differing. Its window reaches back to the pipeline's start (the keys' current source versions up
+-- to the repaired window's end) and, like a backfill, never moves the watermark.
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS repair_keys jsonb;  -- [[key values as text], ...]
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS repair_of text;     -- the repaired batch; NULL: full table
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS repair_run uuid;    -- the reconciliation that found them

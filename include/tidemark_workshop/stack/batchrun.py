@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark import batch, jobs, ledger
+from tidemark import batch, jobs, ledger, repair
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
 from tidemark_workshop.stack.spark import Submitted, submit
@@ -56,8 +56,18 @@ class Pipeline:
 
     def extract_args(self, plan: batch.Plan, attempt: int, report: Path) -> list[str]:
         s = self.settings
+        keys = None
+        if plan.repair:  # as the DAG's extract step does: the keys document beside the report
+            keys = report.with_suffix(".keys.json")
+            src, wh = self.src(), self.wh()
+            try:
+                keys.write_text(json.dumps(repair.keys_document(self.spec, src, wh, plan.batch_id)))
+            finally:
+                src.close()
+                wh.close()
         return [*jobs.jdbc_args(s.jdbc_url(SOURCE_DB), s.pg_user),
-                *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report)]
+                *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report,
+                                   repair_keys=keys)]
 
     def extract(self, plan: batch.Plan, attempt: int) -> dict:
         report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")
@@ -101,7 +111,20 @@ class Pipeline:
 
     def run(self, run_id: str, interval=None) -> tuple[batch.Plan, int]:
         """One whole batch, plan to commit; asserts it committed."""
-        plan = self.plan(run_id, interval)
+        return self.load(self.plan(run_id, interval))
+
+    def repair(self, outcome) -> tuple[batch.Plan, int]:
+        """The repair batch of a reconciliation's ``outcome`` (``tidemark.reconcile.Outcome``), loaded."""
+        wh = self.wh()
+        try:
+            plan = repair.plan(self.spec, wh, reconcile_run=outcome.run_id, repaired_batch=outcome.batch_id,
+                               repaired=outcome.window, differences=outcome.verdict.differences)
+        finally:
+            wh.close()
+        return self.load(plan)
+
+    def load(self, plan: batch.Plan) -> tuple[batch.Plan, int]:
+        """BEGIN, extract, END and sink of a planned batch; asserts it committed."""
         attempt = self.begin(plan)
         self.end(plan, attempt, self.extract(plan, attempt))
         self.sink()

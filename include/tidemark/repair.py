@@ -1,0 +1,144 @@
+"""Repair: re-load only the keys a reconciliation found differing, through the same BEGIN/END path.
+
+A repair batch is planned from a reconciliation's differences (missing, extra and changed rows).
+Its keys are kept in the ledger; its window reaches from the pipeline's start to the end of the
+repaired window, so the extract finds each key's current source version even where the row's
+cursor moved back; like a backfill it never moves the watermark. It then runs as any batch: a new
+batch id, BEGIN, the extract of those keys only, END with their counts and checksums, the sink. In
+the apply transaction the sink deletes the target's rows of those keys and inserts what was
+staged, so a key the source does not hold (an extra row) is gone afterwards; a staged record whose
+key is not one of them refuses the batch. The reconciliation that follows checks the repaired
+scope again, and the evidence keeps both verdicts.
+
+Keys travel as the text forms of their columns and are cast back to the columns' own types (read
+from the catalog) inside the database, so an integer, a uuid or a ``char(3)`` compares as itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from tidemark.spec import PipelineSpec, quote
+from tidemark.window import Bound, Window
+
+MAX_KEYS = 1000  # what one reconciliation localises at most: more is a reload, not a repair
+_TYPE = re.compile(r"^[a-z][a-z0-9_ ]*(\(\d+(, ?\d+)?\))?$")  # format_type's output for built-in types
+
+
+class RepairError(RuntimeError):
+    """A repair that cannot be planned or loaded as asked (the message says why and what to do)."""
+
+
+def batch_id_for(pipeline: str, reconcile_run: str) -> str:
+    """One repair batch per reconciliation run that found differences."""
+    return f"{pipeline}:repair__{reconcile_run}"
+
+
+def keys_of(differences: Iterable[Any]) -> list[list[str]]:
+    """The differing rows' keys (``reconcile.Difference``), each as the text of its columns, once."""
+    seen: dict[tuple[str, ...], None] = {}
+    for d in differences:
+        seen.setdefault(tuple(str(v) for v in d.key))
+    return [list(k) for k in seen]
+
+
+def window_for(spec: PipelineSpec, repaired: Window) -> Window:
+    """From the pipeline's start to the repaired window's end, as a backfill (the watermark stays)."""
+    return Window(Bound(spec.start), repaired.hi, backfill=True)
+
+
+def key_types(cur, table: str, columns: list[str]) -> list[str]:
+    """The SQL types of ``columns`` in ``table``, from the catalog."""
+    from tidemark.ledger import source_columns
+
+    types = {name: type_ for name, type_, _ in source_columns(cur, table)}
+    missing = [c for c in columns if c not in types]
+    if missing:
+        raise RepairError(f"table {table} has no key column(s) {missing}")
+    return [types[c] for c in columns]
+
+
+def key_filter(columns: list[str], types: list[str], keys: list[list[str]]) -> str:
+    """SQL condition: the row's key is one of ``keys``; each value cast to its column's type."""
+    if len(columns) != len(types) or not columns:
+        raise RepairError(f"key columns {columns} and types {types} do not match")
+    for t in types:
+        if not _TYPE.match(t):
+            raise RepairError(f"key column type {t!r} is not one a repair can cast to")
+    for key in keys:
+        if len(key) != len(columns) or not all(isinstance(v, str) for v in key):
+            raise RepairError(f"repair key {key!r} is not {len(columns)} text value(s) for {columns}")
+    doc = json.dumps(keys, ensure_ascii=True)  # ASCII: no byte of it can end the literal but a quote
+    picks = ", ".join(f"(k->>{i})::{t}" for i, t in enumerate(types))
+    cols = ", ".join(quote(c) for c in columns)
+    return f"({cols}) IN (SELECT {picks} FROM jsonb_array_elements('{doc.replace(chr(39), chr(39) * 2)}'::jsonb) k)"
+
+
+def plan(spec: PipelineSpec, warehouse_conn, *, reconcile_run: str, repaired_batch: str | None, repaired: Window,
+         differences: list[Any]):
+    """Record the repair batch for a reconciliation's ``differences``; returns its ``batch.Plan``."""
+    from tidemark import ledger
+    from tidemark.batch import Plan
+
+    keys = keys_of(differences)
+    if not keys:
+        raise RepairError(f"pipeline {spec.name}: the reconciliation found no differing rows: nothing to repair")
+    if len(keys) > MAX_KEYS:
+        raise RepairError(f"pipeline {spec.name}: {len(keys)} rows differ, more than a repair re-loads "
+                          f"({MAX_KEYS}): load the window again with a backfill run instead")
+    window = window_for(spec, repaired)
+    batch_id = batch_id_for(spec.name, reconcile_run)
+    with warehouse_conn, warehouse_conn.cursor() as cur:
+        ledger.record_repair_plan(cur, spec, batch_id, window, keys, repaired_batch, reconcile_run)
+    return Plan(batch_id, window, reused=False, repair=True)
+
+
+def load(spec: PipelineSpec, warehouse_conn, batch_id: str):
+    """The ``batch.Plan`` of a planned repair batch of this pipeline (a run's ``repair_batch``)."""
+    from tidemark import ledger
+    from tidemark.batch import Plan
+
+    with warehouse_conn, warehouse_conn.cursor() as cur:
+        found = ledger.repair(cur, batch_id)
+    if found is None or found.pipeline != spec.name:
+        raise RepairError(f"batch {batch_id} is not a repair batch of pipeline {spec.name} in the ledger: a repair "
+                          f"is planned by tidemark_reconcile_{spec.name} with repair=true")
+    return Plan(batch_id, found.window, reused=True, repair=True)
+
+
+def keys_document(spec: PipelineSpec, source_conn, warehouse_conn, batch_id: str) -> dict[str, Any]:
+    """What the extract of a repair batch needs: the key columns, their source types and the keys."""
+    from tidemark import ledger
+
+    with warehouse_conn, warehouse_conn.cursor() as cur:
+        found = ledger.repair(cur, batch_id)
+    if found is None:
+        raise RepairError(f"batch {batch_id} is not a repair batch")
+    with source_conn, source_conn.cursor() as cur:
+        types = key_types(cur, spec.table, list(spec.primary_key))
+    return {"columns": list(spec.primary_key), "types": types, "keys": found.keys}
+
+
+def read_document(path, spec: PipelineSpec) -> dict[str, Any]:
+    """A keys document from a file, checked against the spec's key columns."""
+    from pathlib import Path
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise RepairError(f"repair keys document {path}: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("columns") != list(spec.primary_key):
+        raise RepairError(f"repair keys document {path}: its columns are not pipeline {spec.name}'s key "
+                          f"{list(spec.primary_key)}")
+    filter_from_document(doc)  # every check, before Spark reads anything
+    return doc
+
+
+def filter_from_document(doc: dict[str, Any]) -> str:
+    """``key_filter`` of a document written by ``keys_document`` (the extract job's side)."""
+    if not isinstance(doc, dict) or set(doc) != {"columns", "types", "keys"}:
+        raise RepairError("a repair keys document has exactly: columns, types, keys")
+    return key_filter(list(doc["columns"]), list(doc["types"]), list(doc["keys"]))

@@ -1,0 +1,67 @@
+"""Repair planning apart from the databases: keys, the window, the key filter's SQL and its checks."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tidemark import repair
+from tidemark.spec import PipelineSpec
+from tidemark.window import Bound, Window
+
+SPEC = {"name": "p", "table": "public.src", "primary_key": ["account_id", "day"],
+        "cursor": {"kind": "timestamp", "column": "updated_at"}, "target_table": "public.tgt", "safe_lag": "PT2S"}
+
+
+def test_keys_are_their_columns_text_once_each_in_the_order_found():
+    diffs = [SimpleNamespace(key=(7, "2026-11-01")), SimpleNamespace(key=(3, "x")), SimpleNamespace(key=(7, "2026-11-01"))]
+    assert repair.keys_of(diffs) == [["7", "2026-11-01"], ["3", "x"]]
+
+
+def test_the_repair_window_reaches_back_to_the_start_and_never_moves_the_watermark():
+    spec = PipelineSpec.model_validate(SPEC)
+    hi = Bound.from_json({"cursor": "2026-11-23T00:00:00+00:00", "pk": None})
+    window = repair.window_for(spec, Window(Bound.from_json({"cursor": "2026-11-22T00:00:00+00:00", "pk": None}), hi))
+    assert window.lo.cursor == spec.start and window.hi == hi and window.backfill
+
+
+def test_the_key_filter_casts_each_value_to_its_column_type_and_quotes_what_it_carries():
+    sql = repair.key_filter(["account_id", "day"], ["bigint", "character(3)"], [["1", "o'clock"]])
+    assert sql == ('("account_id", "day") IN (SELECT (k->>0)::bigint, (k->>1)::character(3) FROM '
+                   'jsonb_array_elements(\'[["1", "o\'\'clock"]]\'::jsonb) k)')
+
+
+@pytest.mark.parametrize("columns, types, keys, message", [
+    (["id"], ["bigint; DROP TABLE x"], [["1"]], "is not one a repair can cast to"),
+    (["id"], ["bigint"], [["1", "2"]], "is not 1 text value"),
+    (["id"], ["bigint"], [[1]], "is not 1 text value"),
+    (["id", "day"], ["bigint"], [["1"]], "do not match"),
+])
+def test_the_key_filter_refuses_what_it_cannot_say_exactly(columns, types, keys, message):
+    with pytest.raises(repair.RepairError, match=message):
+        repair.key_filter(columns, types, keys)
+
+
+def test_a_keys_document_must_name_the_pipelines_key(tmp_path):
+    spec = PipelineSpec.model_validate(SPEC)
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"columns": ["id"], "types": ["bigint"], "keys": [["1"]]}))
+    with pytest.raises(repair.RepairError, match=r"not pipeline p's key \['account_id', 'day'\]"):
+        repair.read_document(path, spec)
+    path.write_text(json.dumps({"columns": ["account_id", "day"], "types": ["bigint", "date"], "keys": [["1", "2026-11-01"]]}))
+    assert repair.read_document(path, spec)["keys"] == [["1", "2026-11-01"]]
+    path.write_text("{not json")
+    with pytest.raises(repair.RepairError, match="keys.json"):
+        repair.read_document(path, spec)
+
+
+def test_nothing_to_repair_or_too_much_is_said_before_anything_is_planned():
+    spec = PipelineSpec.model_validate(SPEC)
+    window = repair.window_for(spec, Window(Bound(spec.start), Bound(spec.start)))
+    with pytest.raises(repair.RepairError, match="no differing rows"):
+        repair.plan(spec, None, reconcile_run="r", repaired_batch=None, repaired=window, differences=[])
+    many = [SimpleNamespace(key=(i, "d")) for i in range(repair.MAX_KEYS + 1)]
+    with pytest.raises(repair.RepairError, match="backfill run instead"):
+        repair.plan(spec, None, reconcile_run="r", repaired_batch=None, repaired=window, differences=many)
