@@ -20,6 +20,10 @@ Every YAML file in `include/pipelines/` becomes a DAG `tidemark_batch_<name>`:
    `tidemark.batch.<name>` is updated with the batch facts (`empty: true` for a 0-row batch).
 7. **abort_unfinished** (teardown): whatever ended the run, an attempt it left open is aborted.
 
+A run with the param `repair_batch` (set by `tidemark_reconcile_<name>` with `repair: true`) loads
+that repair batch instead: only the keys its reconciliation found differing, through the same
+steps, without moving the watermark.
+
 Runs have real data intervals (`CronDataIntervalTimetable`), so a backfill of three days loads
 exactly those days. An invalid spec file loads no DAG: it is listed under the UI's import errors
 (file `tidemark_spec_errors.py`) with its file and field, and every other pipeline keeps working.
@@ -30,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import DAG, CronDataIntervalTimetable
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from tidemark.config import pipelines_dir
 from tidemark.spec import PipelineSpec, load_specs
@@ -61,6 +65,9 @@ def _pipeline_dag(path: Path, spec: PipelineSpec) -> DAG:
         # what will not heal fails at once (the operators raise AirflowFailException for it).
         default_args={"retries": spec.retries.count, "retry_delay": spec.retries.delay,
                       "retry_exponential_backoff": True, "max_retry_delay": spec.retries.max_delay, "owner": "tidemark"},
+        params={"repair_batch": Param("", type="string", description=(
+            "set by tidemark_reconcile_<name> with repair=true: the repair batch (its keys are in the ledger) "
+            "this run loads instead of the next window"))},
         tags=["tidemark", "batch", spec.name],
     ) as dag:
         batch_pipeline(path, source_conn_id=spec.source_conn_id, backpressure=spec.sink.max_lag is not None)

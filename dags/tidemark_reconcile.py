@@ -9,6 +9,9 @@ after each load and reconciles that batch's window, source against target, in th
 - **row counts** and **hash totals** over the full content of every row;
 - **control totals**: exact decimal sums of the spec's `reconcile.control_totals`, per group;
 - **double entry** (`reconcile.double_entry`): every journal sums to zero per currency;
+- **balance continuity** and **balances against the ledger's movements**
+  (`reconcile.balance_continuity`, `reconcile.movements_match_ledger`);
+- **freshness** (`reconcile.max_staleness`) of the committed watermark;
 - **required fields** and **accepted values**, by Great Expectations, with Data Docs.
 
 Zero tolerance unless the spec sets `reconcile.tolerance` with a `tolerance_reason`. Every result
@@ -19,6 +22,12 @@ kind) and the path of a CSV and HTML report of the missing, extra and changed ro
 
 Run it by hand (**Trigger**) for any past batch with `batch_id`, or with `scope: full` for the
 whole table up to the committed watermark.
+
+**Repair** (`repair: true`): when rows differ, their keys become a repair batch. `repair` triggers
+`tidemark_batch_<name>` with it and waits (deferred, no worker slot): that run re-extracts only those
+keys through BEGIN/END as a new batch, and the sink replaces the target's rows of those keys in one
+transaction (the watermark stays). `reconcile_again` then gives the second verdict; the evidence
+keeps both.
 """
 
 from __future__ import annotations
@@ -27,12 +36,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import DAG, Param
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Param, task
 
 from tidemark.config import pipelines_dir
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark_airflow.batch import batch_asset
-from tidemark_airflow.reconcile import ReconcileOperator
+from tidemark_airflow.reconcile import REPAIR_BATCH, ReconcileOperator
 
 
 def _reconcile_dag(path: Path, spec: PipelineSpec) -> DAG:
@@ -48,10 +58,24 @@ def _reconcile_dag(path: Path, spec: PipelineSpec) -> DAG:
             "batch_id": Param("", type="string", description="a committed batch (default: the one that scheduled "
                                                              "this run, else the newest)"),
             "scope": Param("batch", enum=["batch", "full"], description="full: the whole table up to the watermark"),
+            "repair": Param(False, type="boolean", description="re-load the differing rows' keys as a repair batch, "
+                                                                "then reconcile again"),
         },
         tags=["tidemark", "reconcile", spec.name],
     ) as dag:
-        ReconcileOperator(task_id="reconcile", spec_path=str(path))
+        first = ReconcileOperator(task_id="reconcile", spec_path=str(path))
+
+        @task.short_circuit(task_id="repair_planned")
+        def repair_planned(ti=None) -> bool:
+            """Go on to the repair only when the first verdict planned one."""
+            return bool(ti.xcom_pull(task_ids="reconcile", key=REPAIR_BATCH))
+
+        load = TriggerDagRunOperator(
+            task_id="repair", trigger_dag_id=f"tidemark_batch_{spec.name}",
+            conf={"repair_batch": "{{ ti.xcom_pull(task_ids='reconcile', key='%s') }}" % REPAIR_BATCH},
+            wait_for_completion=True, deferrable=True, poke_interval=10, fail_when_dag_is_paused=True)
+        again = ReconcileOperator(task_id="reconcile_again", spec_path=str(path), again_after="reconcile")
+        first >> repair_planned() >> load >> again
     return dag
 
 

@@ -52,7 +52,11 @@ def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: 
     context = gx.get_context(mode="file", project_root_dir=str(root))
     source = context.data_sources.add_or_update_postgres(name="tidemark_warehouse",
                                                          connection_string="${" + URL_ENV + "}")
-    asset_name = f"{spec.name}_{run_name}"[:200]
+    # One asset, validation definition and checkpoint per pipeline, replaced at each run: the
+    # context's config stays the same size however many runs there are (each run's results stay).
+    asset_name = f"tidemark_{spec.name}"
+    if asset_name in source.get_asset_names():
+        source.delete_asset(asset_name)
     asset = source.add_query_asset(name=asset_name, query=f"SELECT * FROM {quote(spec.target_table)} WHERE {where}")
     batch = asset.add_batch_definition_whole_table("rows compared")
     suite = context.suites.add_or_update(gx.ExpectationSuite(name=f"tidemark_{spec.name}"))

@@ -5,8 +5,9 @@ ranges of integer keys, else the target's key quantiles) and by the control tota
 columns: row counts, hash totals over the full content of every row (the values' own hashes), and
 exact decimal sums. Separate queries on the target check what one pass cannot: duplicate keys
 (skipped when a unique index enforces them), double-entry journals that do not sum to zero per
-currency, and balance continuity. Required fields and accepted values are Great Expectations'
-(``tidemark.expectations``), run by ``run`` over the same rows.
+currency, balance continuity, and balances against the ledger pipeline's movements. Required
+fields and accepted values are Great Expectations' (``tidemark.expectations``), run by ``run``
+over the same rows.
 
 When the sides differ, only the key ranges whose count or hash total differ are read again,
 split further while they hold more than ``leaf_rows`` rows, down to the rows: the report lists
@@ -261,6 +262,9 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, buc
     if spec.reconcile.balance_continuity is not None:
         checks += balance_continuity(target_cur, spec, where)
         mark = timed("balance continuity", mark)
+    if spec.reconcile.movements_match_ledger is not None:
+        checks.append(movements_match_ledger(target_cur, spec, where))
+        mark = timed("movements against the ledger", mark)
     verdict = Verdict(checks, [], src.rows, tgt.rows, moved_keys=len(moved), where=where.replace("%%", "%"),
                       timings=timings)
     verdict.seconds = time.perf_counter() - started
@@ -358,6 +362,44 @@ def balance_continuity(cur, spec: PipelineSpec, where: str) -> list[Check]:
         Check("balance_continuity", f"{rule.opening} = previous {rule.closing} per {rule.account}", "0 rows",
               f"{broken} rows{examples(chain)}", str(broken) if broken else None, broken == 0),
     ]
+
+
+def movements_match_ledger(cur, spec: PipelineSpec, where: str) -> Check:  # ``where``: %% for %
+    """Each balance row's movements equal the sum of the ledger's amounts for its account and date.
+
+    Only rows the ledger pipeline's committed watermark covers are compared (their cursor at or
+    before it: every entry posted with that version is loaded); newer ones are left out and counted,
+    for the next reconciliation. A posting for the same account and date after the row's version
+    would have changed the row at the source: such keys are left out already (``moved_keys``)."""
+    from tidemark import ledger
+
+    rule = spec.reconcile.movements_match_ledger
+    account, day, movements, amount = (quote(c) for c in (rule.account, rule.date, rule.movements, rule.amount))
+    subject = f"{rule.movements} = sum({rule.ledger_table}.{rule.amount}) per {rule.account}, {rule.date}"
+    mark = ledger.committed_watermark(cur, rule.ledger)
+    if mark is None or mark.kind != spec.cursor.kind:
+        why = (f"pipeline {rule.ledger} has no committed batch yet" if mark is None else
+               f"pipeline {rule.ledger} has a {mark.kind} cursor, this one a {spec.cursor.kind} cursor")
+        return Check("movements_match_ledger", subject, "0 rows differ", f"not compared: {why}", None, mark is None)
+    covered = f"{quote(spec.cursor.column)} {'<=' if mark.pk is None else '<'} %(mark)s"
+    cur.execute(f"""WITH b AS (SELECT {account} a, {day} d, {movements} m, {covered} AS covered
+                                 FROM {quote(spec.target_table)} WHERE {where}),
+                         e AS (SELECT e.{account} a, e.{day} d, sum(e.{amount}) total
+                                 FROM {quote(rule.ledger_table)} e
+                                 JOIN (SELECT DISTINCT a, d FROM b WHERE covered) k ON k.a = e.{account} AND k.d = e.{day}
+                                GROUP BY 1, 2)
+                    SELECT count(*) FILTER (WHERE covered),
+                           count(*) FILTER (WHERE covered AND m <> coalesce(total, 0)),
+                           string_agg(b.a::text || ' ' || b.d::text || ': ' || m::text || ', ledger '
+                                      || coalesce(total, 0)::text, '; ' ORDER BY b.a, b.d)
+                               FILTER (WHERE covered AND m <> coalesce(total, 0)),
+                           count(*) FILTER (WHERE NOT covered)
+                      FROM b LEFT JOIN e ON e.a = b.a AND e.d = b.d""", {"mark": mark.cursor})
+    compared, differ, examples, newer = cur.fetchone()
+    shown = f": {'; '.join(examples.split('; ')[:5])}" if examples else ""
+    left = f", {newer} newer than {rule.ledger}'s watermark {mark} left out" if newer else ""
+    return Check("movements_match_ledger", subject, "0 rows differ",
+                 f"{differ} of {compared} rows differ{shown}{left}", str(differ) if differ else None, differ == 0)
 
 
 def freshness(spec: PipelineSpec, source_cur, watermark: Any) -> Check | None:

@@ -28,8 +28,9 @@ MAX_KEYS = 1000  # what one reconciliation localises at most: more is a reload, 
 _TYPE = re.compile(r"^[a-z][a-z0-9_ ]*(\(\d+(, ?\d+)?\))?$")  # format_type's output for built-in types
 
 
-class RepairError(RuntimeError):
-    """A repair that cannot be planned or loaded as asked (the message says why and what to do)."""
+class RepairError(ValueError):
+    """A repair that cannot be planned or loaded as asked (the message says why and what to do); the
+    same input fails again, so orchestration does not retry it."""
 
 
 def batch_id_for(pipeline: str, reconcile_run: str) -> str:

@@ -144,10 +144,24 @@ class BalanceContinuity(BaseModel):
     closing: Identifier
 
 
+class MovementsMatchLedger(BaseModel):
+    """Balances agree with the ledger: each row's ``movements`` equals the sum of the ledger's
+    ``amount`` for the same ``account`` and ``date``, read from the ledger pipeline's target
+    (``ledger_table``) for the rows its watermark (pipeline ``ledger``) already covers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ledger: Annotated[str, Field(pattern=f"^{NAME_PATTERN.pattern}$")]
+    ledger_table: TableName
+    account: Identifier
+    date: Identifier
+    movements: Identifier
+    amount: Identifier
+
+
 class ReconcileSpec(BaseModel):
     """What reconciliation proves after each load, besides row counts and hash totals (always):
-    control totals, required fields, accepted values, double entry, balance continuity, the
-    watermark's freshness. Zero tolerance unless
+    control totals, required fields, accepted values, double entry, balance continuity, balances
+    against the ledger's movements, the watermark's freshness. Zero tolerance unless
     ``tolerance`` is set, and then only with ``tolerance_reason`` (kept with every result)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -156,6 +170,7 @@ class ReconcileSpec(BaseModel):
     accepted_values: dict[Identifier, Annotated[list[str | int], Field(min_length=1)]] = {}
     double_entry: DoubleEntry | None = None
     balance_continuity: BalanceContinuity | None = None
+    movements_match_ledger: MovementsMatchLedger | None = None
     # The committed watermark may lag the source's clock by at most this much (None: not checked).
     max_staleness: Annotated[timedelta, Field(gt=timedelta(0))] | None = None
     tolerance: Annotated[Decimal, Field(ge=0)] = Decimal(0)

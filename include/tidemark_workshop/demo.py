@@ -92,11 +92,11 @@ def _run_pipeline(settings: Settings, api, name: str) -> bool:
     return facts["state"] == "committed" and passed
 
 
-def _reconciliation(api, dag_id: str, run_id: str) -> tuple[bool, str]:
+def _reconciliation(api, dag_id: str, run_id: str, task_id: str = "reconcile") -> tuple[bool, str]:
     """A reconciliation run's verdict: the task's own verdict line (counts, report, Data Docs)."""
-    state = api.wait_finished(dag_id, run_id, timeout_s=600)["state"]
-    tries = [t for t in api.task_instances(dag_id, run_id) if t["task_id"] == "reconcile"]
-    text = api.log_text(dag_id, run_id, "reconcile", tries[0]["try_number"]) if tries else ""
+    state = api.wait_finished(dag_id, run_id, timeout_s=900)["state"]
+    tries = [t for t in api.task_instances(dag_id, run_id) if t["task_id"] == task_id]
+    text = api.log_text(dag_id, run_id, task_id, tries[0]["try_number"]) if tries else ""
     verdicts = re.findall(r"(\S+ batch \S+: (?:reconciled|\d+ rows differ|\d+ of \d+ checks failed)[^\n\"]*)", text)
     return state == "success", verdicts[-1].strip() if verdicts else f"{state} (no verdict line in its log)"
 
@@ -104,7 +104,8 @@ def _reconciliation(api, dag_id: str, run_id: str) -> tuple[bool, str]:
 def _detect_a_difference(settings: Settings, api) -> bool:
     """Change one committed amount in the warehouse by a cent, as a stray manual fix would; the
     reconciliation of its batch finds it, names the row and the column, and writes the report.
-    The demo then puts the cent back and reconciles again: the evidence keeps both verdicts."""
+    A run with repair=true then re-loads that key through BEGIN/END as a repair batch and reconciles
+    again: the evidence keeps both verdicts."""
     import psycopg2
 
     from tidemark_workshop.settings import WAREHOUSE_DB
@@ -125,12 +126,18 @@ def _detect_a_difference(settings: Settings, api) -> bool:
         found, line = _reconciliation(api, dag_id, api.trigger(dag_id, {"batch_id": batch_id, "scope": "batch"}))
         print(f"  {dag_id}: {line}")
         detected = not found and "1 rows differ: 1 amount changed" in line
-        with wh, wh.cursor() as cur:
-            cur.execute(f"UPDATE {table} SET amount = amount - 0.01 WHERE entry_id = %s", (entry,))
-        print("  the cent is put back (a repair run that re-extracts the keys is not built yet); reconciling again ...",
+        print(f"  repairing it: a run of {dag_id} with repair=true plans a repair batch of the differing key; "
+              f"tidemark_batch_{name} loads it through BEGIN/END (the watermark stays); then it reconciles again ...",
               flush=True)
-        again, line = _reconciliation(api, dag_id, api.trigger(dag_id, {"batch_id": batch_id, "scope": "batch"}))
-        print(f"  {dag_id}: {line}")
+        run_id = api.trigger(dag_id, {"batch_id": batch_id, "scope": "batch", "repair": True})
+        again, line = _reconciliation(api, dag_id, run_id, task_id="reconcile_again")
+        with wh, wh.cursor() as cur:
+            cur.execute("SELECT batch_id, state, rows FROM tidemark_control.batches WHERE repair_of = %s "
+                        "ORDER BY planned_at DESC LIMIT 1", (batch_id,))
+            repaired = cur.fetchone()
+        if repaired:
+            print(f"  repair batch {repaired[0]}: {repaired[1]}, rows={repaired[2]}")
+        print(f"  {dag_id} reconcile_again: {line}")
         with wh, wh.cursor() as cur:
             cur.execute("SELECT count(DISTINCT run_id), count(*) FILTER (WHERE verdict = 'fail') FROM "
                         "tidemark_control.reconciliation_results WHERE batch_id = %s", (batch_id,))

@@ -140,6 +140,9 @@ class PlanWindowOperator(_PipelineOperator):
 
         spec = self.spec
         run = context["dag_run"]
+        repair_batch = (context.get("params") or {}).get("repair_batch")
+        if repair_batch:
+            return self._repair(spec, run, repair_batch)
         interval = None
         if str(getattr(run, "run_type", "")).lower().endswith("backfill"):
             interval = (context["data_interval_start"], context["data_interval_end"])
@@ -153,6 +156,25 @@ class PlanWindowOperator(_PipelineOperator):
                 source.close()
                 warehouse.close()
         self.log.info("%s planned%s", _tag(spec, plan), " (same window as the earlier try of this run)" if plan.reused else "")
+        return plan.to_xcom()
+
+    def _repair(self, spec, run, batch_id: str) -> dict[str, Any]:
+        """A run with ``repair_batch``: the repair batch a reconciliation planned (its keys are in the ledger)."""
+        from tidemark import ledger, repair
+
+        tag = f"pipeline={spec.name} run={run.run_id} repair_batch={batch_id}"
+        with on_call(self.log, tag, f"run tidemark_reconcile_{spec.name} with repair=true: it plans the repair "
+                     "batch and triggers this DAG with it", clear_from=PLAN):
+            warehouse = pg_connect(self.warehouse_conn_id)
+            try:
+                plan = repair.load(spec, warehouse, batch_id)
+                with warehouse, warehouse.cursor() as cur:
+                    found = ledger.repair(cur, batch_id)
+            finally:
+                warehouse.close()
+        self.log.info("%s repair of %s key(s) found by reconciliation run %s (of %s), planned; the watermark "
+                      "stays where it is", _tag(spec, plan), len(found.keys), found.repair_run,
+                      f"batch {found.repair_of}" if found.repair_of else "the whole table")
         return plan.to_xcom()
 
 
@@ -215,8 +237,18 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)), \
                 tempfile.TemporaryDirectory(prefix="tidemark-extract-") as tmp:
             report_path = Path(tmp) / "report.json"
+            keys_path = Path(tmp) / "repair_keys.json" if plan.repair else None
+            if keys_path is not None:  # a repair batch: the extract reads only the ledger's keys
+                from tidemark import repair
+
+                source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
+                try:
+                    keys_path.write_text(json.dumps(repair.keys_document(spec, source, warehouse, plan.batch_id)))
+                finally:
+                    source.close()
+                    warehouse.close()
             self.job_args = jobs.extract_args(self.spec_path, plan.batch_id, attempt, plan.window, bootstrap,
-                                              report_path, self.read_partitions)
+                                              report_path, self.read_partitions, repair_keys=keys_path)
             self.log.info("%s: extracting", tag)
             super().execute(context)
             report = json.loads(report_path.read_text())

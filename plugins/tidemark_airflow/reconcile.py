@@ -29,15 +29,24 @@ def batch_from_events(context: dict[str, Any]) -> str | None:
     return newest.extra["batch_id"] if newest is not None else None
 
 
+REPAIR_BATCH = "repair_batch"  # XCom key: the repair batch planned by a run with repair=true
+
+
 class ReconcileOperator(BaseOperator):
-    """Reconcile a committed batch of the pipeline (or the whole table: param ``scope: full``)."""
+    """Reconcile a committed batch of the pipeline (or the whole table: param ``scope: full``).
+
+    With param ``repair: true`` differing rows do not fail the task: their keys become a repair
+    batch (pushed as XCom ``repair_batch``) for the nightly DAG to load. ``again_after``: reconcile
+    what that task reconciled (the second verdict, after the repair)."""
 
     template_fields = ("spec_path",)
 
-    def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE, **kwargs: Any):
+    def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE, again_after: str | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.spec_path = spec_path
         self.warehouse_conn_id = warehouse_conn_id
+        self.again_after = again_after
 
     def execute(self, context) -> dict[str, Any]:
         from tidemark import ledger, reconcile
@@ -49,6 +58,10 @@ class ReconcileOperator(BaseOperator):
         params = context["params"]
         full = params.get("scope") == "full"
         batch_id = None if full else (params.get("batch_id") or batch_from_events(context))
+        if self.again_after:
+            before = context["ti"].xcom_pull(task_ids=self.again_after) or {}
+            full, batch_id = before.get("batch_id") is None, before.get("batch_id")
+        repairing = bool(params.get("repair")) and not self.again_after
         warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
         source = pg_connect(spec.source_conn_id, application_name="tidemark-reconcile")
         try:
@@ -79,9 +92,30 @@ class ReconcileOperator(BaseOperator):
         self.log.info("%s window=%s rows source=%s target=%s, localising read %s rows (%.2f%%), run %s", what,
                       outcome.window, verdict.rows_source, verdict.rows_target, verdict.rows_read_localising,
                       100 * verdict.read_fraction, outcome.run_id)
+        result = {"run_id": outcome.run_id, "batch_id": outcome.batch_id, "passed": verdict.passed,
+                  "rows": verdict.rows_target, "data_docs": str(outcome.data_docs) if outcome.data_docs else None}
         if not verdict.passed:
             self.log.error("%s: %s", what, outcome.line)
+            if repairing and verdict.differences:
+                result[REPAIR_BATCH] = self._plan_repair(spec, outcome, what, context)
+                return result
             raise AirflowFailException(f"{outcome.line}. Next: " + NEXT_MISMATCH.format(batch=batch_id or "''"))
         self.log.info("%s: %s", what, outcome.line)
-        return {"run_id": outcome.run_id, "batch_id": batch_id, "passed": True, "rows": verdict.rows_target,
-                "data_docs": str(outcome.data_docs) if outcome.data_docs else None}
+        return result
+
+    def _plan_repair(self, spec, outcome, what: str, context) -> str:
+        from tidemark import repair
+
+        warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
+        try:
+            plan = repair.plan(spec, warehouse, reconcile_run=outcome.run_id, repaired_batch=outcome.batch_id,
+                               repaired=outcome.window, differences=outcome.verdict.differences)
+        except repair.RepairError as exc:
+            raise AirflowFailException(f"{outcome.line}. {exc}") from None
+        finally:
+            warehouse.close()
+        self.log.warning("%s: repair batch %s planned for %s differing key(s); tidemark_batch_%s loads it next "
+                         "(BEGIN/END, a new batch that never moves the watermark), then this run reconciles again",
+                         what, plan.batch_id, len(repair.keys_of(outcome.verdict.differences)), spec.name)
+        context["ti"].xcom_push(key=REPAIR_BATCH, value=plan.batch_id)
+        return plan.batch_id

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import datetime
 import json
+import uuid
 
 import psycopg2
 import pytest
 
-from tidemark import reconcile
+from tidemark import ledger, reconcile
 from tidemark.spec import load_spec
 from tidemark.window import Window
 from tidemark_workshop.stack.batchrun import make_pipeline
@@ -162,6 +163,8 @@ def test_a_run_records_evidence_renders_data_docs_and_reports_the_rows(loaded, s
                 ("hash_total", "")} <= failed, failed
         assert "2 rows differ: 2 currency, memo changed" in dirty.line and f"report: {dirty.report}" in dirty.line
         assert "entry 1" in dirty.report.read_text() and (dirty.report.parent / "differences.csv").exists()
+        config = (tmp_path / "gx" / "great_expectations.yml").read_text()  # one asset per pipeline, not per run
+        assert config.count(f"tidemark_{pipe.spec.name}") == 1 and clean.run_id not in config, config[-2000:]
         assert pipe.query_wh("SELECT reconciliation FROM tidemark_control.batches WHERE batch_id = %s",
                              (plan.batch_id,)) == [("reconciliation_failed",)]
         verdicts = pipe.query_wh("SELECT run_id::text, bool_and(verdict = 'pass'), count(*) FROM "
@@ -235,6 +238,63 @@ def test_broken_balance_continuity_is_found_on_the_rows_involved(settings, tmp_p
         "1 rows: 2 2026-11-06: opening 250.00, previous closing 251.00")
     assert [(d.key, d.kind, d.columns) for d in broken.differences] == [
         ((2, datetime.date(2026, 11, 5)), "changed", ["closing"])]
+
+
+def test_balances_are_checked_against_the_ledgers_movements_where_its_watermark_covers_them(settings, tmp_path):
+    """Each balance row's movements equal its account's ledger entries that day (the ledger
+    pipeline's target), for the rows the ledger's watermark covers; an entry changed is named."""
+    ledger_name = f"it_ledger_{uuid.uuid4().hex[:8]}"
+    rule = {"ledger": ledger_name, "ledger_table": f"public.{ledger_name}_tgt", "account": "account_id",
+            "date": "business_date", "movements": "movements", "amount": "amount"}
+    pipe = make_pipeline(settings, tmp_path, BALANCES_DDL, primary_key=["account_id", "business_date"],
+                         reconcile={"movements_match_ledger": rule})
+    rows = """INSERT INTO {table} SELECT a, date '2026-11-01' + d, 100 * a + 10 * d, 10, 100 * a + 10 * (d + 1),
+                  timestamptz '2026-11-20 00:00+00' FROM generate_series(1, 3) a, generate_series(0, 9) d"""
+    for conn, table in ((pipe.src(), pipe.spec.table), (pipe.wh(), pipe.spec.target_table)):
+        with conn, conn.cursor() as cur:
+            if table == pipe.spec.target_table:
+                ledger.ensure_control_schema(cur)
+                cur.execute(BALANCES_DDL.format(table=table))
+                cur.execute(f"CREATE TABLE {rule['ledger_table']} (entry_id bigserial PRIMARY KEY, account_id bigint, "
+                            "business_date date, amount numeric(18,2), created_at timestamptz)")
+                cur.execute(f"INSERT INTO {rule['ledger_table']} (account_id, business_date, amount, created_at) "
+                            "SELECT a, date '2026-11-01' + d, part, timestamptz '2026-11-19 00:00+00' "
+                            "FROM generate_series(1, 3) a, generate_series(0, 9) d, unnest(array[4, 6]) part")
+            cur.execute(rows.format(table=table))
+        conn.close()
+    window = Window.from_json({"lo": {"cursor": "2026-11-01T00:00:00+00:00", "pk": None},
+                               "hi": {"cursor": "2026-11-30T00:00:00+00:00", "pk": None}})
+
+    def watermark(at: str) -> tuple[str, tuple]:
+        return ("INSERT INTO tidemark_control.watermarks (pipeline, bound, cursor_ts, batch_id) VALUES (%s, %s, %s, 'b')",
+                (ledger_name, json.dumps({"cursor": at, "pk": None}), at))
+
+    covered = watermark("2026-11-21T00:00:00+00:00")
+
+    def check(statements):  # in a transaction rolled back after
+        src, wh = pipe.src(), pipe.wh()
+        try:
+            with src.cursor() as s, wh.cursor() as t:
+                for sql, params in statements:
+                    t.execute(sql, params)
+                verdict = reconcile.reconcile(pipe.spec, window, s, t)
+        finally:
+            src.rollback()
+            wh.rollback()
+            src.close()
+            wh.close()
+        (found,) = [c for c in verdict.checks if c.check == "movements_match_ledger"]
+        return found
+
+    clean = check([covered])
+    assert clean.passed and clean.actual == "0 of 30 rows differ", clean
+    changed = check([covered, (f"UPDATE {rule['ledger_table']} SET amount = 5 WHERE account_id = 2 AND "
+                               "business_date = '2026-11-05' AND amount = 4", ())])
+    assert not changed.passed and changed.actual == "1 of 30 rows differ: 2 2026-11-05: 10.00, ledger 11.00", changed
+    early = check([watermark("2026-11-19T12:00:00+00:00")])  # balances newer than the ledger's load
+    assert early.passed and early.actual.startswith("0 of 0 rows differ, 30 newer than"), early
+    unloaded = check([])
+    assert unloaded.passed and "has no committed batch yet" in unloaded.actual, unloaded
 
 
 def test_a_stale_watermark_fails_the_freshness_check(loaded, tmp_path):

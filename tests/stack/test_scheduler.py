@@ -133,8 +133,8 @@ def test_a_scheduled_nightly_run_loads_its_window_with_checksums_past_2_63(sched
     # The batch's Asset event schedules its reconciliation, which proves it and says so in the ledger.
     recon = api.wait_for("the reconciliation the Asset event scheduled",
                          lambda: api.runs(reconcile_id, run_type="asset_triggered"))[0]
+    recon = api.wait_finished(reconcile_id, recon["dag_run_id"])  # (a paused DAG's running run stops there)
     api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": True})  # the module's other batches need no proof
-    recon = api.wait_finished(reconcile_id, recon["dag_run_id"])
     log = api.log_text(reconcile_id, recon["dag_run_id"], "reconcile", 1)
     assert recon["state"] == "success", log[-3000:]
     assert f"batch={batch_id}" in log and f"batch {batch_id}: reconciled, {rows} rows" in log, log[-3000:]
@@ -144,6 +144,41 @@ def test_a_scheduled_nightly_run_loads_its_window_with_checksums_past_2_63(sched
     assert {v for _, v in verdicts} == {"pass"}
     assert pipe.query_wh("SELECT reconciliation FROM tidemark_control.batches WHERE batch_id = %s",
                          (batch_id,)) == [("reconciled",)]
+
+
+def test_a_repair_run_from_the_trigger_form_reloads_a_changed_row_and_reconciles_again(scheduled):
+    """A committed row changed in the warehouse: the reconciliation DAG run with repair=true (as from
+    the UI's Trigger form) plans a repair batch of that key, the nightly DAG loads it through
+    BEGIN/END without moving the watermark, and the second verdict passes; the evidence keeps both."""
+    api, pipe, *_ = scheduled
+    reconcile_id = f"tidemark_reconcile_{pipe.spec.name}"
+    (batch_id,), = pipe.query_wh("SELECT batch_id FROM tidemark_control.batches WHERE pipeline = %s AND state = "
+                                 "'committed' AND NOT backfill ORDER BY committed_at LIMIT 1", (pipe.spec.name,))
+    watermark = pipe.watermark()
+    wh = pipe.wh()
+    with wh, wh.cursor() as cur:
+        cur.execute(f"UPDATE {pipe.spec.target_table} SET amount = amount + 0.01 WHERE id = "
+                    f"(SELECT min(id) FROM {pipe.spec.target_table})")
+    wh.close()
+    api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": False})
+    try:
+        run_id = api.trigger(reconcile_id, {"batch_id": batch_id, "scope": "batch", "repair": True})
+        run = api.wait_finished(reconcile_id, run_id)
+    finally:
+        api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": True})
+    states = api.task_states(reconcile_id, run_id)
+    assert run["state"] == "success", (states, api.log_text(reconcile_id, run_id, "reconcile_again", 1)[-3000:])
+    assert states == {"reconcile": "success", "repair_planned": "success", "repair": "success",
+                      "reconcile_again": "success"}
+    first = api.log_text(reconcile_id, run_id, "reconcile", 1)
+    assert "1 rows differ: 1 amount changed" in first and "repair batch" in first, first[-3000:]
+    (repair_batch, state, rows), = pipe.query_wh(
+        "SELECT batch_id, state, rows FROM tidemark_control.batches WHERE repair_of = %s", (batch_id,))
+    assert (state, rows) == ("committed", 1) and pipe.watermark() == watermark
+    assert _rows(pipe, "target") == _rows(pipe, "source", "created_at > %s", (WATERMARK_START,))
+    verdicts = pipe.query_wh("SELECT bool_and(verdict = 'pass') FROM tidemark_control.reconciliation_results "
+                             "WHERE batch_id = %s GROUP BY run_id ORDER BY min(id)", (batch_id,))
+    assert verdicts[1:3] == [(False,), (True,)], verdicts  # after the nightly run's own passing verdict
 
 
 def test_a_three_day_backfill_loads_exactly_those_days_and_keeps_the_watermark(scheduled):
