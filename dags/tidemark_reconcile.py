@@ -73,7 +73,8 @@ def _reconcile_dag(path: Path, spec: PipelineSpec) -> DAG:
         load = TriggerDagRunOperator(
             task_id="repair", trigger_dag_id=f"tidemark_batch_{spec.name}",
             conf={"repair_batch": "{{ ti.xcom_pull(task_ids='reconcile', key='%s') }}" % REPAIR_BATCH},
-            wait_for_completion=True, deferrable=True, poke_interval=10, fail_when_dag_is_paused=True)
+            wait_for_completion=True, deferrable=True, poke_interval=10, fail_when_dag_is_paused=True,
+            retries=0)  # a retry would load a refused repair batch again: a new reconciliation plans a new one
         again = ReconcileOperator(task_id="reconcile_again", spec_path=str(path), again_after="reconcile")
         first >> repair_planned() >> load >> again
     return dag

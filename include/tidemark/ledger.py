@@ -719,10 +719,10 @@ def stream_tables_exist(cur) -> bool:
 
 def last_committed(cur, pipeline: str) -> tuple[str, Window, int | None, Any, int | None, str | None] | None:
     """(batch id, window, rows, committed at, attempt, reconciliation verdict or None) of the
-    pipeline's newest committed batch."""
+    pipeline's newest committed batch (a repair batch, which re-loads a few keys, is not one)."""
     cur.execute(
         """SELECT batch_id, window_lo, window_hi, backfill, rows, committed_at, committed_attempt, reconciliation
-             FROM tidemark_control.batches WHERE pipeline = %s AND state = 'committed'
+             FROM tidemark_control.batches WHERE pipeline = %s AND state = 'committed' AND repair_keys IS NULL
             ORDER BY committed_at DESC NULLS LAST LIMIT 1""",
         (pipeline,),
     )
@@ -859,6 +859,9 @@ def _ensure_schema(cur, spec: PipelineSpec, table: str, field: str) -> None:
         if not spec.create_target_schema:
             raise LookupError(f"pipeline {spec.name}: the warehouse has no schema {schema} for {field} {table}: "
                               "create it, or set create_target_schema: true in the spec")
+        # Concurrent first runs of two pipelines into one schema: IF NOT EXISTS alone still races on
+        # the catalog's unique index (seen in the demo), so they take turns.
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (CONTROL_SCHEMA_LOCK,))
         cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
 
 

@@ -66,6 +66,7 @@ class Verdict:
     rows_read_localising: int = 0  # rows the databases scanned to localise the differences
     rows_fetched: int = 0  # of those, rows sent here to be compared column by column
     moved_keys: int = 0  # keys left out on both sides: updated at the source after the window
+    complete: bool = True  # False: localisation stopped at its limit, more rows differ than listed
     where: str = ""  # the rows compared (SQL), for the declarative checks on the same rows
     seconds: float = 0.0  # the checks (both passes and the target's own queries)
     seconds_localising: float = 0.0
@@ -93,7 +94,8 @@ class Verdict:
             label = d.kind if d.kind != "changed" else f"{', '.join(d.columns)} changed"
             kinds[label] = kinds.get(label, 0) + 1
         parts = ", ".join(f"{n} {label}" for label, n in sorted(kinds.items()))
-        rows = f"{len(self.differences)} rows differ: {parts}; " if self.differences else ""
+        more = "" if self.complete else " (localisation stopped there: more differ)"
+        rows = f"{len(self.differences)} rows differ{more}: {parts}; " if self.differences else ""
         return (f"{spec.target_table} batch {batch_id}: {rows}{len(failed)} of {len(self.checks)} checks failed "
                 f"({', '.join(sorted({c.check for c in failed}))})")
 
@@ -276,6 +278,7 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, buc
             size = max(src.buckets.get(b, (0, 0))[0], tgt.buckets.get(b, (0, 0))[0])
             _localise(spec, source_cur, target_cur, where, columns, kind, lo, hi, size, leaf_rows, verdict)
             if len(verdict.differences) >= localise_limit:
+                verdict.complete = False
                 break
         verdict.seconds_localising = time.perf_counter() - started - verdict.seconds
     return verdict
@@ -377,10 +380,10 @@ def movements_match_ledger(cur, spec: PipelineSpec, where: str) -> Check:  # ``w
     account, day, movements, amount = (quote(c) for c in (rule.account, rule.date, rule.movements, rule.amount))
     subject = f"{rule.movements} = sum({rule.ledger_table}.{rule.amount}) per {rule.account}, {rule.date}"
     mark = ledger.committed_watermark(cur, rule.ledger)
-    if mark is None or mark.kind != spec.cursor.kind:
-        why = (f"pipeline {rule.ledger} has no committed batch yet" if mark is None else
+    if mark is None or mark.kind != spec.cursor.kind:  # a name mistyped in the spec must not pass for ever
+        why = (f"pipeline {rule.ledger} has no committed batch (yet, or no such pipeline)" if mark is None else
                f"pipeline {rule.ledger} has a {mark.kind} cursor, this one a {spec.cursor.kind} cursor")
-        return Check("movements_match_ledger", subject, "0 rows differ", f"not compared: {why}", None, mark is None)
+        return Check("movements_match_ledger", subject, "0 rows differ", f"not compared: {why}", "not compared", False)
     covered = f"{quote(spec.cursor.column)} {'<=' if mark.pk is None else '<'} %(mark)s"
     cur.execute(f"""WITH b AS (SELECT {account} a, {day} d, {movements} m, {covered} AS covered
                                  FROM {quote(spec.target_table)} WHERE {where}),
@@ -389,10 +392,10 @@ def movements_match_ledger(cur, spec: PipelineSpec, where: str) -> Check:  # ``w
                                  JOIN (SELECT DISTINCT a, d FROM b WHERE covered) k ON k.a = e.{account} AND k.d = e.{day}
                                 GROUP BY 1, 2)
                     SELECT count(*) FILTER (WHERE covered),
-                           count(*) FILTER (WHERE covered AND m <> coalesce(total, 0)),
-                           string_agg(b.a::text || ' ' || b.d::text || ': ' || m::text || ', ledger '
+                           count(*) FILTER (WHERE covered AND m IS DISTINCT FROM coalesce(total, 0)),
+                           string_agg(b.a::text || ' ' || b.d::text || ': ' || coalesce(m::text, 'null') || ', ledger '
                                       || coalesce(total, 0)::text, '; ' ORDER BY b.a, b.d)
-                               FILTER (WHERE covered AND m <> coalesce(total, 0)),
+                               FILTER (WHERE covered AND m IS DISTINCT FROM coalesce(total, 0)),
                            count(*) FILTER (WHERE NOT covered)
                       FROM b LEFT JOIN e ON e.a = b.a AND e.d = b.d""", {"mark": mark.cursor})
     compared, differ, examples, newer = cur.fetchone()

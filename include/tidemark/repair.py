@@ -25,7 +25,8 @@ from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Bound, Window
 
 MAX_KEYS = 1000  # what one reconciliation localises at most: more is a reload, not a repair
-_TYPE = re.compile(r"^[a-z][a-z0-9_ ]*(\(\d+(, ?\d+)?\))?$")  # format_type's output for built-in types
+# format_type's output for built-in types: "bigint", "numeric(18,2)", "timestamp(3) with time zone"
+_TYPE = re.compile(r"^[a-z][a-z0-9_ ]*(\(\d+(,\s?\d+)?\)[a-z ]*)?$")
 
 
 class RepairError(ValueError):
@@ -79,12 +80,16 @@ def key_filter(columns: list[str], types: list[str], keys: list[list[str]]) -> s
 
 
 def plan(spec: PipelineSpec, warehouse_conn, *, reconcile_run: str, repaired_batch: str | None, repaired: Window,
-         differences: list[Any]):
-    """Record the repair batch for a reconciliation's ``differences``; returns its ``batch.Plan``."""
+         differences: list[Any], complete: bool = True):
+    """Record the repair batch for a reconciliation's ``differences`` (``complete``: the
+    localisation found every differing row); returns its ``batch.Plan``."""
     from tidemark import ledger
     from tidemark.batch import Plan
 
     keys = keys_of(differences)
+    if not complete:
+        raise RepairError(f"pipeline {spec.name}: the reconciliation stopped localising at {len(keys)} rows and more "
+                          "differ: a repair of some of them is not one; load the window again with a backfill run")
     if not keys:
         raise RepairError(f"pipeline {spec.name}: the reconciliation found no differing rows: nothing to repair")
     if len(keys) > MAX_KEYS:

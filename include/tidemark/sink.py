@@ -52,9 +52,10 @@ from tidemark.control import ControlMessage, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
 from tidemark.records import RecordRules, target_columns
+from tidemark.repair import RepairError
 from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import arrow_totals
-from tidemark.window import Window, predicate
+from tidemark.window import Window, covered, predicate
 
 log = logging.getLogger("tidemark.sink")
 
@@ -500,18 +501,18 @@ class BatchSink:
         merge_started = time.monotonic()
         try:
             if repair_keys is not None:
-                applied = self._repair(cur, batch_id, attempt, repair_keys)
-                if applied != rows:  # a staged record outside the repair's keys: nothing of it applies
+                outside, applied = self._repair(cur, batch_id, attempt, repair_keys, window)
+                if outside:  # a staged record outside the repair's keys: nothing of it applies
                     cur.execute("ROLLBACK TO SAVEPOINT merge")
                     self._refuse(cur, batch_id, attempt, report,
-                                 f"repair batch: {rows - applied} of {rows} staged record(s) carry keys that are not "
+                                 f"repair batch: {outside} of {rows} staged record(s) carry keys that are not "
                                  f"among its {len(repair_keys)} repair keys",
                                  "plan the repair again from a new reconciliation (tidemark_reconcile_"
                                  f"{self.spec.name} with repair=true)")
                     return
             else:
                 applied = self._merge(cur, batch_id, attempt, window)
-        except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded) as exc:
+        except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded, RepairError) as exc:
             # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
             self._refuse(cur, batch_id, attempt, report,
@@ -573,24 +574,37 @@ class BatchSink:
         )
         return cur.rowcount
 
-    def _repair(self, cur, batch_id: str, attempt: int, keys: list[list[str]]) -> int:
-        """A repair batch: the target's rows of its keys are replaced by what was staged (a key the
-        source no longer holds stays deleted). Returns the staged records inserted: those whose key
-        is one of ``keys`` (the caller refuses the batch unless that is all of them)."""
+    def _repair(self, cur, batch_id: str, attempt: int, keys: list[list[str]], window: Window) -> tuple[int, int]:
+        """A repair batch: the target's rows of its keys, as far as its window reaches, are replaced by
+        what was staged (a key the source no longer holds there stays deleted). A newer version that
+        a later batch loaded meanwhile (cursor past the window) is neither deleted nor replaced.
+        Returns (staged records whose key is not one of ``keys``, target rows written); the caller
+        refuses the batch if the first is not 0."""
         from tidemark.repair import key_filter, key_types
 
         spec = self.spec
         target = quote(spec.target_table)
-        cols = ", ".join(quote(c) for c in self.target_columns(cur))
+        columns = self.target_columns(cur)
+        cols = ", ".join(quote(c) for c in columns)
         keyed = key_filter(list(spec.primary_key), key_types(cur, spec.target_table, list(spec.primary_key)), keys)
         records = (f"SELECT r.* FROM {self._ensure_stage(cur, batch_id, attempt)} s, "
                    f"LATERAL json_populate_record(NULL::{target}, s.value::json) r")
-        cur.execute(f"DELETE FROM {target} WHERE {keyed}")
+        cur.execute(f"SELECT count(*) FROM ({records}) batch WHERE NOT ({keyed})")
+        (outside,) = cur.fetchone()
+        if outside:
+            return outside, 0
+        cur.execute(f"DELETE FROM {target} WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}")
         deleted = cur.rowcount
-        cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch WHERE {keyed}")
-        log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s): %s target row(s) deleted, %s inserted",
-                 spec.name, batch_id, attempt, len(keys), deleted, cur.rowcount)
-        return cur.rowcount
+        cursor_col = quote(spec.cursor.column)
+        updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in columns if c not in spec.primary_key)
+        # a row still there is newer than the window (loaded since): the newest version stays
+        conflict = (f"ON CONFLICT ({', '.join(quote(c) for c in spec.primary_key)}) DO UPDATE SET {updates} "
+                    f"WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}"
+                    if spec.write_mode != "append_window_replace" and updates else "")
+        cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch {conflict}")
+        log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s) up to %s: %s target row(s) deleted, %s written",
+                 spec.name, batch_id, attempt, len(keys), window.hi, deleted, cur.rowcount)
+        return 0, cur.rowcount
 
     def _record_rejects(self, cur, report: MicroBatchReport) -> None:
         fresh = report.rejects[report.recorded:]

@@ -75,8 +75,10 @@ def _run_pipeline(settings: Settings, api, name: str) -> bool:
     if state != "success":
         failed = [t for t in api.task_instances(dag_id, run_id) if t["state"] == "failed"]
         for t in failed:
-            lines = [ln for ln in api.log_text(dag_id, run_id, t["task_id"], t["try_number"]).splitlines() if ln.strip()]
-            print(f"  task {t['task_id']} failed: {lines[-1] if lines else '(no log)'}")
+            lines = [ln for ln in api.log_text(dag_id, run_id, t["task_id"], t["try_number"]).splitlines()
+                     if ln.strip() and not ln.startswith("::")]  # not the log's ::group:: markers
+            told = [ln for ln in lines if "Next:" in ln] or lines  # the task's own last line: cause and next step
+            print(f"  task {t['task_id']} failed: {told[-1] if told else '(no log)'}")
         return False
     wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:

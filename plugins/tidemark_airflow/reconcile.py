@@ -58,9 +58,9 @@ class ReconcileOperator(BaseOperator):
         params = context["params"]
         full = params.get("scope") == "full"
         batch_id = None if full else (params.get("batch_id") or batch_from_events(context))
-        if self.again_after:
+        if self.again_after:  # the repair batch: its reconciliation is of what it repaired, noted on both
             before = context["ti"].xcom_pull(task_ids=self.again_after) or {}
-            full, batch_id = before.get("batch_id") is None, before.get("batch_id")
+            full, batch_id = False, before.get(REPAIR_BATCH) or before.get("batch_id")
         repairing = bool(params.get("repair")) and not self.again_after
         warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
         source = pg_connect(spec.source_conn_id, application_name="tidemark-reconcile")
@@ -109,7 +109,8 @@ class ReconcileOperator(BaseOperator):
         warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
         try:
             plan = repair.plan(spec, warehouse, reconcile_run=outcome.run_id, repaired_batch=outcome.batch_id,
-                               repaired=outcome.window, differences=outcome.verdict.differences)
+                               repaired=outcome.window, differences=outcome.verdict.differences,
+                               complete=outcome.verdict.complete)
         except repair.RepairError as exc:
             raise AirflowFailException(f"{outcome.line}. {exc}") from None
         finally:

@@ -16,7 +16,7 @@ from tidemark_workshop.settings import REPO_ROOT
 
 def test_bench_subset_reports_every_figure():
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "batch_load.py"), "--rows", "20000", "--memory-rows", "10000,40000"],
+        [sys.executable, str(REPO_ROOT / "bench" / "batch_load.py"), "--rows", "20000", "--memory-rows", "10000"],
         text=True, capture_output=True, timeout=900,
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -26,7 +26,7 @@ def test_bench_subset_reports_every_figure():
         assert result[key] > 0, key
     assert result["ratio_vs_copy"] == round(result["tidemark_s"] / result["copy_s"], 2)
     assert result["ratio_vs_spark_jdbc"] == round(result["tidemark_s"] / result["spark_jdbc_s"], 2)
-    assert set(result["sink_peak_mb"]) == {"10000", "20000", "40000"}
+    assert set(result["sink_peak_mb"]) == {"10000", "20000"}  # make bench: 1M, 2M and 4M rows
     assert all(mb > 100 for mb in result["sink_peak_mb"].values()), "a JVM and Python take more than that"
     assert all(s > 0 for s in result["jvm_startup_s"].values())
 

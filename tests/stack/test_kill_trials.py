@@ -1,6 +1,8 @@
 """Kill -9 trials of a standing sink (tidemark_workshop.kill_trials), seeded, as in every CI run.
 
-TIDEMARK_KILL_TRIALS and TIDEMARK_KILL_SEED change the campaign; `make kill-trials` runs longer ones.
+Ten trials reach every moment of the micro-batch's life (8 suffice: the rotation) and one batch
+between staging and commit; `make kill-trials` runs the 20-trial campaign and longer ones (TRIALS=,
+SEED=). TIDEMARK_KILL_TRIALS and TIDEMARK_KILL_SEED change this one.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import os
 
 from tidemark_workshop import kill_trials
 
-TRIALS = int(os.environ.get("TIDEMARK_KILL_TRIALS", "20"))
+TRIALS = int(os.environ.get("TIDEMARK_KILL_TRIALS", "10"))
 SEED = int(os.environ.get("TIDEMARK_KILL_SEED", "20261123"))
 
 

@@ -49,7 +49,9 @@ def test_a_repair_batch_reloads_exactly_the_differing_keys_and_the_second_verdic
         (5, "missing"), (10, "changed"), (20, "changed"), (9999, "extra")]
 
     fixed, attempt = pipe.repair(first)
-    assert fixed.batch_id == repair.batch_id_for(pipe.spec.name, first.run_id) and fixed.window.backfill
+    assert fixed.batch_id == repair.batch_id_for(pipe.spec.name, first.run_id)
+    assert pipe.query_wh("SELECT backfill, repair_of, jsonb_array_length(repair_keys) FROM tidemark_control.batches "
+                         "WHERE batch_id = %s", (fixed.batch_id,)) == [(True, plan.batch_id, 4)]
     # only the keys the source holds were extracted and staged: 5, 10 and 20 (9999 is only deleted)
     assert pipe.ledger(fixed.batch_id) == [(attempt, "committed", 3, None)]
     assert pipe.watermark() == watermark, "a repair never moves the watermark"
@@ -66,20 +68,21 @@ def test_a_repair_batch_reloads_exactly_the_differing_keys_and_the_second_verdic
 
 
 def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(settings, tmp_path):
-    """A source row updated with a cursor older than the version loaded: no batch carries it; the
-    full-table reconciliation finds it and its repair loads it. A repair whose staged records carry
-    a key outside its keys is refused and changes nothing."""
+    """Source rows updated with a cursor older than the version loaded: no batch carries them; the
+    full-table reconciliation finds them and its repair loads them. A key that a later batch loaded
+    anew meanwhile keeps that newer version. A repair whose staged records carry a key outside its
+    keys is refused and changes nothing."""
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, reconcile=RECONCILE)  # upserts
     insert_payments(pipe, 1, 100)
     pipe.run("run-1")
     src = pipe.src()
     with src, src.cursor() as cur:
         cur.execute(f"UPDATE {pipe.spec.table} SET amount = 12345.67, updated_at = updated_at - interval '1 hour' "
-                    "WHERE id = 7")
+                    "WHERE id IN (7, 8)")
     src.close()
     found = _reconcile(pipe, tmp_path)  # no batch: the whole table up to the watermark
     assert [(d.key[0], d.kind, d.columns) for d in found.verdict.differences] == [
-        (7, "changed", ["amount", "updated_at"])]
+        (7, "changed", ["amount", "updated_at"]), (8, "changed", ["amount", "updated_at"])]
 
     # a repair batch whose extract reads more keys than the ledger gave it (a tampered document)
     wh = pipe.wh()
@@ -88,7 +91,7 @@ def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(setting
     wh.close()
     attempt = pipe.begin(tampered)
     doc = tmp_path / "tampered.json"
-    doc.write_text(json.dumps({"columns": ["id"], "types": ["bigint"], "keys": [["7"], ["8"]]}))
+    doc.write_text(json.dumps({"columns": ["id"], "types": ["bigint"], "keys": [["7"], ["9"]]}))
     report = tmp_path / "tampered-report.json"
     s = settings
     proc = pipe._submit(jobs.EXTRACT_JOB, [
@@ -97,13 +100,21 @@ def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(setting
                            repair_keys=doc)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     pipe.end(tampered, attempt, json.loads(report.read_text()))
-    pipe.sink()
+
+    # meanwhile key 8 changes again at the source and the next nightly batch loads that newer version
+    src = pipe.src()
+    with src, src.cursor() as cur:
+        cur.execute(f"UPDATE {pipe.spec.table} SET amount = 888.88, updated_at = now() WHERE id = 8")
+    src.close()
+    pipe.run("run-2")  # its sink also meets the tampered repair's END first
     (state, message), = [(a[1], a[3]) for a in pipe.ledger(tampered.batch_id)]
-    assert state == "refused" and "1 of 2 staged record(s) carry keys that are not among its 1 repair keys" in message
-    assert pipe.query_wh(f"SELECT amount::text FROM {pipe.spec.target_table} WHERE id = 7") == [("2.59",)]
+    assert state == "refused" and "1 of 2 staged record(s) carry keys that are not among its 2 repair keys" in message
+    assert pipe.query_wh(f"SELECT id, amount::text FROM {pipe.spec.target_table} WHERE id IN (7, 9) ORDER BY id") == [
+        (7, "2.59"), (9, "3.33")]
 
     fixed, _ = pipe.repair(found)
-    assert pipe.ledger(fixed.batch_id)[-1][1:3] == ("committed", 1)
+    assert pipe.ledger(fixed.batch_id)[-1][1:3] == ("committed", 1)  # key 7 only: 8's version is past the window
     assert pipe.rows("source", "amount, updated_at") == pipe.rows("target", "amount, updated_at")
+    assert pipe.query_wh(f"SELECT amount::text FROM {pipe.spec.target_table} WHERE id = 8") == [("888.88",)]
     again = _reconcile(pipe, tmp_path, batch_id=fixed.batch_id)
     assert again.verdict.passed and again.batch_id is None and again.after_repair == fixed.batch_id

@@ -118,7 +118,8 @@ class Pipeline:
         wh = self.wh()
         try:
             plan = repair.plan(self.spec, wh, reconcile_run=outcome.run_id, repaired_batch=outcome.batch_id,
-                               repaired=outcome.window, differences=outcome.verdict.differences)
+                               repaired=outcome.window, differences=outcome.verdict.differences,
+                               complete=outcome.verdict.complete)
         finally:
             wh.close()
         return self.load(plan)
