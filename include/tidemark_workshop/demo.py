@@ -104,10 +104,10 @@ def _reconciliation(api, dag_id: str, run_id: str, task_id: str = "reconcile") -
 
 
 def _detect_a_difference(settings: Settings, api) -> bool:
-    """Change one committed amount in the warehouse by a cent, as a stray manual fix would; the
-    reconciliation of its batch finds it, names the row and the column, and writes the report.
-    A run with repair=true then re-loads that key through BEGIN/END as a repair batch and reconciles
-    again: the evidence keeps both verdicts."""
+    """Change one committed amount in the warehouse by a cent, as a stray manual fix would; a
+    reconciliation run of its batch with repair=true finds it, names the row and the column, writes
+    the report, re-loads that key through BEGIN/END as a repair batch and reconciles again: the
+    evidence keeps both verdicts."""
     import psycopg2
 
     from tidemark_workshop.settings import WAREHOUSE_DB
@@ -118,28 +118,27 @@ def _detect_a_difference(settings: Settings, api) -> bool:
     try:
         with wh, wh.cursor() as cur:
             cur.execute("SELECT batch_id FROM tidemark_control.batches WHERE pipeline = %s AND state = 'committed' "
-                        "ORDER BY committed_at DESC LIMIT 1", (name,))
+                        "AND repair_keys IS NULL ORDER BY committed_at DESC LIMIT 1", (name,))
             batch_id = cur.fetchone()[0]
             cur.execute(f"UPDATE {table} SET amount = amount + 0.01 WHERE entry_id = (SELECT min(entry_id) + 41 "
                         f"FROM {table}) RETURNING entry_id")
             entry = cur.fetchone()[0]
         print(f"\ncorrupting one row on purpose: {table} entry {entry} amount + 0.01; reconciling batch {batch_id} "
-              "again (a manual run with batch_id, as from the UI's Trigger form) ...", flush=True)
-        found, line = _reconciliation(api, dag_id, api.trigger(dag_id, {"batch_id": batch_id, "scope": "batch"}))
-        print(f"  {dag_id}: {line}")
-        detected = not found and "1 rows differ: 1 amount changed" in line
-        print(f"  repairing it: a run of {dag_id} with repair=true plans a repair batch of the differing key; "
-              f"tidemark_batch_{name} loads it through BEGIN/END (the watermark stays); then it reconciles again ...",
-              flush=True)
+              "again with repair=true (a manual run, as from the UI's Trigger form): the differing key is re-loaded "
+              f"as a repair batch by tidemark_batch_{name} through BEGIN/END (the watermark stays), then it reconciles "
+              "again ...", flush=True)
         run_id = api.trigger(dag_id, {"batch_id": batch_id, "scope": "batch", "repair": True})
-        again, line = _reconciliation(api, dag_id, run_id, task_id="reconcile_again")
+        again, after = _reconciliation(api, dag_id, run_id, task_id="reconcile_again")
+        _, before = _reconciliation(api, dag_id, run_id)
+        print(f"  {dag_id} reconcile: {before}")
+        detected = "1 rows differ: 1 amount changed" in before
         with wh, wh.cursor() as cur:
             cur.execute("SELECT batch_id, state, rows FROM tidemark_control.batches WHERE repair_of = %s "
                         "ORDER BY planned_at DESC LIMIT 1", (batch_id,))
             repaired = cur.fetchone()
         if repaired:
             print(f"  repair batch {repaired[0]}: {repaired[1]}, rows={repaired[2]}")
-        print(f"  {dag_id} reconcile_again: {line}")
+        print(f"  {dag_id} reconcile_again: {after}")
         with wh, wh.cursor() as cur:
             cur.execute("SELECT count(DISTINCT run_id), count(*) FILTER (WHERE verdict = 'fail') FROM "
                         "tidemark_control.reconciliation_results WHERE batch_id = %s", (batch_id,))
