@@ -218,6 +218,9 @@ def _start_afresh(settings: Settings) -> None:
             ensure_control_schema(cur)
             for name in PIPELINES:
                 spec = load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml")
+                if spec.stream is not None:  # its serving views read the tables dropped next
+                    view = spec.stream.serving_view
+                    cur.execute(f"DROP VIEW IF EXISTS {quote(view + '_freshness')}, {quote(view)}")
                 cur.execute(f"DROP TABLE IF EXISTS {quote(spec.target_table)}")
                 forget_pipeline(cur, name)
                 delete_topic(settings.kafka_bootstrap, spec.topic)
