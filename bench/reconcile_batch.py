@@ -6,7 +6,7 @@
 2. Baseline: one ``SELECT count(*), sum(amount)`` scan of the window on each database.
 3. Tidemark's reconciliation of the window (``tidemark.reconcile.reconcile``): unique keys, row
    counts, control totals per currency and business date, hash totals over every row, double
-   entry; it must pass.
+   entry (on a second warehouse connection, beside the two passes, as the DAG runs it); it must pass.
 4. ``--changed`` target rows get one cent more; the reconciliation must localise exactly them.
    ``rows_compared_fraction`` is the rows read while localising over the rows of the batch on
    both sides.
@@ -67,6 +67,7 @@ def main() -> int:
     spec = load_spec(folder / f"{name}.yaml")
     window = Window(Bound(datetime(2026, 10, 1, tzinfo=timezone.utc)), Bound(datetime(2026, 12, 1, tzinfo=timezone.utc)))
     src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    beside = psycopg2.connect(settings.dsn(WAREHOUSE_DB))  # invariants beside the passes, as the DAG runs them
     for conn in (src, wh):
         conn.autocommit = True
     result: dict[str, object] = {"rows": args.rows}
@@ -92,8 +93,8 @@ def main() -> int:
 
         scans()  # warm the caches alike for both contenders
         result["scan_s"] = round(scans(), 2)
-        with src, src.cursor() as s, wh, wh.cursor() as t:
-            clean = reconcile.reconcile(spec, window, s, t)
+        with src, src.cursor() as s, wh, wh.cursor() as t, beside, beside.cursor() as i:
+            clean = reconcile.reconcile(spec, window, s, t, invariants_cur=i)
         if not clean.passed or clean.rows_target != args.rows:
             raise RuntimeError(f"the clean batch did not reconcile: {[c for c in clean.checks if not c.passed]}")
         result["reconcile_s"] = round(clean.seconds, 2)
@@ -107,8 +108,8 @@ def main() -> int:
         changed = [1 + i * step for i in range(args.changed)]
         with wh, wh.cursor() as cur:
             cur.execute(f"UPDATE {target_table} SET amount = amount + 0.01 WHERE entry_id = ANY (%s)", (changed,))
-        with src, src.cursor() as s, wh, wh.cursor() as t:
-            dirty = reconcile.reconcile(spec, window, s, t)
+        with src, src.cursor() as s, wh, wh.cursor() as t, beside, beside.cursor() as i:
+            dirty = reconcile.reconcile(spec, window, s, t, invariants_cur=i)
         found = sorted(d.key[0] for d in dirty.differences)
         if found != changed or any(d.columns != ["amount"] for d in dirty.differences):
             raise RuntimeError(f"localised {found}, changed {changed}")
@@ -124,6 +125,7 @@ def main() -> int:
             with conn.cursor() as cur:
                 cur.execute(f"DROP TABLE IF EXISTS {table}")
             conn.close()
+        beside.close()
     print(json.dumps(result))
     return 0
 

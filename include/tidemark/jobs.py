@@ -38,7 +38,7 @@ def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Win
                  report: Path | str, read_partitions: int = READ_PARTITIONS,
                  repair_keys: Path | str | None = None) -> list[str]:
     """spark_jobs/extract_window.py's arguments after the JDBC ones (``repair_keys``: the keys
-    document of a repair batch, ``tidemark.repair.keys_document``)."""
+    document of a repair batch, ``tidemark.repair.write_document``)."""
     return [
         "--spec", str(Path(spec_path).resolve()), "--batch-id", batch_id, "--attempt", str(attempt),
         "--window", json.dumps(window.to_json()), "--bootstrap", bootstrap, "--report", str(report),

@@ -103,7 +103,8 @@ def plan(spec: PipelineSpec, warehouse_conn, *, reconcile_run: str, repaired_bat
 
 
 def load(spec: PipelineSpec, warehouse_conn, batch_id: str):
-    """The ``batch.Plan`` of a planned repair batch of this pipeline (a run's ``repair_batch``)."""
+    """The ``batch.Plan`` of a planned repair batch of this pipeline (a run's ``repair_batch``), and
+    the ledger's record of it (keys, what it repairs, the reconciliation run that found them)."""
     from tidemark import ledger
     from tidemark.batch import Plan
 
@@ -112,20 +113,18 @@ def load(spec: PipelineSpec, warehouse_conn, batch_id: str):
     if found is None or found.pipeline != spec.name:
         raise RepairError(f"batch {batch_id} is not a repair batch of pipeline {spec.name} in the ledger: a repair "
                           f"is planned by tidemark_reconcile_{spec.name} with repair=true")
-    return Plan(batch_id, found.window, reused=True, repair=True)
+    return Plan(batch_id, found.window, reused=True, repair=True), found
 
 
-def keys_document(spec: PipelineSpec, source_conn, warehouse_conn, batch_id: str) -> dict[str, Any]:
-    """What the extract of a repair batch needs: the key columns, their source types and the keys."""
-    from tidemark import ledger
+def write_document(path, spec: PipelineSpec, source_conn, warehouse_conn, batch_id: str) -> None:
+    """Write what the extract of a repair batch needs (``--repair-keys``): the key columns, their
+    source types and the ledger's keys."""
+    from pathlib import Path
 
-    with warehouse_conn, warehouse_conn.cursor() as cur:
-        found = ledger.repair(cur, batch_id)
-    if found is None:
-        raise RepairError(f"batch {batch_id} is not a repair batch")
+    _, found = load(spec, warehouse_conn, batch_id)
     with source_conn, source_conn.cursor() as cur:
         types = key_types(cur, spec.table, list(spec.primary_key))
-    return {"columns": list(spec.primary_key), "types": types, "keys": found.keys}
+    Path(path).write_text(json.dumps({"columns": list(spec.primary_key), "types": types, "keys": found.keys}))
 
 
 def read_document(path, spec: PipelineSpec) -> dict[str, Any]:
@@ -144,7 +143,7 @@ def read_document(path, spec: PipelineSpec) -> dict[str, Any]:
 
 
 def filter_from_document(doc: dict[str, Any]) -> str:
-    """``key_filter`` of a document written by ``keys_document`` (the extract job's side)."""
+    """``key_filter`` of a document written by ``write_document`` (the extract job's side)."""
     if not isinstance(doc, dict) or set(doc) != {"columns", "types", "keys"}:
         raise RepairError("a repair keys document has exactly: columns, types, keys")
     return key_filter(list(doc["columns"]), list(doc["types"]), list(doc["keys"]))

@@ -52,7 +52,7 @@ from tidemark.control import ControlMessage, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
 from tidemark.records import RecordRules, target_columns
-from tidemark.repair import RepairError
+from tidemark.repair import RepairError, key_filter, key_types
 from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import arrow_totals
 from tidemark.window import Window, covered, predicate
@@ -545,32 +545,41 @@ class BatchSink:
     def target_columns(self, cur) -> list[str]:
         return list(self._record_rules(cur).columns)
 
+    def _staged_records(self, cur, batch_id: str, attempt: int) -> str:
+        """SQL reading the attempt's staged records as rows of the target's type."""
+        # json, not jsonb: parsing straight into the record is about twice as fast.
+        # An empty window sends no records, so its stage table may not exist yet.
+        return (f"SELECT r.* FROM {self._ensure_stage(cur, batch_id, attempt)} s, "
+                f"LATERAL json_populate_record(NULL::{quote(self.spec.target_table)}, s.value::json) r")
+
+    def _newest_wins(self, cur) -> str:
+        """The upsert's conflict clause: an older version never replaces a newer one."""
+        spec = self.spec
+        target, cursor_col = quote(spec.target_table), quote(spec.cursor.column)
+        updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in self.target_columns(cur)
+                            if c not in spec.primary_key)
+        pk = ", ".join(quote(c) for c in spec.primary_key)
+        return (f"ON CONFLICT ({pk}) DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}"
+                if updates else f"ON CONFLICT ({pk}) DO NOTHING")
+
     def _merge(self, cur, batch_id: str, attempt: int, window: Window) -> int:
         spec = self.spec
         target = quote(spec.target_table)
         cols = ", ".join(quote(c) for c in self.target_columns(cur))
-        pk = ", ".join(quote(c) for c in spec.primary_key)
-        cursor_col = quote(spec.cursor.column)
-        # json, not jsonb: parsing straight into the record is about twice as fast
-        # An empty window sends no records, so its stage table may not exist yet.
-        records = (f"SELECT r.* FROM {self._ensure_stage(cur, batch_id, attempt)} s, "
-                   f"LATERAL json_populate_record(NULL::{target}, s.value::json) r")
+        records = self._staged_records(cur, batch_id, attempt)
         if spec.write_mode == "append_window_replace":
             # The window's rows are replaced whole. A key that is already there (outside the window,
             # or twice in the batch) is not append-only data: the insert fails and the batch is refused.
             cur.execute(f"DELETE FROM {target} WHERE {predicate(spec, window)}")
             cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
             return cur.rowcount
-        non_key = [quote(c) for c in self.target_columns(cur) if c not in spec.primary_key]
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in non_key)
-        conflict = (
-            f"DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}" if updates else "DO NOTHING"
-        )
-        # The newest version of each key wins; an older version never replaces a newer one.
+        pk = ", ".join(quote(c) for c in spec.primary_key)
+        # The newest version of each key wins, within the batch and against the target.
         cur.execute(
             f"""INSERT INTO {target} ({cols})
-                SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) * FROM ({records}) batch ORDER BY {pk}, {cursor_col} DESC) latest
-                ON CONFLICT ({pk}) {conflict}"""
+                SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) * FROM ({records}) batch
+                                    ORDER BY {pk}, {quote(spec.cursor.column)} DESC) latest
+                {self._newest_wins(cur)}"""
         )
         return cur.rowcount
 
@@ -580,27 +589,19 @@ class BatchSink:
         a later batch loaded meanwhile (cursor past the window) is neither deleted nor replaced.
         Returns (staged records whose key is not one of ``keys``, target rows written); the caller
         refuses the batch if the first is not 0."""
-        from tidemark.repair import key_filter, key_types
-
         spec = self.spec
         target = quote(spec.target_table)
-        columns = self.target_columns(cur)
-        cols = ", ".join(quote(c) for c in columns)
+        cols = ", ".join(quote(c) for c in self.target_columns(cur))
         keyed = key_filter(list(spec.primary_key), key_types(cur, spec.target_table, list(spec.primary_key)), keys)
-        records = (f"SELECT r.* FROM {self._ensure_stage(cur, batch_id, attempt)} s, "
-                   f"LATERAL json_populate_record(NULL::{target}, s.value::json) r")
+        records = self._staged_records(cur, batch_id, attempt)
         cur.execute(f"SELECT count(*) FROM ({records}) batch WHERE NOT ({keyed})")
         (outside,) = cur.fetchone()
         if outside:
             return outside, 0
         cur.execute(f"DELETE FROM {target} WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}")
         deleted = cur.rowcount
-        cursor_col = quote(spec.cursor.column)
-        updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in columns if c not in spec.primary_key)
         # a row still there is newer than the window (loaded since): the newest version stays
-        conflict = (f"ON CONFLICT ({', '.join(quote(c) for c in spec.primary_key)}) DO UPDATE SET {updates} "
-                    f"WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}"
-                    if spec.write_mode != "append_window_replace" and updates else "")
+        conflict = self._newest_wins(cur) if spec.write_mode != "append_window_replace" else ""
         cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch {conflict}")
         log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s) up to %s: %s target row(s) deleted, %s written",
                  spec.name, batch_id, attempt, len(keys), window.hi, deleted, cur.rowcount)

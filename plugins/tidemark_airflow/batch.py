@@ -160,16 +160,14 @@ class PlanWindowOperator(_PipelineOperator):
 
     def _repair(self, spec, run, batch_id: str) -> dict[str, Any]:
         """A run with ``repair_batch``: the repair batch a reconciliation planned (its keys are in the ledger)."""
-        from tidemark import ledger, repair
+        from tidemark import repair
 
         tag = f"pipeline={spec.name} run={run.run_id} repair_batch={batch_id}"
         with on_call(self.log, tag, f"run tidemark_reconcile_{spec.name} with repair=true: it plans the repair "
                      "batch and triggers this DAG with it", clear_from=PLAN):
             warehouse = pg_connect(self.warehouse_conn_id)
             try:
-                plan = repair.load(spec, warehouse, batch_id)
-                with warehouse, warehouse.cursor() as cur:
-                    found = ledger.repair(cur, batch_id)
+                plan, found = repair.load(spec, warehouse, batch_id)
             finally:
                 warehouse.close()
         self.log.info("%s repair of %s key(s) found by reconciliation run %s (of %s), planned; the watermark "
@@ -243,7 +241,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
 
                 source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
                 try:
-                    keys_path.write_text(json.dumps(repair.keys_document(spec, source, warehouse, plan.batch_id)))
+                    repair.write_document(keys_path, spec, source, warehouse, plan.batch_id)
                 finally:
                     source.close()
                     warehouse.close()

@@ -64,6 +64,7 @@ class ReconcileOperator(BaseOperator):
         repairing = bool(params.get("repair")) and not self.again_after
         warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
         source = pg_connect(spec.source_conn_id, application_name="tidemark-reconcile")
+        invariants = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile-invariants")
         try:
             if not full and batch_id is None:  # a manual run without a batch: the newest committed one
                 with warehouse, warehouse.cursor() as cur:
@@ -78,13 +79,13 @@ class ReconcileOperator(BaseOperator):
             url = sqlalchemy_url(conn.host, conn.port, conn.schema, conn.login or "", conn.password or "")
             try:
                 outcome = reconcile.run(spec, source, warehouse, reconcile_dir(), batch_id=batch_id, warehouse_url=url,
-                                        code_version=code_version())
+                                        code_version=code_version(), invariants_conn=invariants)
             except (reconcile.ReconcileError, LookupError) as exc:
                 raise AirflowFailException(f"{what}: cannot reconcile: {exc}. Next: fix the cause named here, then "
                                            "run this DAG again") from None
         finally:
-            source.close()
-            warehouse.close()
+            for conn in (source, warehouse, invariants):
+                conn.close()
         verdict = outcome.verdict
         for check in verdict.checks:
             self.log.info("%s check=%s %s expected=%s actual=%s%s", what, check.check, check.subject, check.expected,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
+from decimal import Decimal
 
 import psycopg2
 import pytest
@@ -111,6 +112,34 @@ def test_each_fault_is_detected_and_localised_to_exactly_its_rows(loaded, fault,
     assert verdict.rows_read_localising <= 0.2 * (verdict.rows_source + verdict.rows_target)
 
 
+def test_invariants_beside_the_passes_give_the_same_verdict_on_the_same_snapshot(loaded):
+    """As the DAG runs them: the double entry on a second warehouse connection, at the same time as
+    the passes, on the target's exported snapshot (a committed fault, then undone)."""
+    pipe, plan, _ = loaded
+    table = pipe.spec.target_table
+    wh = pipe.wh()
+    with wh, wh.cursor() as cur:
+        cur.execute(f"UPDATE {table} SET amount = amount + 0.01 WHERE entry_id = 2500")
+    src, target, beside = pipe.src(), pipe.wh(), pipe.wh()
+    try:
+        with src.cursor() as s, target.cursor() as t, beside.cursor() as i:
+            t.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            together = reconcile.reconcile(pipe.spec, plan.window, s, t, invariants_cur=i)
+            with wh, wh.cursor() as cur:  # committed after the export: neither target cursor sees it
+                cur.execute(f"UPDATE {table} SET amount = amount - 0.01 WHERE entry_id = 2500")
+            i.execute(f"SELECT amount FROM {table} WHERE entry_id = 2499")
+            t.execute(f"SELECT amount FROM {table} WHERE entry_id = 2500")
+            assert i.fetchone()[0] + t.fetchone()[0] == Decimal("0.01"), "both target cursors read one snapshot"
+        apart = _reconcile(pipe, plan.window, ["UPDATE {target} SET amount = amount + 0.01 WHERE entry_id = 2500"])
+    finally:
+        for conn in (src, target, beside, wh):
+            conn.rollback()
+            conn.close()
+    assert _failed(together) == _failed(apart) == {"hash_total", "control_total", "double_entry"}
+    assert together.checks == apart.checks and _diffs(together) == _diffs(apart) == [(2500, "changed", ("amount",))]
+    assert "invariants (beside the passes), waited for" in together.timings and "double entry" in together.timings
+
+
 def test_a_duplicated_key_is_found_when_no_unique_index_enforces_the_key(loaded):
     pipe, plan, _ = loaded
     table = pipe.spec.target_table
@@ -143,10 +172,10 @@ def test_a_run_records_evidence_renders_data_docs_and_reports_the_rows(loaded, s
     table = pipe.spec.target_table
     fault, undo = (f"UPDATE {table} SET memo = NULL, currency = 'XXX' WHERE entry_id IN (1, 2)",
                    f"UPDATE {table} SET memo = 'entry ' || entry_id, currency = 'EUR' WHERE entry_id IN (1, 2)")
-    src, wh = pipe.src(), pipe.wh()
+    src, wh, beside = pipe.src(), pipe.wh(), pipe.wh()
     try:
         clean = reconcile.run(pipe.spec, src, wh, tmp_path, batch_id=plan.batch_id, warehouse_url=url,
-                              code_version="test")
+                              code_version="test", invariants_conn=beside)
         assert clean.verdict.passed and clean.report is None and clean.data_docs.exists(), clean.line
         assert {"gx:expect_column_values_to_not_be_null", "gx:expect_column_values_to_be_in_set",
                 "gx:expect_table_row_count_to_equal"} <= {c.check for c in clean.verdict.checks}
@@ -178,8 +207,8 @@ def test_a_run_records_evidence_renders_data_docs_and_reports_the_rows(loaded, s
                 with wh, wh.cursor() as cur:
                     cur.execute(change, (dirty.run_id,))
     finally:
-        src.close()
-        wh.close()
+        for conn in (src, wh, beside):
+            conn.close()
 
 
 def test_a_full_reconciliation_finds_a_source_change_no_incremental_pull_can_see(loaded, tmp_path):

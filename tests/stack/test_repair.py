@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tidemark import jobs, reconcile, repair
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
@@ -65,6 +67,17 @@ def test_a_repair_batch_reloads_exactly_the_differing_keys_and_the_second_verdic
     assert pipe.query_wh("SELECT batch_id, reconciliation FROM tidemark_control.batches WHERE batch_id = ANY(%s) "
                          "ORDER BY batch_id", ([plan.batch_id, fixed.batch_id],)) == sorted(
         [(plan.batch_id, "reconciled"), (fixed.batch_id, "reconciled")])
+
+    # a run's repair_batch param that names no repair batch of this pipeline is refused by name
+    wh = pipe.wh()
+    try:
+        assert repair.load(pipe.spec, wh, fixed.batch_id)[0].window == fixed.window
+        for wrong in (plan.batch_id, "no-such-batch"):
+            with pytest.raises(repair.RepairError) as refused:
+                repair.load(pipe.spec, wh, wrong)
+            assert f"batch {wrong} is not a repair batch of pipeline {pipe.spec.name}" in str(refused.value)
+    finally:
+        wh.close()
 
 
 def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(settings, tmp_path):

@@ -61,7 +61,7 @@ class Pipeline:
             keys = report.with_suffix(".keys.json")
             src, wh = self.src(), self.wh()
             try:
-                keys.write_text(json.dumps(repair.keys_document(self.spec, src, wh, plan.batch_id)))
+                repair.write_document(keys, self.spec, src, wh, plan.batch_id)
             finally:
                 src.close()
                 wh.close()
