@@ -5,7 +5,8 @@ ranges of integer keys, else the target's key quantiles) and by the control tota
 columns: row counts, hash totals over the full content of every row (the values' own hashes), and
 exact decimal sums. Separate queries on the target check what one pass cannot: duplicate keys
 (skipped when a unique index enforces them), double-entry journals that do not sum to zero per
-currency, balance continuity, and balances against the ledger pipeline's movements. Required
+currency, balance continuity, and balances against the ledger pipeline's movements; given a second
+warehouse connection, these invariants run beside the passes on the target's snapshot. Required
 fields and accepted values are Great Expectations' (``tidemark.expectations``), run by ``run``
 over the same rows.
 
