@@ -19,6 +19,10 @@ CAMPAIGN_ARGS ?=
 TRIALS ?= 20
 SEED ?=
 
+# The benchmarks measure throughput: their Spark JVMs get the full JIT (the stack's default is C1
+# only, for quick start-up of short local jobs).
+bench bench-stream bench-reconcile campaign: export TIDEMARK_SPARK_QUICK_JIT := 0
+
 .PHONY: help bootstrap up down status logs ui demo test bench bench-stream bench-reconcile campaign kill-trials clean
 
 help:

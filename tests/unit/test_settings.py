@@ -54,3 +54,14 @@ def test_default_ports_are_below_the_ephemeral_range(monkeypatch):
     low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
     for port in (s.pg_port, s.kafka_port, s.kafka_controller_port, s.airflow_port):
         assert 1024 < port < low, f"port {port} is inside the ephemeral range starting at {low}"
+
+
+def test_local_spark_jobs_start_with_c1_only_unless_a_benchmark_turns_it_off(monkeypatch):
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Dkeep=me")
+    monkeypatch.delenv("TIDEMARK_SPARK_QUICK_JIT", raising=False)
+    assert Settings.from_env().runtime_env()["SPARK_SUBMIT_OPTS"] == "-Dkeep=me -XX:TieredStopAtLevel=1"
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")  # a nested run adds it once
+    assert Settings.from_env().runtime_env()["SPARK_SUBMIT_OPTS"] == "-XX:TieredStopAtLevel=1"
+    monkeypatch.setenv("TIDEMARK_SPARK_QUICK_JIT", "0")
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS")
+    assert "SPARK_SUBMIT_OPTS" not in Settings.from_env().runtime_env()
