@@ -1,8 +1,8 @@
 """Kill -9 trials of a standing sink (tidemark_workshop.kill_trials), seeded, as in every CI run.
 
-Ten trials reach every moment of the micro-batch's life (8 suffice: the rotation) and one batch
-between staging and commit; `make kill-trials` runs the 20-trial campaign and longer ones (TRIALS=,
-SEED=). TIDEMARK_KILL_TRIALS and TIDEMARK_KILL_SEED change this one.
+Twenty trials, as the streaming issue asks of every CI run: every moment of the micro-batch's life
+(8 suffice: the rotation) and two batches between staging and commit; `make kill-trials` runs
+longer campaigns (TRIALS=, SEED=). TIDEMARK_KILL_TRIALS and TIDEMARK_KILL_SEED change this one.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 
 from tidemark_workshop import kill_trials
 
-TRIALS = int(os.environ.get("TIDEMARK_KILL_TRIALS", "10"))
+TRIALS = int(os.environ.get("TIDEMARK_KILL_TRIALS", "20"))
 SEED = int(os.environ.get("TIDEMARK_KILL_SEED", "20261123"))
 
 
