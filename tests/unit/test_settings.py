@@ -56,12 +56,18 @@ def test_default_ports_are_below_the_ephemeral_range(monkeypatch):
         assert 1024 < port < low, f"port {port} is inside the ephemeral range starting at {low}"
 
 
-def test_local_spark_jobs_start_with_c1_only_unless_a_benchmark_turns_it_off(monkeypatch):
+def test_local_spark_jobs_start_quickly_unless_a_benchmark_turns_it_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Dkeep=me")
-    monkeypatch.delenv("TIDEMARK_SPARK_QUICK_JIT", raising=False)
-    assert Settings.from_env().runtime_env()["SPARK_SUBMIT_OPTS"] == "-Dkeep=me -XX:TieredStopAtLevel=1"
-    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")  # a nested run adds it once
-    assert Settings.from_env().runtime_env()["SPARK_SUBMIT_OPTS"] == "-XX:TieredStopAtLevel=1"
-    monkeypatch.setenv("TIDEMARK_SPARK_QUICK_JIT", "0")
+    monkeypatch.delenv("TIDEMARK_SPARK_QUICK_START", raising=False)
+    settings = Settings.from_env()
+    assert settings.runtime_env()["SPARK_SUBMIT_OPTS"] == "-Dkeep=me -XX:TieredStopAtLevel=1"
+    settings.spark_class_archive.parent.mkdir(parents=True)
+    settings.spark_class_archive.write_bytes(b"")  # once make up has dumped it, jobs map it
+    archive = f"-XX:SharedArchiveFile={settings.spark_class_archive}"
+    assert settings.runtime_env()["SPARK_SUBMIT_OPTS"] == f"-Dkeep=me -XX:TieredStopAtLevel=1 {archive}"
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", f"-XX:TieredStopAtLevel=1 {archive}")  # a nested run adds nothing
+    assert settings.runtime_env()["SPARK_SUBMIT_OPTS"] == f"-XX:TieredStopAtLevel=1 {archive}"
+    monkeypatch.setenv("TIDEMARK_SPARK_QUICK_START", "0")
     monkeypatch.delenv("SPARK_SUBMIT_OPTS")
     assert "SPARK_SUBMIT_OPTS" not in Settings.from_env().runtime_env()

@@ -9,13 +9,14 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tidemark_workshop.settings import REPO_ROOT, SPARK_DRIVER_MEMORY, Settings
+from tidemark_workshop.settings import QUICK_JIT, REPO_ROOT, SPARK_DRIVER_MEMORY, Settings
 from tidemark_workshop.stack.maven import artifact_name, resolve
 from tidemark_workshop.stack.proc import StackError, run, say
 
 POM = REPO_ROOT / "stack" / "spark" / "pom.xml"
 UDF_SOURCES = REPO_ROOT / "stack" / "spark" / "udf"
 UDF_JAR = "tidemark-udf.jar"
+WARM_CLASSES = REPO_ROOT / "stack" / "spark" / "warm_classes.py"
 
 
 def pyspark_jars_dir() -> Path:
@@ -32,7 +33,37 @@ def prepare(settings: Settings) -> list[Path]:
     for needed in ("spark-sql-kafka-0-10", "postgresql-"):
         if needed not in names:
             raise StackError(f"Spark connector jar {needed}* missing from {settings.spark_jars_dir}")
+    if settings.spark_quick_start:
+        build_class_archive(settings)
     return jars
+
+
+def build_class_archive(settings: Settings) -> Path | None:
+    """The AppCDS archive Spark jobs start from (``Settings.quick_start_opts``): dumped once from a
+    small job, again when the JDK or Spark's jars change. Without it jobs start slower, nothing else."""
+    archive = settings.spark_class_archive
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    jars = sorted(p.name for p in pyspark_jars_dir().glob("*.jar"))
+    digest = hashlib.sha256("\n".join([java, *jars]).encode()).hexdigest()
+    stamp = archive.with_suffix(".built")
+    if archive.exists() and stamp.exists() and stamp.read_text() == digest:
+        return archive
+    archive.unlink(missing_ok=True)
+    dumping = archive.with_suffix(".dumping")
+    env = {**os.environ, **settings.runtime_env(),
+           "SPARK_SUBMIT_OPTS": f"{QUICK_JIT} -XX:ArchiveClassesAtExit={dumping}"}
+    cmd = [str(settings.venv / "bin" / "spark-submit"), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+           str(WARM_CLASSES)]
+    say("spark", "dumping the class archive Spark jobs start from (once, about 30 s)")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 or not dumping.exists():
+        say("spark", f"no class archive (jobs start slower): spark-submit exited {done.returncode}: "
+                     f"{done.stderr.strip()[-500:]}")
+        dumping.unlink(missing_ok=True)
+        return None
+    dumping.rename(archive)
+    stamp.write_text(digest)
+    return archive
 
 
 def status(settings: Settings) -> str:
