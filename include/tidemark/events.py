@@ -26,7 +26,8 @@ Reject = Callable[[dict[str, Any], str], None]  # (the record, the reason): a de
 TABLE_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded)
 
 
-PARSED = "tidemark_events e CROSS JOIN LATERAL json_populate_record(NULL::{table}, e._tm_value::json) r"
+RAW = "tidemark_events"  # (partition, offset, value text): what the micro-batch's good events said
+TYPED = "tidemark_events_typed"  # the same, parsed once into the real-time table's column types
 
 
 class EventWriter:
@@ -57,15 +58,15 @@ class EventWriter:
         kept = events.filter(pa.array(good, pa.bool_())) if not all(good) else events
         if not kept.num_rows:
             return
+        by_position = {(r["partition"], r["offset"]): r for r in records}
         self._load(cur, kept)
+        self._parse(cur, by_position, reject)
         mark = ledger.committed_watermark(cur, self.spec.name)
         # (a text key in the watermark may hold a %: these statements also take parameters)
         fresh = f"NOT ({covered(self.spec, mark, 'r')})".replace("%", "%%") if mark is not None else "true"
-        by_position = {(r["partition"], r["offset"]): r for r in records}
         report.events += self._insert(cur, list(rules.columns), fresh, fence, micro_batch, by_position, reject)
-        parsed = PARSED.format(table=quote(self.stream.target_table))
         if mark is not None:
-            cur.execute(f"SELECT count(*) FROM {parsed} WHERE NOT ({fresh})", ())
+            cur.execute(f"SELECT count(*) FROM {TYPED} r WHERE NOT ({fresh})", ())
             report.superseded += cur.fetchone()[0]
         for (p, o), (tp, to), differ in self._not_written(cur, list(rules.columns), fresh):
             if not differ:
@@ -76,30 +77,44 @@ class EventWriter:
                 reject(by_position[(p, o)], f"event rejected: primary key {self.spec.primary_key} is already applied "
                        f"from {self.stream.topic}/{tp}@{to} with other values in {', '.join(differ)}; the first one "
                        "stands (the pipeline's facts are append-only)")
-        cur.execute(f"SELECT e._tm_p, max(r.{quote(rules.time_column)})::timestamptz FROM {parsed} GROUP BY e._tm_p")
+        cur.execute(f"SELECT r._tm_p, max(r.{quote(rules.time_column)})::timestamptz FROM {TYPED} r GROUP BY r._tm_p")
         ledger.advance_event_times(cur, self.consumer, self.stream.topic, dict(cur.fetchall()))
 
     def _load(self, cur, kept) -> None:
-        """The good events into a temporary table: position and value, parsed by PostgreSQL from there."""
+        """The good events into a temporary table: position and value as text."""
         import pyarrow as pa
         import pyarrow.csv as pacsv
 
-        cur.execute("CREATE TEMP TABLE IF NOT EXISTS tidemark_events (_tm_p integer, _tm_o bigint, _tm_value text, "
+        cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {RAW} (_tm_p integer, _tm_o bigint, _tm_value text, "
                     "PRIMARY KEY (_tm_p, _tm_o)) ON COMMIT DELETE ROWS")
         buf = io.BytesIO()
         pacsv.write_csv(pa.table({"p": kept["partition"], "o": kept["offset"], "value": kept["value"].cast(pa.string())}),
                         buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
         buf.seek(0)
-        cur.copy_expert("COPY tidemark_events (_tm_p, _tm_o, _tm_value) FROM STDIN WITH (FORMAT csv)", buf)
+        cur.copy_expert(f"COPY {RAW} (_tm_p, _tm_o, _tm_value) FROM STDIN WITH (FORMAT csv)", buf)
+
+    def _parse(self, cur, by_position: dict, reject: Reject) -> None:
+        """Parse the loaded events once, into ``TYPED`` (position and the real-time table's columns,
+        dropped at commit): every later statement reads that. A value PostgreSQL cannot cast to its
+        column is a dead letter, found one by one only when the whole micro-batch's parse fails."""
+        table = quote(self.stream.target_table)
+        parsed = f"{RAW} e CROSS JOIN LATERAL json_populate_record(NULL::{table}, e._tm_value::json) r"
+        create = f"CREATE TEMP TABLE {TYPED} ON COMMIT DROP AS SELECT e._tm_p, e._tm_o, r.* FROM {parsed}"
+        if self._all_or_each(cur, create, ()) is not None:
+            return
+        cur.execute(f"{create} WITH NO DATA")
+        self._each(cur, f"INSERT INTO {TYPED} SELECT e._tm_p, e._tm_o, r.* FROM {parsed} "
+                   "WHERE e._tm_p = %s AND e._tm_o = %s", (), RAW, by_position, reject,
+                   f"PostgreSQL cannot cast it to the real-time table {self.stream.target_table}")
 
     def _insert(self, cur, names: list[str], fresh: str, fence: int, micro_batch: int | None,
                 by_position: dict, reject: Reject) -> int:
-        """Write the loaded events; if the table refuses one (a data or integrity error), write them
+        """Write the parsed events; if the table refuses one (a data or integrity error), write them
         one by one so only the refused ones are dead letters. Returns the rows written."""
         table, pk = quote(self.stream.target_table), [quote(c) for c in self.spec.primary_key]
         cols = ", ".join(quote(c) for c in names)
         if self.facts:
-            distinct, order, conflict = "", "e._tm_p, e._tm_o", "DO NOTHING"
+            distinct, order, conflict = "", "r._tm_p, r._tm_o", "DO NOTHING"
         else:  # one version per key in the statement, then the newer of it and the stored one
             cursor = quote(self.spec.cursor.column)
             newer = (f"({table}.{cursor}, {table}._tm_partition, {table}._tm_offset) < "
@@ -109,47 +124,64 @@ class EventWriter:
             sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*map(quote, names), "_tm_partition", "_tm_offset",
                                                               "_tm_fence", "_tm_micro_batch"))
             distinct = f"DISTINCT ON ({', '.join(f'r.{c}' for c in pk)}) "
-            order = f"{', '.join(f'r.{c}' for c in pk)}, r.{cursor} DESC, e._tm_p DESC, e._tm_o DESC"
+            order = f"{', '.join(f'r.{c}' for c in pk)}, r.{cursor} DESC, r._tm_p DESC, r._tm_o DESC"
             conflict = f"DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp() WHERE {newer} AND {changed}"
 
         def insert(where: str) -> str:
             return (f"INSERT INTO {table} ({cols}, _tm_partition, _tm_offset, _tm_fence, _tm_micro_batch) "
-                    f"SELECT {distinct}{', '.join(f'r.{quote(c)}' for c in names)}, e._tm_p, e._tm_o, %s, %s "
-                    f"FROM {PARSED.format(table=table)} WHERE {fresh} {where} ORDER BY {order} "
+                    f"SELECT {distinct}{', '.join(f'r.{quote(c)}' for c in names)}, r._tm_p, r._tm_o, %s, %s "
+                    f"FROM {TYPED} r WHERE {fresh} {where} ORDER BY {order} "
                     f"ON CONFLICT ({', '.join(pk)}) {conflict}")
 
+        written = self._all_or_each(cur, insert(""), (fence, micro_batch))
+        if written is not None:
+            return written
+        return self._each(cur, insert("AND r._tm_p = %s AND r._tm_o = %s"), (fence, micro_batch), TYPED,
+                          by_position, reject, f"the real-time table {self.stream.target_table} refused it")
+
+    @staticmethod
+    def _all_or_each(cur, statement: str, params: tuple) -> int | None:
+        """Run ``statement`` for the whole micro-batch: its row count, or None (undone) when
+        PostgreSQL refused some value in it, to be run one event at a time."""
         cur.execute("SAVEPOINT events")
         try:
-            cur.execute(insert(""), (fence, micro_batch))
-            return cur.rowcount
+            cur.execute(statement, params)
         except TABLE_REFUSED:
             cur.execute("ROLLBACK TO SAVEPOINT events")
+            return None
+        written = cur.rowcount
+        cur.execute("RELEASE SAVEPOINT events")
+        return written
+
+    @staticmethod
+    def _each(cur, statement: str, params: tuple, source: str, by_position: dict, reject: Reject, why: str) -> int:
+        """Run ``statement`` (filtered by ``_tm_p = %s AND _tm_o = %s``) for each event in ``source``;
+        the ones PostgreSQL refuses are dead letters and leave ``source``. Returns the rows written."""
         written = 0
-        cur.execute("SELECT _tm_p, _tm_o FROM tidemark_events ORDER BY _tm_p, _tm_o")
+        cur.execute(f"SELECT _tm_p, _tm_o FROM {source} ORDER BY _tm_p, _tm_o")
         for position in cur.fetchall():
             cur.execute("SAVEPOINT event")
             try:
-                cur.execute(insert("AND e._tm_p = %s AND e._tm_o = %s"), (fence, micro_batch, *position))
+                cur.execute(statement, (*params, *position))
                 written += cur.rowcount
                 cur.execute("RELEASE SAVEPOINT event")
             except TABLE_REFUSED as exc:
                 cur.execute("ROLLBACK TO SAVEPOINT event")
-                cur.execute("DELETE FROM tidemark_events WHERE _tm_p = %s AND _tm_o = %s", position)
-                reject(by_position[position], f"event rejected: the real-time table {self.stream.target_table} "
-                       f"refused it: {' '.join(str(exc).split())}")
+                cur.execute(f"DELETE FROM {source} WHERE _tm_p = %s AND _tm_o = %s", position)
+                reject(by_position[position], f"event rejected: {why}: {' '.join(str(exc).split())}")
         return written
 
     def _not_written(self, cur, names: list[str], fresh: str) -> list[tuple[tuple, tuple, list[str]]]:
-        """The loaded events whose key holds another event's row: (their position, that row's
+        """The parsed events whose key holds another event's row: (their position, that row's
         position, the columns in which they differ)."""
         table = quote(self.stream.target_table)
         same_key = " AND ".join(f"t.{quote(c)} = r.{quote(c)}" for c in self.spec.primary_key)
         cur.execute(
-            f"""SELECT e._tm_p, e._tm_o, t._tm_partition, t._tm_offset,
+            f"""SELECT r._tm_p, r._tm_o, t._tm_partition, t._tm_offset,
                        ARRAY(SELECT c FROM unnest(%s::text[]) c WHERE to_jsonb(r) -> c IS DISTINCT FROM to_jsonb(t) -> c)
-                  FROM {PARSED.format(table=table)} JOIN {table} t ON {same_key}
-                 WHERE (t._tm_partition, t._tm_offset) <> (e._tm_p, e._tm_o) AND {fresh}
-                 ORDER BY e._tm_p, e._tm_o""", (names,))
+                  FROM {TYPED} r JOIN {table} t ON {same_key}
+                 WHERE (t._tm_partition, t._tm_offset) <> (r._tm_p, r._tm_o) AND {fresh}
+                 ORDER BY r._tm_p, r._tm_o""", (names,))
         return [((p, o), (tp, to), differ) for p, o, tp, to, differ in cur.fetchall()]
 
     def rules(self, cur) -> RecordRules:

@@ -156,6 +156,34 @@ def test_a_replayed_micro_batch_and_records_below_the_stored_offsets_change_noth
         wh.close()
 
 
+def test_an_event_postgresql_refuses_is_a_dead_letter_and_the_rest_of_its_micro_batch_applies(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=_stream())
+    _tables(pipe)
+    table, topic = pipe.spec.stream.target_table, pipe.spec.stream.topic
+    wh = pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:  # rules only PostgreSQL knows: a type's own syntax, and a constraint
+            cur.execute(f"ALTER TABLE {table} ADD COLUMN note inet, ADD CONSTRAINT small CHECK (amount < 100)")
+        values = [_event(1), _event(2)[:-1] + b', "note": "not an address"}', _event(3, amount="500.00"), _event(4)]
+        events = pa.table({"topic": [topic] * 4, "partition": [0, 1, 1, 2], "offset": [0, 0, 1, 0],
+                           "key": [b"EUR"] * 4, "value": values, "control": pa.nulls(4, pa.string()),
+                           "batch_id": pa.nulls(4, pa.string()), "attempt": pa.nulls(4, pa.int32()),
+                           "row_hash": [0] * 4})
+        sink = BatchSink(wh, pipe.spec)
+        sink.acquire_fence()
+        report = sink.apply(events, micro_batch=0)
+        assert (report.events, report.rejected) == (2, 2)
+        assert pipe.query_wh(f"SELECT id FROM {table} ORDER BY id") == [(1,), (4,)]
+        rejects = dict(((p, o), reason) for p, o, reason in pipe.query_wh(
+            "SELECT partition, kafka_offset, reason FROM tidemark_control.sink_rejects WHERE topic = %s", (topic,)))
+        assert set(rejects) == {(1, 0), (1, 1)}
+        assert "PostgreSQL cannot cast it" in rejects[1, 0] and "type inet" in rejects[1, 0], rejects
+        assert f"the real-time table {table} refused it" in rejects[1, 1] and '"small"' in rejects[1, 1], rejects
+        assert sink.committed_offsets()[f"{topic}/1"] == 2  # the refused ones are behind the stream, as dead letters
+    finally:
+        wh.close()
+
+
 def test_the_serving_view_is_the_source_after_a_batch_and_the_events_that_followed(settings, tmp_path):
     stream = {**_stream(), "key": "id"}  # keyed by id: the events spread over the partitions
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=stream)
