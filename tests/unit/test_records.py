@@ -87,6 +87,21 @@ def test_a_bad_record_is_refused_with_a_reason_naming_the_field(row, key, reason
     assert got is not None and reason in got, got
 
 
+@pytest.mark.parametrize(("amount", "fits"), [
+    ("9999999999999999.99", True), ("10000000000000000.00", False), ("10000000000000000", False),
+    ("-9999999999999999.99", True), ("-10000000000000000", False), ("1E+15", True), ("1E+16", False),
+    ("0.000", True), ("0E-30", True), ("12.340", True), ("12.345", False), ("1.99999999999999999999999999999", False),
+])
+def test_numeric_scale_and_range_are_decided_at_the_column_boundary(amount, fits):
+    got = check(f'{{"id": 42, "amount": {amount}, "currency": "EUR", "updated_at": "2026-01-01T12:00:00Z"}}')
+    assert (got is None) == fits, got
+
+
+@pytest.mark.parametrize("key", [b"042", b"+42", b" 42"])
+def test_a_key_spelled_otherwise_is_compared_as_its_typed_value(key):
+    assert (check(GOOD, key) is None) == (key == b"042"), check(GOOD, key)
+
+
 def test_deep_nesting_is_refused_without_crashing():
     deep = '{"id": 42, "memo": ' + "[" * 100_000 + "]" * 100_000 + "}"
     assert "nested deeper than 32 levels" in check(deep)
