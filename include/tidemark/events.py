@@ -30,6 +30,23 @@ RAW = "tidemark_events"  # (partition, offset, value text): what the micro-batch
 TYPED = "tidemark_events_typed"  # the same, parsed once into the real-time table's column types
 
 
+class _Positions:
+    """A micro-batch's events by (partition, offset), as the dicts a dead letter is made from;
+    built only when one is needed."""
+
+    def __init__(self, events):
+        self.events, self._index = events, None
+
+    def record(self, i: int) -> dict[str, Any]:
+        return {c: self.events[c][i].as_py() for c in ("topic", "partition", "offset", "key", "value")}
+
+    def __getitem__(self, position: tuple[int, int]) -> dict[str, Any]:
+        if self._index is None:
+            self._index = {p: i for i, p in enumerate(zip(self.events["partition"].to_pylist(),
+                                                          self.events["offset"].to_pylist()))}
+        return self.record(self._index[position])
+
+
 class EventWriter:
     def __init__(self, spec: PipelineSpec, consumer: str):
         assert spec.stream is not None
@@ -48,27 +65,27 @@ class EventWriter:
         import pyarrow as pa
 
         rules = self.rules(cur)
-        records = events.select(["topic", "partition", "offset", "key", "value"]).to_pylist()
-        good = []
-        for rec in records:
-            reason = rules.check(rec["key"], rec["value"], None)
+        reasons = [rules.check(k, v, None) for k, v in zip(events["key"].to_pylist(), events["value"].to_pylist())]
+        by_position = _Positions(events)
+        for i, reason in enumerate(reasons):
             if reason is not None:
-                reject(rec, f"event rejected: {reason}")
-            good.append(reason is None)
-        kept = events.filter(pa.array(good, pa.bool_())) if not all(good) else events
+                reject(by_position.record(i), f"event rejected: {reason}")
+        kept = events.filter(pa.array([r is None for r in reasons], pa.bool_())) if any(reasons) else events
         if not kept.num_rows:
             return
-        by_position = {(r["partition"], r["offset"]): r for r in records}
         self._load(cur, kept)
         self._parse(cur, by_position, reject)
         mark = ledger.committed_watermark(cur, self.spec.name)
         # (a text key in the watermark may hold a %: these statements also take parameters)
         fresh = f"NOT ({covered(self.spec, mark, 'r')})".replace("%", "%%") if mark is not None else "true"
-        report.events += self._insert(cur, list(rules.columns), fresh, fence, micro_batch, by_position, reject)
-        if mark is not None:
-            cur.execute(f"SELECT count(*) FROM {TYPED} r WHERE NOT ({fresh})", ())
-            report.superseded += cur.fetchone()[0]
-        for (p, o), (tp, to), differ in self._not_written(cur, list(rules.columns), fresh):
+        written = self._insert(cur, list(rules.columns), fresh, fence, micro_batch, by_position, reject)
+        report.events += written
+        cur.execute(f"SELECT count(*) FILTER (WHERE {fresh}), count(*) FILTER (WHERE NOT ({fresh})) FROM {TYPED} r", ())
+        unseen, covered_already = cur.fetchone()
+        report.superseded += covered_already
+        # Each row the insert wrote or updated is one event's: when it wrote every fresh one, none is left over.
+        left_over = self._not_written(cur, list(rules.columns), fresh) if written < unseen else []
+        for (p, o), (tp, to), differ in left_over:
             if not differ:
                 report.duplicates += 1
             elif not self.facts:
@@ -93,7 +110,7 @@ class EventWriter:
         buf.seek(0)
         cur.copy_expert(f"COPY {RAW} (_tm_p, _tm_o, _tm_value) FROM STDIN WITH (FORMAT csv)", buf)
 
-    def _parse(self, cur, by_position: dict, reject: Reject) -> None:
+    def _parse(self, cur, by_position: _Positions, reject: Reject) -> None:
         """Parse the loaded events once, into ``TYPED`` (position and the real-time table's columns,
         dropped at commit): every later statement reads that. A value PostgreSQL cannot cast to its
         column is a dead letter, found one by one only when the whole micro-batch's parse fails."""
@@ -108,7 +125,7 @@ class EventWriter:
                    f"PostgreSQL cannot cast it to the real-time table {self.stream.target_table}")
 
     def _insert(self, cur, names: list[str], fresh: str, fence: int, micro_batch: int | None,
-                by_position: dict, reject: Reject) -> int:
+                by_position: _Positions, reject: Reject) -> int:
         """Write the parsed events; if the table refuses one (a data or integrity error), write them
         one by one so only the refused ones are dead letters. Returns the rows written."""
         table, pk = quote(self.stream.target_table), [quote(c) for c in self.spec.primary_key]
@@ -154,7 +171,7 @@ class EventWriter:
         return written
 
     @staticmethod
-    def _each(cur, statement: str, params: tuple, source: str, by_position: dict, reject: Reject, why: str) -> int:
+    def _each(cur, statement: str, params: tuple, source: str, by_position: _Positions, reject: Reject, why: str) -> int:
         """Run ``statement`` (filtered by ``_tm_p = %s AND _tm_o = %s``) for each event in ``source``;
         the ones PostgreSQL refuses are dead letters and leave ``source``. Returns the rows written."""
         written = 0

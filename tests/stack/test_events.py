@@ -156,6 +156,39 @@ def test_a_replayed_micro_batch_and_records_below_the_stored_offsets_change_noth
         wh.close()
 
 
+def _micro_batch(topic: str, events: list[tuple[int, int, bytes]]) -> pa.Table:
+    """(partition, offset, value) events keyed EUR, as the sink's Spark query hands them over."""
+    n = len(events)
+    return pa.table({"topic": [topic] * n, "partition": [p for p, _, _ in events], "offset": [o for _, o, _ in events],
+                     "key": [b"EUR"] * n, "value": [v for *_, v in events], "control": pa.nulls(n, pa.string()),
+                     "batch_id": pa.nulls(n, pa.string()), "attempt": pa.nulls(n, pa.int32()), "row_hash": [0] * n})
+
+
+def test_entities_keep_the_newest_version_and_count_each_older_or_equal_event_once(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=_stream())
+    _tables(pipe)
+    table, topic = pipe.spec.stream.target_table, pipe.spec.stream.topic
+
+    def version(i: int, second: int, amount: str) -> bytes:
+        return f'{{"id": {i}, "amount": {amount}, "currency": "EUR", "updated_at": "2099-01-01T00:00:0{second}Z"}}'.encode()
+
+    wh = pipe.wh()
+    try:
+        sink = BatchSink(wh, pipe.spec)
+        sink.acquire_fence()
+        assert sink.apply(_micro_batch(topic, [(0, 0, version(1, 2, "1.00"))]), micro_batch=0).events == 1
+        report = sink.apply(_micro_batch(topic, [
+            (0, 1, version(1, 1, "2.00")),  # older than the stored version: superseded
+            (1, 0, version(1, 2, "1.00")),  # equal to it, from elsewhere: a duplicate
+            (1, 1, version(2, 1, "3.00")),  # new
+            (2, 0, version(3, 2, "4.00")), (2, 1, version(3, 1, "5.00")),  # two versions in one micro-batch
+        ]), micro_batch=1)
+        assert (report.events, report.duplicates, report.superseded, report.rejected) == (2, 1, 2, 0)
+        assert pipe.query_wh(f"SELECT id, amount::text FROM {table} ORDER BY id") == [(1, "1.00"), (2, "3.00"), (3, "4.00")]
+    finally:
+        wh.close()
+
+
 def test_an_event_postgresql_refuses_is_a_dead_letter_and_the_rest_of_its_micro_batch_applies(settings, tmp_path):
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING, stream=_stream())
     _tables(pipe)
@@ -165,10 +198,7 @@ def test_an_event_postgresql_refuses_is_a_dead_letter_and_the_rest_of_its_micro_
         with wh, wh.cursor() as cur:  # rules only PostgreSQL knows: a type's own syntax, and a constraint
             cur.execute(f"ALTER TABLE {table} ADD COLUMN note inet, ADD CONSTRAINT small CHECK (amount < 100)")
         values = [_event(1), _event(2)[:-1] + b', "note": "not an address"}', _event(3, amount="500.00"), _event(4)]
-        events = pa.table({"topic": [topic] * 4, "partition": [0, 1, 1, 2], "offset": [0, 0, 1, 0],
-                           "key": [b"EUR"] * 4, "value": values, "control": pa.nulls(4, pa.string()),
-                           "batch_id": pa.nulls(4, pa.string()), "attempt": pa.nulls(4, pa.int32()),
-                           "row_hash": [0] * 4})
+        events = _micro_batch(topic, list(zip([0, 1, 1, 2], [0, 0, 1, 0], values)))
         sink = BatchSink(wh, pipe.spec)
         sink.acquire_fence()
         report = sink.apply(events, micro_batch=0)
