@@ -24,6 +24,12 @@ CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK)
 SPARK_DRIVER_MEMORY = os.environ.get("TIDEMARK_SPARK_DRIVER_MEMORY") or "1g"
 
 
+def kafka_timeout_s() -> float:
+    """How long a step waits for the broker before it fails (its task's retries try again later):
+    ``TIDEMARK_KAFKA_TIMEOUT_S``, default 30."""
+    return float(os.environ.get("TIDEMARK_KAFKA_TIMEOUT_S") or 30)
+
+
 def pipelines_dir() -> Path:
     """Where the pipeline specs are: ``TIDEMARK_PIPELINES_DIR``, or the project's include/pipelines."""
     return Path(os.environ.get("TIDEMARK_PIPELINES_DIR") or PROJECT_DIR / "include" / "pipelines")

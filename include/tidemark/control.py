@@ -139,7 +139,8 @@ def messages(
     ]
 
 
-def send(bootstrap: str, topic: str, batch: list[ControlMessage], *, transactional_id: str, timeout_s: float = 30.0) -> None:
+def send(bootstrap: str, topic: str, batch: list[ControlMessage], *, transactional_id: str,
+         timeout_s: float | None = None) -> None:
     """Write the messages to their partitions in one Kafka transaction.
 
     The transactional id is stable per pipeline, so a new producer fences any zombie that is
@@ -147,8 +148,10 @@ def send(bootstrap: str, topic: str, batch: list[ControlMessage], *, transaction
     """
     from confluent_kafka import Producer
 
+    from tidemark.config import kafka_timeout_s
     from tidemark.kafka_io import producer_config
 
+    timeout_s = kafka_timeout_s() if timeout_s is None else timeout_s
     producer = Producer(producer_config(bootstrap, **{"transactional.id": transactional_id}))
     producer.init_transactions(timeout_s)
     producer.begin_transaction()

@@ -12,6 +12,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
 
+from tidemark.config import kafka_timeout_s
+
 # librdkafka's default partitioner (consistent_random, CRC32) differs from Java's (murmur2).
 # Spark writes with the Java client, so every Python producer must hash keys the same way.
 PARTITIONER = "murmur2_random"
@@ -54,8 +56,11 @@ def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
     return client_config(bootstrap, partitioner=PARTITIONER, **{"enable.idempotence": True}, **extra)
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
-    """Create the topic if missing; refuse if it exists with another partition count."""
+def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float | None = None) -> None:
+    """Create the topic if missing; refuse if it exists with another partition count. A broker
+    that does not answer within ``timeout_s`` (default: ``config.kafka_timeout_s()``) fails it."""
+    if timeout_s is None:
+        timeout_s = kafka_timeout_s()
     admin = AdminClient(client_config(bootstrap))
     meta = admin.list_topics(timeout=timeout_s)
     existing = meta.topics.get(topic)

@@ -88,6 +88,9 @@ def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(setting
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, reconcile=RECONCILE)  # upserts
     insert_payments(pipe, 1, 100)
     pipe.run("run-1")
+    assert len(pipe.rows("target", "amount")) == 100, (
+        "run-1 must load all 100 rows; a source transaction left open elsewhere (another test session on "
+        "this stack?) holds the window back")
     src = pipe.src()
     with src, src.cursor() as cur:
         cur.execute(f"UPDATE {pipe.spec.table} SET amount = 12345.67, updated_at = updated_at - interval '1 hour' "

@@ -22,3 +22,22 @@ def test_a_repeated_cause_passes_once_per_interval_and_counts_what_it_held(monke
     clock[0] += 61
     again = _record(refused.format(3))
     assert f.filter(again) and "(and 579 more like it in the last 60s)" in again.getMessage()
+
+
+def test_a_step_waits_for_a_broker_that_is_not_there_only_as_long_as_configured(monkeypatch):
+    import socket
+    import time
+
+    import pytest
+    from confluent_kafka import KafkaException
+
+    from tidemark.kafka_io import ensure_topic
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("TIDEMARK_KAFKA_TIMEOUT_S", "1.5")
+    started = time.monotonic()
+    with pytest.raises(KafkaException):
+        ensure_topic(f"127.0.0.1:{port}", "t", 1)
+    assert 1.0 < time.monotonic() - started < 10
