@@ -44,7 +44,7 @@ from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeli
 from tidemark_workshop.stack.spark import submit_command
 
 PARTITIONS = 3
-APPLY_LINE = re.compile(r"micro-batch \d+ of \d+ records .* in ([0-9.]+) s")
+APPLY_LINE = re.compile(r"micro-batch \d+ of \d+ records .*, refused .*? in ([0-9.]+) s")
 
 
 def _event(i: int, at: float) -> bytes:

@@ -50,12 +50,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    from pyspark import cloudpickle
     from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+    from tidemark import records as records_module
+    from tidemark import window as window_module
 
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
     from tidemark.dead_letters import DeadLetterOutbox
     from tidemark.kafka_io import end_offsets, ensure_topic
-    from tidemark.progress import progress_line
+    from tidemark.progress import Steps, progress_line
     from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema, ensure_stream_target
     from tidemark.sink import BatchSink
     from tidemark.sparkjob import JobError, connect, password, session
@@ -119,8 +124,11 @@ def main(argv: list[str]) -> int:
                 control.progress(rows, sink.committed_offsets(), time.monotonic() - started)
 
     def apply_now(batch_df, epoch_id: int) -> int:
-        table = batch_df.toArrow()
-        report = sink.apply(table, epoch_id)
+        steps = Steps()
+        with steps.step("spark read and checks"):  # Kafka, headers, row hashes, checks, the hand-over as Arrow
+            checker = sink.checker()
+            table = batch_df.mapInArrow(checker, checked_schema).toArrow()
+        report = sink.apply(table, epoch_id, steps)
         read["records"] += table.num_rows
         print(progress_line(f"pipeline={spec.name} sink micro-batch {epoch_id}", "records read", read["records"],
                             backlog, time.monotonic() - read["since"])
@@ -154,6 +162,12 @@ def main(argv: list[str]) -> int:
             header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
             F.xxhash64(key, value).alias("row_hash"),
         )
+        # Each record is checked on the executors, beside the read (tidemark.records.Checker); the
+        # module travels by value, so executors need no Tidemark installed.
+        cloudpickle.register_pickle_by_value(records_module)
+        cloudpickle.register_pickle_by_value(window_module)
+        checked_schema = StructType([*records.schema.fields, StructField("reason", StringType()),
+                                     StructField("checked", BooleanType())])
         with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
             writer = records.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)
             trigger_s = spec.sink.trigger.total_seconds()

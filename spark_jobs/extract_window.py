@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     from tidemark import extract, repair, totals
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
     from tidemark.kafka_io import end_offsets
-    from tidemark.progress import Ticker
+    from tidemark.progress import Steps, Ticker
     from tidemark.sparkjob import JSON_OPTIONS, JobError, TransientJobError, password, session
     from tidemark.spec import load_spec, quote
     from tidemark.summary import summary_line
@@ -67,10 +67,12 @@ def main(argv: list[str]) -> int:
             keys = repair.read_document(args.repair_keys, spec)
             table = f"(SELECT * FROM {table} WHERE {repair.filter_from_document(keys)}) AS repair"
             tag += f" repair of {len(keys['keys'])} key(s)"
-        span = spark.read.jdbc(
-            args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi, count(*) AS n FROM {table} "
-            f"WHERE {predicate(spec, window)}) AS span", properties=props,
-        ).first()
+        steps = Steps()
+        with steps.step("span query"):
+            span = spark.read.jdbc(
+                args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi, count(*) AS n FROM {table} "
+                f"WHERE {predicate(spec, window)}) AS span", properties=props,
+            ).first()
         cuts = extract.edges(span["lo"], span["hi"], args.read_partitions)
         df = spark.read.jdbc(args.jdbc_url, table, predicates=split_predicates(spec, window, cuts), properties=props)
         missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in df.columns]
@@ -108,7 +110,7 @@ def main(argv: list[str]) -> int:
             now = end_offsets(args.bootstrap, spec.topic)
             return sum(now.get(p, 0) - before.get(p, 0) for p in range(spec.partitions))
 
-        with Ticker(tag, "written to Kafka", written, span["n"]):
+        with Ticker(tag, "written to Kafka", written, span["n"]), steps.step("read, encode, write"):
             (
                 records.mapInArrow(count_on_the_way, "key string, value string, partition int")
                 .withColumn("headers", headers)
@@ -122,7 +124,8 @@ def main(argv: list[str]) -> int:
                 .save()
             )
         write_s = time.monotonic() - started
-        after = end_offsets(args.bootstrap, spec.topic)
+        with steps.step("offsets check"):
+            after = end_offsets(args.bootstrap, spec.topic)
         counted = tally.value
         try:
             report = extract.report(counted, spec.partitions)
@@ -133,7 +136,7 @@ def main(argv: list[str]) -> int:
         rows = sum(t["rows"] for t in report.values())
         args.report.write_text(json.dumps({"totals": report, "rows": rows, "seconds": round(time.monotonic() - started, 3)}))
         print(summary_line("extract", pipeline=spec.name, batch_id=args.batch_id, attempt=args.attempt,
-                           window=str(window), rows=rows, read_and_write_s=round(write_s, 1),
+                           window=str(window), rows=rows, read_and_write_s=round(write_s, 1), steps_s=steps.rounded(),
                            partitions={p: t["rows"] for p, t in report.items()}), flush=True)
     finally:
         spark.stop()

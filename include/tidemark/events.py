@@ -63,9 +63,13 @@ class EventWriter:
         equal (a no-op, counted as a duplicate); else, for facts, a dead letter naming the columns
         that differ, and for entities superseded when older than the stored version."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         rules = self.rules(cur)
-        reasons = [rules.check(k, v, None) for k, v in zip(events["key"].to_pylist(), events["value"].to_pylist())]
+        if "checked" in events.column_names and pc.all(events["checked"]).as_py():  # on the executors
+            reasons = events["reason"].to_pylist()
+        else:
+            reasons = [rules.check(k, v, None) for k, v in zip(events["key"].to_pylist(), events["value"].to_pylist())]
         by_position = _Positions(events)
         for i, reason in enumerate(reasons):
             if reason is not None:

@@ -400,6 +400,17 @@ def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
     return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest, keys)
 
 
+def open_windows(cur, pipeline: str) -> dict[tuple[str, int], Window]:
+    """The planned window of each open or sealed attempt of the pipeline, by (batch id, attempt)."""
+    cur.execute(
+        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill FROM tidemark_control.batch_attempts a
+             JOIN tidemark_control.batches b USING (batch_id)
+            WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')""",
+        (pipeline,),
+    )
+    return {(b, a): Window(Bound.from_json(lo), Bound.from_json(hi), bf) for b, a, lo, hi, bf in cur.fetchall()}
+
+
 def attempt_state(cur, batch_id: str, attempt: int, *, lock: bool = False) -> str | None:
     """The attempt's state (None: no such attempt). ``lock``: batch row, then attempt row, locked."""
     if lock:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 def progress_line(tag: str, what: str, done: int, total: int | None, seconds: float) -> str:
@@ -43,3 +44,25 @@ class Ticker:
                 print(f"{self.tag}: progress unavailable ({why})", flush=True)
                 continue
             print(progress_line(self.tag, self.what, done, self.total, time.monotonic() - self.started), flush=True)
+
+
+class Steps:
+    """Seconds spent per named step of one piece of work, for its log line ("checks 1.2 s, copy 0.3 s"):
+    the next bottleneck is visible in the job log without a profiler."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+    def rounded(self) -> dict[str, float]:
+        return {name: round(s, 2) for name, s in self.seconds.items()}
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {s:.1f} s" for name, s in self.seconds.items()) or "no steps"

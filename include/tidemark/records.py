@@ -81,12 +81,15 @@ def _constant(name: str) -> Any:
     raise Refused(f"value is not JSON: the literal {name} is not a JSON number")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=Decimal, parse_constant=_constant)
+def _decoder() -> json.JSONDecoder:
+    # One per RecordRules, built once: per record it cost as much as the parse. Never a module
+    # global: its C scanner cannot be pickled, and the rules travel to Spark's executors.
+    return json.JSONDecoder(object_pairs_hook=_pairs, parse_float=Decimal, parse_constant=_constant)
 
 
-def _parse(text: str) -> Any:
+def _parse(text: str, decoder: json.JSONDecoder) -> Any:
     try:
-        return _DECODER.decode(text)
+        return decoder.decode(text)
     except RecursionError:
         raise Refused(f"value nested deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as exc:
@@ -244,7 +247,9 @@ class RecordRules:
         table = spec.stream.target_table if events and spec.stream else spec.target_table
         if not columns:
             raise LookupError(f"pipeline {spec.name}: target table {table} does not exist")
-        self.spec, self.table = spec, table
+        # Only plain values of the spec: the rules travel to Spark's executors (``Checker``).
+        self.table, self.primary_key, self.unknown_fields = table, list(spec.primary_key), spec.unknown_fields
+        self.cursor_column, self.cursor_kind = spec.cursor.column, spec.cursor.kind
         self.columns = {c.name: c for c in columns}
         self.key_names = [spec.stream.key] if events and spec.stream else list(spec.primary_key)
         self.time_column = spec.stream.event_time if events and spec.stream else spec.cursor.column
@@ -263,6 +268,13 @@ class RecordRules:
             *_INT_RANGE, "text", "character varying", "character")
         self.required = [c.name for c in columns if c.not_null]
         self.max_bytes = spec.max_record_bytes
+        self._decoder = _decoder()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_decoder"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _decoder=_decoder())
 
     def check(self, key: bytes | None, value: bytes | None, window: Window | None) -> str | None:
         """None if the record may be staged (an event: applied), else why not. ``window`` None: an
@@ -279,7 +291,7 @@ class RecordRules:
         if len(value) > self.max_bytes:
             raise Refused(f"value of {len(value)} bytes exceeds max_record_bytes {self.max_bytes}")
         text, key_text = _utf8(value, "value"), _utf8(key, "key") if key is not None else None
-        row = _parse(text)
+        row = _parse(text, self._decoder)
         if not isinstance(row, dict):
             raise Refused(f"value is a JSON {type(row).__name__}, not an object")
         if ("{" in text[1:] or "[" in text) and _depth(row) > MAX_DEPTH:
@@ -288,7 +300,7 @@ class RecordRules:
         for name, raw in row.items():
             check = self.checks.get(name)
             if check is None:
-                if self.spec.unknown_fields == "reject":
+                if self.unknown_fields == "reject":
                     raise Refused(f"field {name!r} is not a column of target {self.table} "
                                   "(set unknown_fields: ignore in the spec to drop such fields)")
                 continue
@@ -297,30 +309,30 @@ class RecordRules:
         for name in self.required:
             if typed.get(name) is None:
                 raise Refused(f"field {name!r} is missing or null, but target column {name} is NOT NULL")
-        pk = tuple(typed.get(c) for c in self.spec.primary_key)
+        pk = tuple(typed.get(c) for c in self.primary_key)
         if any(v is None for v in pk):
-            raise Refused(f"primary key {self.spec.primary_key} missing or null in the value")
+            raise Refused(f"primary key {self.primary_key} missing or null in the value")
         self._check_key(key_text, tuple(typed.get(c) for c in self.key_names))
         when = typed.get(self.time_column)
         if window is not None:
             self._check_window(when, pk, window)
         elif when is None:
             raise Refused(f"event time field {self.time_column!r} is missing or null")
-        elif typed.get(self.spec.cursor.column) is None:  # the serving view and compaction order by it
-            raise Refused(f"cursor field {self.spec.cursor.column!r} is missing or null")
+        elif typed.get(self.cursor_column) is None:  # the serving view and compaction order by it
+            raise Refused(f"cursor field {self.cursor_column!r} is missing or null")
 
     def _check_key(self, key: str | None, expected: tuple[Any, ...]) -> None:
         if self.plain_key and key == str(expected[0]) and not isinstance(expected[0], bool):
             return  # the usual case, decided without parsing the key
         names = self.key_names
-        what = "primary key" if names == list(self.spec.primary_key) else f"key field {names[0]}"
+        what = "primary key" if names == self.primary_key else f"key field {names[0]}"
         if key is None:
             raise Refused("record without a key")
         if len(names) == 1:
             parts: dict[str, Any] = {names[0]: _key_literal(key, self.columns[names[0]])}
         else:
             try:
-                parts = _parse(key)
+                parts = _parse(key, self._decoder)
             except Refused as exc:
                 raise Refused(f"key {key!r} is not the JSON object of {names}: {exc}") from None
             if not isinstance(parts, dict) or sorted(parts) != sorted(names):
@@ -335,14 +347,14 @@ class RecordRules:
 
     def _check_window(self, cursor: Any, pk: tuple[Any, ...], window: Window) -> None:
         if cursor is None:
-            raise Refused(f"cursor field {self.spec.cursor.column!r} is missing or null")
+            raise Refused(f"cursor field {self.cursor_column!r} is missing or null")
         if isinstance(cursor, datetime) != isinstance(window.hi.cursor, datetime):
-            raise Refused(f"cursor field {self.spec.cursor.column!r}: {cursor} is not a {self.spec.cursor.kind}")
+            raise Refused(f"cursor field {self.cursor_column!r}: {cursor} is not a {self.cursor_kind}")
         lo, hi = window.lo, window.hi
         inside = (cursor < hi.cursor or (cursor == hi.cursor and (hi.pk is None or _order(pk, hi.pk) != 1))) and (
             cursor > lo.cursor or (cursor == lo.cursor and lo.pk is not None and _order(pk, lo.pk) in (1, None)))
         if not inside:
-            raise Refused(f"cursor {self.spec.cursor.column}={_plain(cursor)} (key {', '.join(map(str, pk))}) lies "
+            raise Refused(f"cursor {self.cursor_column}={_plain(cursor)} (key {', '.join(map(str, pk))}) lies "
                           f"outside the batch's window {window}")
 
 
@@ -376,3 +388,45 @@ def _order(pk: tuple[Any, ...], bound: tuple[Any, ...]) -> int | None:
 
 def _plain(value: Any) -> str:
     return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+class Checker:
+    """``RecordRules.check`` over a whole micro-batch in Arrow form, where its records are: on Spark's
+    executors (``mapInArrow``), in parallel and beside the Kafka read, instead of in the sink's one
+    Python process afterwards. Adds ``reason`` (why a record is refused, or null) and ``checked``
+    (whether it was checked here) to each Arrow batch; the sink checks itself whatever is not
+    ``checked`` (control messages, records of attempts opened after the checker was made).
+
+    ``windows``: the planned window of each open attempt, by (batch id, attempt). Picklable without
+    Tidemark installed where it runs (``cloudpickle.register_pickle_by_value`` on this module and
+    ``tidemark.window``), like the extract's totals."""
+
+    def __init__(self, topic: str, rules: RecordRules | None, windows: dict[tuple[str, int], Window],
+                 event_topic: str | None = None, event_rules: RecordRules | None = None):
+        self.topic, self.rules, self.windows = topic, rules, windows
+        self.event_topic, self.event_rules = event_topic, event_rules
+
+    def __call__(self, batches):
+        for batch in batches:
+            yield self.check(batch)
+
+    def check(self, batch):
+        import pyarrow as pa
+
+        reasons: list[str | None] = []
+        checked: list[bool] = []
+        columns = (batch.column(c).to_pylist() for c in ("topic", "control", "batch_id", "attempt", "key", "value"))
+        for topic, control, batch_id, attempt, key, value in zip(*columns):
+            if topic == self.topic and control is None and self.rules is not None and \
+                    (window := self.windows.get((batch_id, attempt))) is not None:
+                reasons.append(self.rules.check(key, value, window))
+            elif topic == self.event_topic and self.event_rules is not None:
+                reasons.append(self.event_rules.check(key, value, None))
+            else:
+                reasons.append(None)
+                checked.append(False)
+                continue
+            checked.append(True)
+        return pa.RecordBatch.from_arrays(
+            [*batch.columns, pa.array(reasons, pa.string()), pa.array(checked, pa.bool_())],
+            names=[*batch.schema.names, "reason", "checked"])

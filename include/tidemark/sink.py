@@ -51,7 +51,8 @@ from tidemark import faults, ledger
 from tidemark.control import ControlMessage, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
-from tidemark.records import RecordRules, target_columns
+from tidemark.progress import Steps
+from tidemark.records import Checker, RecordRules, target_columns
 from tidemark.repair import RepairError, key_filter, key_types
 from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import arrow_totals
@@ -92,6 +93,7 @@ class MicroBatchReport:
     refused: list[str] = field(default_factory=list)
     rejects: list[dict[str, Any]] = field(default_factory=list)
     recorded: int = 0  # how many of ``rejects`` are already in sink_rejects
+    steps: Steps = field(default_factory=Steps)  # where the micro-batch's time went, for its log line
 
 
 class BatchSink:
@@ -153,22 +155,27 @@ class BatchSink:
                 for t, parts in self.starting_offsets().items() for p, o in parts.items()}
 
     # --- one micro-batch ---------------------------------------------------------------------
-    def apply(self, table, micro_batch: int | None = None) -> MicroBatchReport:
+    def apply(self, table, micro_batch: int | None = None, steps: Steps | None = None) -> MicroBatchReport:
         """Apply one micro-batch (a pyarrow table with topic, partition, offset, key, value, control,
         batch_id, attempt, row_hash; without topic: all from the pipeline's topic) in one
-        transaction. ``micro_batch``: Spark's id for it, recorded under the fencing token."""
+        transaction. ``micro_batch``: Spark's id for it, recorded under the fencing token.
+        ``steps``: the caller's timings so far (the Spark read), continued in the log line."""
         import pyarrow as pa
 
-        report = MicroBatchReport()
+        report = MicroBatchReport(steps=steps or Steps())
         if table.num_rows == 0:
             return report
         started = time.monotonic()
         if "topic" not in table.column_names:
             table = table.append_column("topic", pa.array([self.topic] * table.num_rows, pa.string()))
-        table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+        with report.steps.step("sort"):
+            table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
         try:
-            with self.conn, self.conn.cursor() as cur:
-                controls = self._apply(cur, table, report, micro_batch)
+            with self.conn:
+                with self.conn.cursor() as cur:
+                    controls = self._apply(cur, table, report, micro_batch)
+                committing = time.perf_counter()
+            report.steps.seconds["commit"] = time.perf_counter() - committing
             faults.point("committed")
         except (FencedError, SinkError):
             raise
@@ -188,10 +195,10 @@ class BatchSink:
         events = (f"events applied {report.events}, duplicate {report.duplicates}, superseded {report.superseded}, "
                   if self.spec.stream else "")
         log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
-                 "rejected %s, committed %s, refused %s in %.1f s", self.spec.name,
+                 "rejected %s, committed %s, refused %s in %.1f s (%s)", self.spec.name,
                  micro_batch if micro_batch is not None else "-", table.num_rows, controls, report.replayed, events,
                  report.staged, report.discarded, report.rejected, report.committed or "-", report.refused or "-",
-                 time.monotonic() - started)
+                 time.monotonic() - started, report.steps)
         return report
 
     def _apply(self, cur, table, report: MicroBatchReport, micro_batch: int | None) -> int:
@@ -230,15 +237,17 @@ class BatchSink:
             self._stage(cur, data, report)
             faults.point("staged")
         if events.num_rows:  # before any batch commits: its compaction covers these too
-            self.events.apply(cur, events, self.fence, micro_batch, report,
-                              lambda rec, reason: self._reject(report, rec, reason))
+            with report.steps.step("events"):
+                self.events.apply(cur, events, self.fence, micro_batch, report,
+                                  lambda rec, reason: self._reject(report, rec, reason))
         self._record_rejects(cur, report)  # before verifying: an attempt with dead letters is refused
         complete: list[tuple[str, int]] = []
         for rec, msg in ends:
             if self._end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
                 complete.append((msg.batch_id, msg.attempt))
         for batch_id, attempt in complete:
-            self._verify_and_apply(cur, batch_id, attempt, report)
+            with report.steps.step("apply"):
+                self._verify_and_apply(cur, batch_id, attempt, report)
         self._record_rejects(cur, report)
         self._store_offsets(cur, fresh)
         if micro_batch is not None:
@@ -353,7 +362,6 @@ class BatchSink:
         """Validate and COPY the records of open attempts into their stage tables, adding to their
         running totals; discard those of superseded, aborted or refused attempts; dead-letter the
         bad ones, those of unknown batches and late ones of committed batches."""
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         attempts = data.group_by(["batch_id", "attempt"]).aggregate([]).to_pylist()
@@ -377,15 +385,12 @@ class BatchSink:
             if state in ("open", "sealed"):
                 window = planned.window
                 rules = self._record_rules(cur)
-                good = []
-                for rec in mine.select(columns).to_pylist():
-                    reason = rules.check(rec["key"], rec["value"], window)
-                    if reason is not None:
-                        self._reject(report, rec, reason)  # batch and attempt travel in their own fields
-                    good.append(reason is None)
-                kept = mine.filter(pa.array(good, pa.bool_())) if not all(good) else mine
+                with report.steps.step("checks"):
+                    kept = self._checked(mine, columns, lambda rec: rules.check(rec["key"], rec["value"], window),
+                                         lambda rec, reason: self._reject(report, rec, reason))
                 if kept.num_rows:
-                    self._copy_in(cur, batch_id, attempt, kept)
+                    with report.steps.step("stage"):
+                        self._copy_in(cur, batch_id, attempt, kept)
                 report.staged += kept.num_rows
             elif state is None:
                 for rec in mine.select(columns).to_pylist():
@@ -394,6 +399,42 @@ class BatchSink:
                 report.discarded += mine.num_rows
                 log.warning("pipeline=%s batch=%s attempt=%s: %s record(s) of a %s attempt discarded (its "
                             "attempt can never be applied)", self.spec.name, batch_id, attempt, mine.num_rows, state)
+
+    @staticmethod
+    def _checked(records, columns: list[str], check, reject):
+        """The records that pass their checks; every other one is rejected with its reason (batch and
+        attempt travel in their own fields). Where the executors checked every record (``Checker``),
+        their reasons stand; otherwise each record is checked here."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if "checked" in records.column_names and pc.all(records["checked"]).as_py():
+            bad = pc.is_valid(records["reason"])
+            if not pc.any(bad).as_py():
+                return records
+            for rec in records.filter(bad).select([*columns, "reason"]).to_pylist():
+                reject(rec, rec["reason"])
+            return records.filter(pc.invert(bad))
+        good = []
+        for rec in records.select(columns).to_pylist():
+            reason = check(rec)
+            if reason is not None:
+                reject(rec, reason)
+            good.append(reason is None)
+        return records if all(good) else records.filter(pa.array(good, pa.bool_()))
+
+    def checker(self) -> Checker:
+        """The record checks of the next micro-batch, to run where its records are (``Checker``):
+        with the rules and the planned window of every attempt open now."""
+        with self.conn, self.conn.cursor() as cur:
+            windows = ledger.open_windows(cur, self.spec.name)
+            try:
+                rules = self._record_rules(cur) if windows else None
+            except LookupError:  # no target table (yet): the micro-batch's own checks say so
+                rules = None
+            return Checker(self.topic, rules, windows,
+                           self.spec.stream.topic if self.spec.stream else None,
+                           self.events.rules(cur) if self.events else None)
 
     def _record_rules(self, cur) -> RecordRules:
         if self._rules is None:

@@ -13,3 +13,15 @@ def test_a_line_with_a_known_total():
 
 def test_a_line_without_a_total_or_a_rate():
     assert progress_line("t", "staged", 0, None, 0.0) == "t: progress staged 0 at 0 rows/s after 0s"
+
+
+def test_steps_add_up_per_name_in_the_order_they_first_ran():
+    from tidemark.progress import Steps
+
+    steps = Steps()
+    for name in ("read", "checks", "read"):
+        with steps.step(name):
+            pass
+    assert list(steps.seconds) == ["read", "checks"] and all(s >= 0 for s in steps.seconds.values())
+    assert str(steps).startswith("read 0.0 s, checks 0.0 s")
+    assert str(Steps()) == "no steps"

@@ -198,3 +198,77 @@ def test_event_rules_need_the_key_field_in_the_real_time_table():
                                                     "serving_view": "serving.payments"})
     with pytest.raises(LookupError, match=r"rt.payments has no column\(s\) \['account_id'\]"):
         RecordRules(spec, COLUMNS, events=True)
+
+
+def _micro_batch(rows: list[dict]):
+    import pyarrow as pa
+
+    names = ["topic", "partition", "offset", "key", "value", "control", "batch_id", "attempt"]
+    types = [pa.string(), pa.int32(), pa.int64(), pa.binary(), pa.binary(), pa.string(), pa.string(), pa.int32()]
+    return pa.RecordBatch.from_arrays([pa.array([r.get(n) for r in rows], t) for n, t in zip(names, types)],
+                                      names=names)
+
+
+def _mixed_micro_batch():
+    data = {"topic": "t", "partition": 0, "control": None, "batch_id": "b", "attempt": 1}
+    return _micro_batch([
+        {**data, "offset": 0, "key": b"42", "value": _raw(GOOD)},
+        {**data, "offset": 1, "key": b"42", "value": _raw({**GOOD, "amount": 1.005})},  # would round
+        {**data, "offset": 2, "key": b"42", "value": b"{not json"},
+        {**data, "offset": 3, "control": "END", "key": None, "value": b"{}"},  # control: the sink decodes it
+        {**data, "offset": 4, "attempt": 2, "key": b"42", "value": _raw(GOOD)},  # attempt not open when made
+        {**data, "offset": 5, "topic": "events", "batch_id": None, "attempt": None, "key": b"42",
+         "value": _raw({**GOOD, "currency": "EURO"})},
+    ])
+
+
+def test_the_checker_finds_what_the_rules_find_and_leaves_what_it_cannot_check_to_the_sink():
+    from tidemark.records import Checker
+
+    checker = Checker("t", RULES, {("b", 1): WINDOW}, "events", RULES)
+    out = next(checker([_mixed_micro_batch()])).to_pydict()
+    assert out["checked"] == [True, True, True, False, False, True]
+    assert out["reason"][0] is None and out["reason"][3] is None and out["reason"][4] is None
+    assert out["reason"][1] == check({**GOOD, "amount": 1.005}) and "decimal place" in out["reason"][1]
+    assert out["reason"][2] == check("{not json") and out["reason"][2].startswith("value is not JSON")
+    assert out["reason"][5] == RULES.check(b"42", _raw({**GOOD, "currency": "EURO"}), None)
+    assert "do not fit" in out["reason"][5]
+    assert out["offset"] == [0, 1, 2, 3, 4, 5]  # the micro-batch passes through whole, in order
+
+
+def test_the_checker_travels_to_a_python_without_tidemark_and_gives_the_same_reasons(tmp_path):
+    """Spark's executors run it: the sink ships the module by value, as the extract ships its totals."""
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    import tidemark.records
+    import tidemark.window
+    from tidemark.records import Checker
+
+    cloudpickle.register_pickle_by_value(tidemark.records)
+    cloudpickle.register_pickle_by_value(tidemark.window)
+    try:
+        (tmp_path / "checker.pickle").write_bytes(cloudpickle.dumps(Checker("t", RULES, {("b", 1): WINDOW})))
+    finally:
+        cloudpickle.unregister_pickle_by_value(tidemark.records)
+        cloudpickle.unregister_pickle_by_value(tidemark.window)
+    import pyarrow as pa
+
+    with pa.ipc.new_file(tmp_path / "in.arrow", _mixed_micro_batch().schema) as sink:
+        sink.write_batch(_mixed_micro_batch())
+    script = (
+        "import pickle, sys, pyarrow as pa\n"
+        "assert 'tidemark' not in sys.modules\n"
+        "checker = pickle.load(open('checker.pickle', 'rb'))\n"
+        "batch = pa.ipc.open_file('in.arrow').get_batch(0)\n"
+        "print(next(checker([batch])).column('reason').to_pylist())\n"
+        "import importlib.util; assert importlib.util.find_spec('tidemark') is None\n"
+    )
+    env = {"PATH": "/usr/bin:/bin"}  # no PYTHONPATH: Tidemark cannot be imported there
+    done = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    local = next(Checker("t", RULES, {("b", 1): WINDOW})([_mixed_micro_batch()])).column("reason").to_pylist()
+    assert done.stdout.strip() == repr(local)
