@@ -47,10 +47,12 @@ def main(argv: list[str]) -> int:
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
     from tidemark.kafka_io import end_offsets
     from tidemark.progress import Steps, Ticker
-    from tidemark.sparkjob import JSON_OPTIONS, JobError, TransientJobError, password, session
+    import psycopg2
+
+    from tidemark.sparkjob import JSON_OPTIONS, JobError, TransientJobError, connect, password, session
     from tidemark.spec import load_spec, quote
     from tidemark.summary import summary_line
-    from tidemark.window import Window, predicate, split_predicates
+    from tidemark.window import Window, split_predicates
 
     spec = load_spec(args.spec)
     window = Window.from_json(args.window)
@@ -62,18 +64,28 @@ def main(argv: list[str]) -> int:
     try:
         spark.udf.registerJavaFunction("kafka_partition", "tidemark.KafkaPartition", IntegerType())
         props = {"user": args.user, "password": secret, "driver": "org.postgresql.Driver", "fetchsize": "20000"}
-        table, cursor = quote(spec.table), quote(spec.cursor.column)
+        table = quote(spec.table)
         if args.repair_keys is not None:  # a repair batch: only its keys, still inside the window
             keys = repair.read_document(args.repair_keys, spec)
             table = f"(SELECT * FROM {table} WHERE {repair.filter_from_document(keys)}) AS repair"
             tag += f" repair of {len(keys['keys'])} key(s)"
         steps = Steps()
-        with steps.step("span query"):
-            span = spark.read.jdbc(
-                args.jdbc_url, f"(SELECT min({cursor}) AS lo, max({cursor}) AS hi, count(*) AS n FROM {table} "
-                f"WHERE {predicate(spec, window)}) AS span", properties=props,
-            ).first()
-        cuts = extract.edges(span["lo"], span["hi"], args.read_partitions)
+        with steps.step("span query"):  # straight to the source: a Spark job for one row cost seconds
+            source = connect(args.jdbc_url, args.user, secret)
+            try:
+                source.autocommit = True
+                with source.cursor() as cur:
+                    lo, hi, n = extract.read_span(cur, spec, window, table)
+                    try:
+                        histogram = extract.cursor_histogram(cur, spec)
+                    except psycopg2.Error as exc:  # statistics are advice: even cuts then
+                        print(f"{tag}: no cursor histogram from the source ({' '.join(str(exc).split())}); "
+                              "reads cut evenly", flush=True)
+                        histogram = None
+            finally:
+                source.close()
+        cuts = extract.balanced_edges(histogram, lo, hi, args.read_partitions)
+        how = "even steps" if cuts == extract.edges(lo, hi, args.read_partitions) else "the source's histogram"
         df = spark.read.jdbc(args.jdbc_url, table, predicates=split_predicates(spec, window, cuts), properties=props)
         missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in df.columns]
         if missing:
@@ -104,13 +116,15 @@ def main(argv: list[str]) -> int:
                 yield b.select(["key", "value", "partition"])
 
         before = end_offsets(args.bootstrap, spec.topic)
-        print(f"{tag}: {span['n']} rows to extract, in {args.read_partitions} parallel reads", flush=True)
+        print(f"{tag}: {n} rows to extract, in {args.read_partitions} parallel reads cut at "
+              f"{', '.join(map(str, cuts)) or 'nothing'} ({how})",
+              flush=True)
 
         def written() -> int:  # the writer is not transactional: its records count as they land
             now = end_offsets(args.bootstrap, spec.topic)
             return sum(now.get(p, 0) - before.get(p, 0) for p in range(spec.partitions))
 
-        with Ticker(tag, "written to Kafka", written, span["n"]), steps.step("read, encode, write"):
+        with Ticker(tag, "written to Kafka", written, n), steps.step("read, encode, write"):
             (
                 records.mapInArrow(count_on_the_way, "key string, value string, partition int")
                 .withColumn("headers", headers)

@@ -7,8 +7,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import Totals
-from tidemark.window import Window
+from tidemark.window import Window, predicate
+
+CURSOR_TYPES = ("timestamp with time zone", "timestamp without time zone", "bigint", "integer", "smallint")
 
 
 class ExtractError(RuntimeError):
@@ -26,6 +29,45 @@ def edges(lo: datetime | int | None, hi: datetime | int | None, parts: int) -> l
     if isinstance(lo, int) and isinstance(hi, int):
         return [lo + (hi - lo) * i // parts for i in range(1, parts)]
     return [lo + (hi - lo) * i / parts for i in range(1, parts)]  # type: ignore[operator]
+
+
+def read_span(cur, spec: PipelineSpec, window: Window, relation: str) -> tuple[Any, Any, int]:
+    """The smallest and largest cursor value in the window, and its row count, from the source
+    (``relation``: the table, or a repair's subquery of it)."""
+    cursor = quote(spec.cursor.column)
+    cur.execute(f"SELECT min({cursor}), max({cursor}), count(*) FROM {relation} WHERE {predicate(spec, window)}")
+    lo, hi, n = cur.fetchone()
+    return lo, hi, n
+
+
+def cursor_histogram(cur, spec: PipelineSpec) -> list[datetime | int] | None:
+    """The source's histogram bounds of the cursor column (None: never analysed, or not readable)."""
+    schema, _, table = spec.table.rpartition(".")
+    cur.execute(
+        """SELECT s.histogram_bounds::text, format_type(a.atttypid, NULL) FROM pg_stats s
+             JOIN pg_attribute a ON a.attrelid = to_regclass(%s) AND a.attname = s.attname
+            WHERE s.schemaname = %s AND s.tablename = %s AND s.attname = %s LIMIT 1""",
+        (quote(spec.table), schema or "public", table, spec.cursor.column),
+    )
+    row = cur.fetchone()
+    if row is None or row[0] is None or row[1] not in CURSOR_TYPES:
+        return None
+    cur.execute(f"SELECT unnest(%s::{row[1]}[])", (row[0],))  # the type is one of CURSOR_TYPES
+    return [v for (v,) in cur.fetchall()]
+
+
+def balanced_edges(bounds: list[datetime | int] | None, lo: datetime | int | None, hi: datetime | int | None,
+                   parts: int) -> list[datetime | int]:
+    """Cut points that give each parallel read about as many rows: taken from the source's own
+    histogram of the cursor column (``pg_stats.histogram_bounds``, equally populated buckets)
+    where it covers the range read; evenly spaced (``edges``) where it does not, e.g. a window of
+    rows newer than the table's last ANALYZE."""
+    if lo is None or hi is None or parts < 2 or lo == hi:
+        return []
+    inside = sorted(b for b in bounds or () if lo < b < hi)
+    if len(inside) < parts:
+        return edges(lo, hi, parts)
+    return [inside[len(inside) * i // parts] for i in range(1, parts)]
 
 
 def report(counted: Totals, partitions: int) -> dict[str, dict[str, int]]:

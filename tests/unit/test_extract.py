@@ -49,3 +49,16 @@ def test_offsets_that_moved_by_other_amounts_than_counted_refuse_to_seal_transie
     with pytest.raises(ExtractError, match=r"\(partition: counted, moved\) \{1: \(0, 2\)\}") as err:
         check_offsets("t", {0: 10, 1: 5}, {0: 13, 1: 7}, written, 2)
     assert err.value.transient
+
+
+def test_balanced_edges_follow_the_source_histogram_and_fall_back_to_even_cuts_where_it_says_nothing():
+    from tidemark.extract import balanced_edges
+
+    skewed = [0, 1, 2, 3, 4, 5, 6, 7, 90, 100]  # most rows at small ids: the cuts follow them
+    assert balanced_edges(skewed, 0, 100, 4) == [3, 5, 7]
+    assert balanced_edges(skewed, 3, 100, 2) == [6]  # only the bounds inside the range read count
+    assert balanced_edges([T0 + timedelta(hours=h) for h in range(10)], T0, T0 + timedelta(hours=9), 3) == [
+        T0 + timedelta(hours=3), T0 + timedelta(hours=6)]
+    assert balanced_edges(None, 0, 100, 4) == [25, 50, 75]  # no statistics (never analysed)
+    assert balanced_edges(skewed, 200, 400, 4) == [250, 300, 350]  # rows newer than the last ANALYZE
+    assert balanced_edges(skewed, 5, 5, 4) == [] and balanced_edges(skewed, 0, 100, 1) == []
