@@ -39,7 +39,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from pyspark import cloudpickle
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType
 
@@ -104,16 +103,12 @@ def main(argv: list[str]) -> int:
             F.struct(F.lit(HEADER_BATCH).alias("key"), F.lit(args.batch_id).cast("binary").alias("value")),
             F.struct(F.lit(HEADER_ATTEMPT).alias("key"), F.lit(str(args.attempt)).cast("binary").alias("value")),
         )
-        # One pass: each Arrow batch adds to the totals on its way to Kafka, so the totals describe
-        # exactly the records written, the source is read once, and nothing is held in memory.
-        # Each task's update counts once (result stage, spark.task.maxFailures=1).
-        cloudpickle.register_pickle_by_value(totals)  # executors need no tidemark installed
-        tally = spark.sparkContext.accumulator({}, totals.TotalsParam())
-
-        def count_on_the_way(batches):
-            for b in batches:
-                tally.add(totals.arrow_totals(b, cursor="_cursor"))
-                yield b.select(["key", "value", "partition"])
+        # One pass, all in the JVM: each record adds to the totals on its way to Kafka (tally()
+        # returns its partition), so the totals describe exactly the records written, the source is
+        # read once, and nothing is held in memory. Each task's update counts once (result stage,
+        # spark.task.maxFailures=1).
+        tally = spark._jvm.tidemark.Tally.register(spark._jsparkSession, "tally")
+        as_long = "unix_micros(_cursor)" if spec.cursor.kind == "timestamp" else "CAST(_cursor AS BIGINT)"
 
         before = end_offsets(args.bootstrap, spec.topic)
         print(f"{tag}: {n} rows to extract, in {args.read_partitions} parallel reads cut at "
@@ -126,7 +121,7 @@ def main(argv: list[str]) -> int:
 
         with Ticker(tag, "written to Kafka", written, n), steps.step("read, encode, write"):
             (
-                records.mapInArrow(count_on_the_way, "key string, value string, partition int")
+                records.select("key", "value", F.expr(f"tally(partition, row_hash, {as_long})").alias("partition"))
                 .withColumn("headers", headers)
                 .write.format("kafka")
                 .option("kafka.bootstrap.servers", args.bootstrap)
@@ -140,7 +135,7 @@ def main(argv: list[str]) -> int:
         write_s = time.monotonic() - started
         with steps.step("offsets check"):
             after = end_offsets(args.bootstrap, spec.topic)
-        counted = tally.value
+        counted = totals.from_tally(tally.text(), timestamps=spec.cursor.kind == "timestamp")
         try:
             report = extract.report(counted, spec.partitions)
             extract.check_read_range(tag, window, counted)

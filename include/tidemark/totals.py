@@ -1,12 +1,13 @@
 """END totals of records in Arrow form: per partition, the row count and the exact sum of 64-bit row hashes.
 
-The extract computes them on Spark's executors as it writes (``TotalsParam`` accumulator) and the
-sink as it stages; both hash with Spark's ``xxhash64(key, value)``. This module needs only
+The extract computes them in Spark's JVM as it writes (``tidemark.Tally``, read with ``from_tally``)
+and the sink as it stages (``arrow_totals``); both hash with Spark's ``xxhash64(key, value)``. This module needs only
 pyarrow, so the extract can ship it to executors by value (nothing to install on a cluster).
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 # {partition: {"rows": int, "checksum": int, "lo": cursor or None, "hi": cursor or None}}
@@ -39,28 +40,16 @@ def arrow_totals(batch, cursor: str | None = None) -> Totals:
     return out
 
 
-def add_totals(into: Totals, more: Totals) -> Totals:
-    """Add ``more`` to ``into`` (in place) and return it."""
-    for p, t in more.items():
-        have = into.get(p)
-        if have is None:
-            into[p] = dict(t)
-            continue
-        have["rows"] += t["rows"]
-        have["checksum"] += t["checksum"]
-        have["lo"] = min((v for v in (have["lo"], t["lo"]) if v is not None), default=None)
-        have["hi"] = max((v for v in (have["hi"], t["hi"]) if v is not None), default=None)
-    return into
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-class TotalsParam:
-    """The ``AccumulatorParam`` of a Spark accumulator of ``Totals`` (duck-typed: no pyspark import).
-
-    Exact when each task's update counts once: the extract runs with ``spark.task.maxFailures=1``
-    and adds in its final (result) stage."""
-
-    def zero(self, value: Totals) -> Totals:
-        return {}
-
-    def addInPlace(self, value1: Totals, value2: Totals) -> Totals:
-        return add_totals(value1, value2)
+def from_tally(text: str, timestamps: bool) -> Totals:
+    """The totals the extract's JVM counted (``tidemark.Tally``, one line per partition: rows, sums of
+    the hashes' high and low 32 bits, smallest and largest cursor as a long, microseconds since
+    the epoch when ``timestamps``)."""
+    out: Totals = {}
+    for line in text.splitlines():
+        p, rows, high, low, lo, hi = map(int, line.split())
+        cursor = (lambda v: _EPOCH + timedelta(microseconds=v)) if timestamps else (lambda v: v)
+        out[p] = {"rows": rows, "checksum": (high << 32) + low, "lo": cursor(lo), "hi": cursor(hi)}
+    return out

@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from tidemark.totals import TotalsParam, add_totals, arrow_totals
+from tidemark.totals import arrow_totals, from_tally
 
 HASHES = [2**63 - 1, -(2**63), -1, 0, 1, 123456789012345678, -98765432109876543]
 PARTITIONS = [0, 1, 0, 2, 1, 0, 2]
@@ -34,16 +34,15 @@ def test_without_a_cursor_the_range_is_none():
     assert arrow_totals(batch())[1] == {"rows": 2, "checksum": -(2**63) + 1, "lo": None, "hi": None}
 
 
-def test_batches_added_in_any_order_give_the_totals_of_the_whole():
-    param = TotalsParam()
-    for order in ([(0, 3), (3, 7)], [(3, 7), (0, 3)], [(0, 1), (1, 2), (2, 7)]):
-        acc = param.zero({})
-        for lo, hi in order:
-            acc = param.addInPlace(acc, arrow_totals(batch(lo, hi), cursor="_cursor"))
-        assert acc == {p: expected(p) for p in (0, 1, 2)}
-
-
-def test_adding_keeps_partitions_apart_and_ignores_missing_ranges():
-    into = {0: {"rows": 1, "checksum": 5, "lo": None, "hi": None}}
-    add_totals(into, {0: {"rows": 2, "checksum": -7, "lo": 3, "hi": 9}, 1: {"rows": 1, "checksum": 1, "lo": 4, "hi": 4}})
-    assert into == {0: {"rows": 3, "checksum": -2, "lo": 3, "hi": 9}, 1: {"rows": 1, "checksum": 1, "lo": 4, "hi": 4}}
+def test_the_jvm_tally_reads_back_as_the_totals_arrow_gives():
+    """tidemark.Tally (the extract's JVM side) sums the high and low 32 bits of each hash apart, as
+    arrow_totals does, and writes one line per partition; from_tally rebuilds the exact sums."""
+    lines = []
+    for p in (0, 1, 2):
+        mine = [i for i, q in enumerate(PARTITIONS) if q == p]
+        micros = [int((STAMPS[i] - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 10**6 for i in mine]
+        high = sum(HASHES[i] >> 32 for i in mine)
+        low = sum(HASHES[i] & 0xFFFFFFFF for i in mine)
+        lines.append(f"{p} {len(mine)} {high} {low} {min(micros)} {max(micros)}")
+    assert from_tally("\n".join(lines) + "\n", timestamps=True) == arrow_totals(batch(), cursor="_cursor")
+    assert from_tally("0 1 0 7 5 9\n", timestamps=False) == {0: {"rows": 1, "checksum": 7, "lo": 5, "hi": 9}}
