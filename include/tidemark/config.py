@@ -30,6 +30,14 @@ def kafka_timeout_s() -> float:
     return float(os.environ.get("TIDEMARK_KAFKA_TIMEOUT_S") or 30)
 
 
+def executor_checks_from() -> int:
+    """From how many records in the sink's previous micro-batch the next one's record checks run on
+    Spark's executors: ``TIDEMARK_EXECUTOR_CHECKS_FROM``, default 50,000. Below it they run in the
+    sink's own process: shipping them to the executors costs about a second per micro-batch, which
+    a backlog repays and a stream keeping up (a few thousand records a second) does not."""
+    return int(os.environ.get("TIDEMARK_EXECUTOR_CHECKS_FROM") or 50_000)
+
+
 def pipelines_dir() -> Path:
     """Where the pipeline specs are: ``TIDEMARK_PIPELINES_DIR``, or the project's include/pipelines."""
     return Path(os.environ.get("TIDEMARK_PIPELINES_DIR") or PROJECT_DIR / "include" / "pipelines")

@@ -39,7 +39,11 @@ def rejects(pipe) -> list[tuple]:
                          "ORDER BY partition, kafka_offset", (pipe.spec.topic,))
 
 
-def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch_loads(settings, tmp_path):
+def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch_loads(settings, tmp_path,
+                                                                                          monkeypatch):
+    # Checked on Spark's executors, as a backlog is (tidemark.records.Checker); the other tests'
+    # small micro-batches are checked in the sink's own process.
+    monkeypatch.setenv("TIDEMARK_EXECUTOR_CHECKS_FROM", "0")
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     bootstrap = settings.kafka_bootstrap
     insert_payments(pipe, 1, 300)
@@ -70,6 +74,9 @@ def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch
     produce(bootstrap, pipe.spec.topic, [(k, v, tags) for k, v in bad.values()])
     pipe.end(a, a1, report)
     pipe.sink()  # would crash-loop on the first three before (CharacterNotInRepertoire, StatementTooComplex)
+    sink_log = pipe.jobs[-1].stdout
+    assert "spark read and checks" in sink_log and "spark read " not in sink_log.replace("spark read and", ""), \
+        "every micro-batch was to be checked on the executors"
 
     state, message = pipe.query_wh("SELECT state, message FROM tidemark_control.batches WHERE batch_id = %s",
                                    (a.batch_id,))[0]
