@@ -2,7 +2,7 @@
 
 The extract computes them in Spark's JVM as it writes (``tidemark.Tally``, read with ``from_tally``)
 and the sink as it stages (``arrow_totals``); both hash with Spark's ``xxhash64(key, value)``. This module needs only
-pyarrow, so the extract can ship it to executors by value (nothing to install on a cluster).
+pyarrow: no database, no Spark.
 """
 
 from __future__ import annotations
