@@ -54,6 +54,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
+    from tidemark import avro
     from tidemark import records as records_module
     from tidemark import window as window_module
 
@@ -126,9 +127,19 @@ def main(argv: list[str]) -> int:
 
     def apply_now(batch_df, epoch_id: int) -> int:
         steps = Steps()
+        formats = sink.formats()
+        if formats:  # protocol version 2: decoded and checked in the JVM, beside the read
+            batch_df = avro.decode(batch_df, formats, spec.topic, list(spec.primary_key), spec.cursor.column,
+                                   spec.max_record_bytes)
         if read["last"] >= executor_checks_from():  # a backlog: check where the records are
+            schema = (batch_df.schema if "checked" in batch_df.columns else
+                      StructType([*batch_df.schema.fields, StructField("reason", StringType()),
+                                  StructField("checked", BooleanType())]))
             with steps.step("spark read and checks"):  # Kafka, headers, row hashes, checks, hand-over as Arrow
-                table = batch_df.mapInArrow(sink.checker(), checked_schema).toArrow()
+                table = batch_df.mapInArrow(sink.checker(), schema).toArrow()
+        elif formats:
+            with steps.step("spark read and checks"):
+                table = batch_df.toArrow()
         else:
             with steps.step("spark read"):
                 table = batch_df.toArrow()
@@ -171,8 +182,6 @@ def main(argv: list[str]) -> int:
         # the module travels by value, so executors need no Tidemark installed.
         cloudpickle.register_pickle_by_value(records_module)
         cloudpickle.register_pickle_by_value(window_module)
-        checked_schema = StructType([*records.schema.fields, StructField("reason", StringType()),
-                                     StructField("checked", BooleanType())])
         with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
             writer = records.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)
             trigger_s = spec.sink.trigger.total_seconds()

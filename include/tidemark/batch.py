@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from tidemark import control, ledger
+from tidemark.avro import SchemaError, SourceColumn, fit
 from tidemark.control import PartitionTotals
 from tidemark.kafka_io import ensure_topic
 from tidemark.spec import PipelineSpec
@@ -27,15 +28,17 @@ class Plan:
     window: Window
     reused: bool
     repair: bool = False  # a repair batch (tidemark.repair): only the keys the ledger holds for it
+    schema_version: int | None = None  # protocol version 2's record schema; None: version 1, JSON
+    writer_schema: str | None = None  # its Avro schema, which the extract writes with
 
     def to_xcom(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused,
-                "repair": self.repair}
+                "repair": self.repair, "schema_version": self.schema_version, "writer_schema": self.writer_schema}
 
     @classmethod
     def from_xcom(cls, raw: dict[str, Any]) -> "Plan":
         return cls(raw["batch_id"], Window.from_json(raw["window"]), bool(raw.get("reused")),
-                   bool(raw.get("repair")))
+                   bool(raw.get("repair")), raw.get("schema_version"), raw.get("writer_schema"))
 
 
 def plan(
@@ -65,7 +68,10 @@ def plan(
         if spec.max_batch_rows is not None:
             types = {name: type_ for name, type_, _ in ledger.source_columns(src, spec.table)}
             window = cap_rows(src, spec, window, types)
-        planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window)
+        version = _register_schema(src, wh, spec) if spec.record_format == "avro" else None
+        planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window, version)
+        writer = (ledger.record_schema(wh, spec.name, planned.schema_version)[1]
+                  if planned.schema_version is not None else None)
     if bootstrap:
         ensure_topic(bootstrap, spec.topic, spec.partitions)
     held = _held(spec, clock, observed, id_high)
@@ -78,7 +84,26 @@ def plan(
     if window != whole and not planned.reused:
         log.info("pipeline=%s batch=%s window=%s capped at max_batch_rows=%s rows of %s; the next batch goes on "
                     "from %s", spec.name, planned.batch_id, window, spec.max_batch_rows, whole, window.hi)
-    return Plan(planned.batch_id, planned.window, planned.reused)
+    return Plan(planned.batch_id, planned.window, planned.reused, schema_version=planned.schema_version,
+                writer_schema=writer)
+
+
+def _register_schema(src, wh, spec: PipelineSpec) -> int:
+    """Protocol version 2: the record schema version of the source's columns now (a new one when a
+    column was added), after checking the target holds every source column exactly."""
+    columns = [SourceColumn(*c) for c in ledger.source_columns(src, spec.table)]
+    target = [SourceColumn(*c) for c in ledger.source_columns(wh, spec.target_table)]
+    try:
+        added = fit(columns, target, spec.target_table)
+        version, _ = ledger.register_schema(wh, spec.name, columns, {*spec.primary_key, spec.cursor.column})
+    except SchemaError as exc:
+        raise PlanError(f"pipeline {spec.name} (record_format avro): {exc}. Next: change the target table or "
+                        "the source so they agree, then clear the run from 'plan'") from None
+    if added:
+        log.warning("pipeline=%s record schema version %s: source column(s) %s are new; the batch adds them to %s "
+                    "when it commits", spec.name, version, ", ".join(f"{c.name} {c.sql_type}" for c in added),
+                    spec.target_table)
+    return version
 
 
 def _held(spec: PipelineSpec, clock, observed, id_high) -> str:
@@ -96,7 +121,7 @@ def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Pl
     """One control message per partition, in one Kafka transaction of the pipeline's producer."""
     msgs = control.messages(
         kind, pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
-        window=batch.window.to_json(), partitions=spec.partitions, **extra,
+        window=batch.window.to_json(), partitions=spec.partitions, schema_version=batch.schema_version, **extra,
     )
     control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
 

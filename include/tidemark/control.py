@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # JSON records; version 2: Avro records of a registered schema (tidemark.avro)
+PROTOCOL_VERSIONS = (1, 2)
 HEADER_CONTROL = "tidemark.control"  # header on control messages: BEGIN | END | ABORT
 HEADER_BATCH = "tidemark.batch"  # headers on data records
 HEADER_ATTEMPT = "tidemark.attempt"
@@ -44,20 +45,19 @@ class PartitionTotals(BaseModel):
         return str(value)
 
 
-SCHEMA_VERSIONS = (1,)  # record schema versions this sink can read
-
 
 class ControlMessage(BaseModel):
     # strict: no lax coercion ("5" is not 5, 1.0 is not 1); the window is checked in _shape
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    version: Literal[1] = PROTOCOL_VERSION
+    version: Literal[PROTOCOL_VERSIONS] = PROTOCOL_VERSION  # type: ignore[valid-type]
     kind: Kind
     pipeline: str
     batch_id: Annotated[str, Field(min_length=1, max_length=200)]
     attempt: Annotated[int, Field(ge=1)]
     window: dict[str, Any]  # tidemark.window.Window.to_json()
-    schema_version: Literal[SCHEMA_VERSIONS] = 1  # type: ignore[valid-type]
+    # version 1: always 1 (JSON); version 2: the pipeline's registered record schema the batch uses
+    schema_version: Annotated[int, Field(ge=1)] = 1
     partitions: Annotated[int, Field(ge=1, le=64)]
     partition: Annotated[int, Field(ge=0)]  # the partition this copy was written to
     totals: PartitionTotals | None = None  # END only: this partition's rows and checksum
@@ -67,6 +67,8 @@ class ControlMessage(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> "ControlMessage":
+        if self.version == 1 and self.schema_version != 1:
+            raise ValueError(f"protocol version 1 has only schema_version 1, not {self.schema_version}")
         if self.partition >= self.partitions:
             raise ValueError(f"partition {self.partition} outside 0..{self.partitions - 1}")
         if self.kind == "END" and (self.totals is None or self.batch_rows is None):
@@ -123,8 +125,10 @@ def messages(
     partitions: int,
     totals: dict[int, PartitionTotals] | None = None,
     reason: str | None = None,
+    schema_version: int | None = None,
 ) -> list[ControlMessage]:
-    """One copy per partition; END copies carry that partition's totals."""
+    """One copy per partition; END copies carry that partition's totals. ``schema_version``: the
+    batch's registered record schema (protocol version 2); None: version 1, JSON records."""
     now = datetime.now(timezone.utc)
     batch_rows = sum(t.rows for t in totals.values()) if totals is not None else None
     if kind == "END" and (totals is None or sorted(totals) != list(range(partitions))):
@@ -134,6 +138,7 @@ def messages(
             kind=kind, pipeline=pipeline, batch_id=batch_id, attempt=attempt, window=window,
             partitions=partitions, partition=p, totals=totals[p] if totals else None,
             batch_rows=batch_rows, reason=reason, sent_at=now,
+            **({"version": 2, "schema_version": schema_version} if schema_version is not None else {}),
         )
         for p in range(partitions)
     ]

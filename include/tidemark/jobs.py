@@ -36,14 +36,16 @@ def jdbc_args(url: str, user: str) -> list[str]:
 
 def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Window, bootstrap: str,
                  report: Path | str, read_partitions: int = READ_PARTITIONS,
-                 repair_keys: Path | str | None = None) -> list[str]:
+                 repair_keys: Path | str | None = None, writer_schema: str | None = None) -> list[str]:
     """spark_jobs/extract_window.py's arguments after the JDBC ones (``repair_keys``: the keys
-    document of a repair batch, ``tidemark.repair.write_document``)."""
+    document of a repair batch, ``tidemark.repair.write_document``; ``writer_schema``: the Avro
+    schema of a protocol-version-2 batch)."""
     return [
         "--spec", str(Path(spec_path).resolve()), "--batch-id", batch_id, "--attempt", str(attempt),
         "--window", json.dumps(window.to_json()), "--bootstrap", bootstrap, "--report", str(report),
         "--read-partitions", str(read_partitions),
         *(["--repair-keys", str(repair_keys)] if repair_keys is not None else []),
+        *(["--avro-schema", writer_schema] if writer_schema is not None else []),
     ]
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidemark.avro import Format, SourceColumn, columns_from_json, drift
+from tidemark.avro import schema as avro_schema
 from tidemark.control import PartitionTotals, dumps_totals, loads_totals
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Bound, PlanError, Window
@@ -56,25 +58,58 @@ class PlannedBatch:
     batch_id: str
     window: Window
     reused: bool  # the run was planned before (a retry or a cleared run): same window
+    schema_version: int | None = None  # protocol version 2's record schema (None: version 1, JSON)
 
 
-def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window) -> PlannedBatch:
-    """Store the batch's window, or return the window stored by an earlier try of the same run."""
+def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window,
+                schema_version: int | None = None) -> PlannedBatch:
+    """Store the batch's window and record schema, or return those an earlier try of the same run
+    stored."""
     cur.execute(
         """INSERT INTO tidemark_control.batches
-               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned')
+               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, schema_version)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s)
            ON CONFLICT (batch_id) DO NOTHING""",
         (batch_id, spec.name, run_id, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
-         window.backfill, spec.partitions),
+         window.backfill, spec.partitions, schema_version),
     )
     if cur.rowcount == 1:
-        return PlannedBatch(batch_id, window, reused=False)
+        return PlannedBatch(batch_id, window, reused=False, schema_version=schema_version)
     cur.execute(
-        "SELECT window_lo, window_hi, backfill FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,)
+        "SELECT window_lo, window_hi, backfill, schema_version FROM tidemark_control.batches WHERE batch_id = %s",
+        (batch_id,)
     )
-    lo, hi, backfill = cur.fetchone()
-    return PlannedBatch(batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), reused=True)
+    lo, hi, backfill, version = cur.fetchone()
+    return PlannedBatch(batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), reused=True,
+                        schema_version=version)
+
+
+def register_schema(cur, pipeline: str, columns: list[SourceColumn], required: set[str]) -> tuple[int, str]:
+    """The pipeline's record schema version for these source columns, and its Avro writer schema:
+    the latest if the columns are the same, a new one if they only grew (``avro.drift``), else
+    ``avro.SchemaError`` with both schemas."""
+    cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.record_schemas'), hashtext(%s))", (pipeline,))
+    cur.execute("SELECT version, columns, writer_schema FROM tidemark_control.record_schemas WHERE pipeline = %s "
+                "ORDER BY version DESC LIMIT 1", (pipeline,))
+    row = cur.fetchone()
+    if row is not None and columns_from_json(row[1]) == columns:
+        return row[0], row[2]
+    if row is not None:
+        drift(columns_from_json(row[1]), columns)
+    version, writer = (row[0] + 1 if row else 1), avro_schema(columns, required)
+    cur.execute("INSERT INTO tidemark_control.record_schemas (pipeline, version, columns, writer_schema) "
+                "VALUES (%s, %s, %s, %s)", (pipeline, version, json.dumps([c.to_json() for c in columns]), writer))
+    return version, writer
+
+
+def record_schema(cur, pipeline: str, version: int) -> tuple[list[SourceColumn], str]:
+    """A registered schema version's source columns and Avro writer schema."""
+    cur.execute("SELECT columns, writer_schema FROM tidemark_control.record_schemas WHERE pipeline = %s "
+                "AND version = %s", (pipeline, version))
+    row = cur.fetchone()
+    if row is None:
+        raise LookupError(f"pipeline {pipeline}: no record schema version {version} in tidemark_control.record_schemas")
+    return columns_from_json(row[0]), row[1]
 
 
 def record_repair_plan(cur, spec: PipelineSpec, batch_id: str, window: Window, keys: list[list[str]],
@@ -387,17 +422,18 @@ class LedgerBatch:
     window: Window
     latest_attempt: int
     repair_keys: list[list[str]] | None = None  # a repair batch: only these keys (text forms) are re-loaded
+    schema_version: int | None = None  # protocol version 2's record schema (None: version 1, JSON)
 
 
 def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
     """What the orchestrator planned for a batch (None: never planned)."""
-    cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt, repair_keys FROM tidemark_control.batches "
-                "WHERE batch_id = %s", (batch_id,))
+    cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt, repair_keys, schema_version "
+                "FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
     row = cur.fetchone()
     if row is None:
         return None
-    pipeline, lo, hi, backfill, latest, keys = row
-    return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest, keys)
+    pipeline, lo, hi, backfill, latest, keys, version = row
+    return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest, keys, version)
 
 
 def open_windows(cur, pipeline: str) -> dict[tuple[str, int], Window]:
@@ -409,6 +445,20 @@ def open_windows(cur, pipeline: str) -> dict[tuple[str, int], Window]:
         (pipeline,),
     )
     return {(b, a): Window(Bound.from_json(lo), Bound.from_json(hi), bf) for b, a, lo, hi, bf in cur.fetchall()}
+
+
+def open_formats(cur, pipeline: str) -> dict[tuple[str, int], Format]:
+    """The record format of each open or sealed protocol-version-2 attempt, by (batch id, attempt)."""
+    cur.execute(
+        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, s.version, s.columns, s.writer_schema
+             FROM tidemark_control.batch_attempts a
+             JOIN tidemark_control.batches b USING (batch_id)
+             JOIN tidemark_control.record_schemas s ON s.pipeline = b.pipeline AND s.version = b.schema_version
+            WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')""",
+        (pipeline,),
+    )
+    return {(b, a): Format(v, columns_from_json(cols), writer, Window(Bound.from_json(lo), Bound.from_json(hi), bf))
+            for b, a, lo, hi, bf, v, cols, writer in cur.fetchall()}
 
 
 def attempt_state(cur, batch_id: str, attempt: int, *, lock: bool = False) -> str | None:

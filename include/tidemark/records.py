@@ -411,22 +411,29 @@ class Checker:
             yield self.check(batch)
 
     def check(self, batch):
+        """The batch with ``reason`` and ``checked``; where it has them already (records Spark checked,
+        protocol version 2: ``tidemark.avro.decode``), those records keep theirs."""
         import pyarrow as pa
 
-        reasons: list[str | None] = []
+        names = batch.schema.names
+        done = batch.column(names.index("checked")).to_pylist() if "checked" in names else [False] * batch.num_rows
+        reasons: list[str | None] = (batch.column(names.index("reason")).to_pylist() if "reason" in names
+                                     else [None] * batch.num_rows)
         checked: list[bool] = []
         columns = (batch.column(c).to_pylist() for c in ("topic", "control", "batch_id", "attempt", "key", "value"))
-        for topic, control, batch_id, attempt, key, value in zip(*columns):
-            if topic == self.topic and control is None and self.rules is not None and \
+        for i, (topic, control, batch_id, attempt, key, value) in enumerate(zip(*columns)):
+            if done[i]:
+                checked.append(True)
+            elif topic == self.topic and control is None and self.rules is not None and \
                     (window := self.windows.get((batch_id, attempt))) is not None:
-                reasons.append(self.rules.check(key, value, window))
+                reasons[i] = self.rules.check(key, value, window)
+                checked.append(True)
             elif topic == self.event_topic and self.event_rules is not None:
-                reasons.append(self.event_rules.check(key, value, None))
+                reasons[i] = self.event_rules.check(key, value, None)
+                checked.append(True)
             else:
-                reasons.append(None)
                 checked.append(False)
-                continue
-            checked.append(True)
+        kept = [n for n in names if n not in ("reason", "checked")]
         return pa.RecordBatch.from_arrays(
-            [*batch.columns, pa.array(reasons, pa.string()), pa.array(checked, pa.bool_())],
-            names=[*batch.schema.names, "reason", "checked"])
+            [*(batch.column(names.index(n)) for n in kept), pa.array(reasons, pa.string()), pa.array(checked, pa.bool_())],
+            names=[*kept, "reason", "checked"])

@@ -48,6 +48,7 @@ import psycopg2
 import psycopg2.errors
 
 from tidemark import faults, ledger
+from tidemark.avro import Format, SourceColumn, row_column, sql_type
 from tidemark.control import ControlMessage, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
@@ -109,6 +110,7 @@ class BatchSink:
         self.dead_letters = dead_letters  # publishes the committed rejects, after each commit and at start
         self.fence: int | None = None
         self._rules: RecordRules | None = None
+        self._schemas: dict[int, list[SourceColumn]] = {}  # protocol version 2: record schemas by version
         self.events = EventWriter(spec, self.consumer) if spec.stream else None
 
     # --- start-up --------------------------------------------------------------------------
@@ -329,6 +331,10 @@ class BatchSink:
         if msg.parsed_window != planned.window:
             return (f"{msg.kind} for batch {msg.batch_id} carries window {msg.parsed_window}, the ledger planned "
                     f"{planned.window}")
+        if (msg.version, msg.schema_version) != ((2, planned.schema_version) if planned.schema_version else (1, 1)):
+            return (f"{msg.kind} for batch {msg.batch_id} says protocol version {msg.version} schema version "
+                    f"{msg.schema_version}, the ledger planned "
+                    + (f"version 2 schema version {planned.schema_version}" if planned.schema_version else "version 1"))
         if msg.attempt > planned.latest_attempt:
             return (f"{msg.kind} for batch {msg.batch_id} attempt {msg.attempt}, which the orchestrator never opened "
                     f"(latest attempt {planned.latest_attempt})")
@@ -382,7 +388,9 @@ class BatchSink:
                     state, why = None, (f"late record of batch {batch_id} attempt {attempt}, committed at "
                                         f"{ledger.attempt_finished_at(cur, batch_id, attempt):%Y-%m-%dT%H:%M:%S%z}: "
                                         "not applied")
-            if state in ("open", "sealed"):
+            if state in ("open", "sealed") and planned.schema_version is not None:
+                self._stage_typed(cur, batch_id, attempt, planned.schema_version, mine, columns, report)
+            elif state in ("open", "sealed"):
                 window = planned.window
                 rules = self._record_rules(cur)
                 with report.steps.step("checks"):
@@ -399,6 +407,61 @@ class BatchSink:
                 report.discarded += mine.num_rows
                 log.warning("pipeline=%s batch=%s attempt=%s: %s record(s) of a %s attempt discarded (its "
                             "attempt can never be applied)", self.spec.name, batch_id, attempt, mine.num_rows, state)
+
+    def _stage_typed(self, cur, batch_id: str, attempt: int, version: int, records, columns: list[str],
+                     report: MicroBatchReport) -> None:
+        """Protocol version 2: Spark decoded and checked every record (``tidemark.avro.decode``); the
+        good ones are COPYed, typed, into the attempt's UNLOGGED stage table."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.csv as pacsv
+
+        name = row_column(version)
+        if name not in records.column_names or not pc.all(records["checked"]).as_py():
+            raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: records of this "
+                            f"protocol-version-2 attempt (schema version {version}) reached the sink undecoded (the "
+                            "attempt was not open when the micro-batch was read); rolled back. Next: restart the "
+                            "sink: it reads them again from the same offsets")
+        kept = self._checked(records, columns, None, lambda rec, reason: self._reject(report, rec, reason))
+        if not kept.num_rows:
+            return
+        with report.steps.step("stage"):
+            rows = kept[name].combine_chunks()
+            names = [f.name for f in rows.type]
+            buf = io.BytesIO()
+            pacsv.write_csv(pa.table(rows.flatten(), names=names), buf,
+                            pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+            buf.seek(0)
+            stage = self._ensure_stage(cur, batch_id, attempt)
+            cur.execute("SAVEPOINT stage")
+            try:
+                cur.copy_expert(f"COPY {stage} ({', '.join(quote(n) for n in names)}) FROM STDIN WITH (FORMAT csv)",
+                                buf)
+            except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # never a crash loop: dead letters
+                cur.execute("ROLLBACK TO SAVEPOINT stage")
+                why = " ".join(str(exc).split())[:500]
+                for rec in kept.select(columns).to_pylist():
+                    self._reject(report, rec, f"the typed stage refused this micro-batch's records of batch "
+                                              f"{batch_id} attempt {attempt}: {why}")
+                return
+            for p, t in arrow_totals(kept).items():
+                ledger.add_staged(cur, batch_id, attempt, p, t["rows"], t["checksum"])
+        report.staged += kept.num_rows
+
+    def _format(self, cur, batch_id: str) -> tuple[int, list[SourceColumn]] | None:
+        """A protocol-version-2 batch's schema version and source columns (None: version 1)."""
+        planned = ledger.planned_batch(cur, batch_id)
+        if planned is None or planned.schema_version is None:
+            return None
+        version = planned.schema_version
+        if version not in self._schemas:
+            self._schemas[version] = ledger.record_schema(cur, self.spec.name, version)[0]
+        return version, self._schemas[version]
+
+    def formats(self) -> dict[tuple[str, int], Format]:
+        """The record format of every open protocol-version-2 attempt, for ``tidemark.avro.decode``."""
+        with self.conn, self.conn.cursor() as cur:
+            return ledger.open_formats(cur, self.spec.name)
 
     @staticmethod
     def _checked(records, columns: list[str], check, reject):
@@ -427,7 +490,8 @@ class BatchSink:
         """The record checks of the next micro-batch, to run where its records are (``Checker``):
         with the rules and the planned window of every attempt open now."""
         with self.conn, self.conn.cursor() as cur:
-            windows = ledger.open_windows(cur, self.spec.name)
+            typed = ledger.open_formats(cur, self.spec.name)  # version 2: checked in Spark already
+            windows = {k: w for k, w in ledger.open_windows(cur, self.spec.name).items() if k not in typed}
             try:
                 rules = self._record_rules(cur) if windows else None
             except LookupError:  # no target table (yet): the micro-batch's own checks say so
@@ -457,7 +521,12 @@ class BatchSink:
 
     def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:
         stage = quote(stage_table(batch_id, attempt))
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text)")
+        fmt = self._format(cur, batch_id)
+        if fmt is None:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text)")
+        else:  # typed like the source; UNLOGGED: it lives only until its batch commits or is refused
+            cols = ", ".join(f"{quote(c.name)} {sql_type(c.sql_type)}" for c in fmt[1])
+            cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols})")
         return stage
 
     def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
@@ -586,18 +655,36 @@ class BatchSink:
     def target_columns(self, cur) -> list[str]:
         return list(self._record_rules(cur).columns)
 
+    def _batch_columns(self, cur, batch_id: str) -> list[str]:
+        """The columns a batch writes: the target's (version 1), or its record schema's (version 2;
+        source columns the target lacks are added first, in this transaction)."""
+        fmt = self._format(cur, batch_id)
+        if fmt is None:
+            return self.target_columns(cur)
+        have = set(self.target_columns(cur))
+        for c in fmt[1]:
+            if c.name not in have:
+                cur.execute(f"ALTER TABLE {quote(self.spec.target_table)} ADD COLUMN {quote(c.name)} {sql_type(c.sql_type)}")
+                log.warning("pipeline=%s batch=%s: target %s gained column %s %s (record schema version %s)",
+                            self.spec.name, batch_id, self.spec.target_table, c.name, c.sql_type, fmt[0])
+                self._rules = None  # the target's columns changed
+        return [c.name for c in fmt[1]]
+
     def _staged_records(self, cur, batch_id: str, attempt: int) -> str:
         """SQL reading the attempt's staged records as rows of the target's type."""
-        # json, not jsonb: parsing straight into the record is about twice as fast.
         # An empty window sends no records, so its stage table may not exist yet.
-        return (f"SELECT r.* FROM {self._ensure_stage(cur, batch_id, attempt)} s, "
+        stage = self._ensure_stage(cur, batch_id, attempt)
+        if self._format(cur, batch_id) is not None:  # typed already: nothing to parse
+            return f"SELECT * FROM {stage}"
+        # json, not jsonb: parsing straight into the record is about twice as fast.
+        return (f"SELECT r.* FROM {stage} s, "
                 f"LATERAL json_populate_record(NULL::{quote(self.spec.target_table)}, s.value::json) r")
 
-    def _newest_wins(self, cur) -> str:
+    def _newest_wins(self, cur, columns: list[str]) -> str:
         """The upsert's conflict clause: an older version never replaces a newer one."""
         spec = self.spec
         target, cursor_col = quote(spec.target_table), quote(spec.cursor.column)
-        updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in self.target_columns(cur)
+        updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in columns
                             if c not in spec.primary_key)
         pk = ", ".join(quote(c) for c in spec.primary_key)
         return (f"ON CONFLICT ({pk}) DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}"
@@ -606,7 +693,8 @@ class BatchSink:
     def _merge(self, cur, batch_id: str, attempt: int, window: Window) -> int:
         spec = self.spec
         target = quote(spec.target_table)
-        cols = ", ".join(quote(c) for c in self.target_columns(cur))
+        columns = self._batch_columns(cur, batch_id)
+        cols = ", ".join(quote(c) for c in columns)
         records = self._staged_records(cur, batch_id, attempt)
         if spec.write_mode == "append_window_replace":
             # The window's rows are replaced whole. A key that is already there (outside the window,
@@ -620,7 +708,7 @@ class BatchSink:
             f"""INSERT INTO {target} ({cols})
                 SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) * FROM ({records}) batch
                                     ORDER BY {pk}, {quote(spec.cursor.column)} DESC) latest
-                {self._newest_wins(cur)}"""
+                {self._newest_wins(cur, columns)}"""
         )
         return cur.rowcount
 
@@ -632,7 +720,8 @@ class BatchSink:
         refuses the batch if the first is not 0."""
         spec = self.spec
         target = quote(spec.target_table)
-        cols = ", ".join(quote(c) for c in self.target_columns(cur))
+        columns = self._batch_columns(cur, batch_id)
+        cols = ", ".join(quote(c) for c in columns)
         keyed = key_filter(list(spec.primary_key), key_types(cur, spec.target_table, list(spec.primary_key)), keys)
         records = self._staged_records(cur, batch_id, attempt)
         cur.execute(f"SELECT count(*) FROM ({records}) batch WHERE NOT ({keyed})")
@@ -642,7 +731,7 @@ class BatchSink:
         cur.execute(f"DELETE FROM {target} WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}")
         deleted = cur.rowcount
         # a row still there is newer than the window (loaded since): the newest version stays
-        conflict = self._newest_wins(cur) if spec.write_mode != "append_window_replace" else ""
+        conflict = self._newest_wins(cur, columns) if spec.write_mode != "append_window_replace" else ""
         cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch {conflict}")
         log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s) up to %s: %s target row(s) deleted, %s written",
                  spec.name, batch_id, attempt, len(keys), window.hi, deleted, cur.rowcount)

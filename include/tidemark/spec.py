@@ -201,6 +201,9 @@ class PipelineSpec(BaseModel):
     create_target_schema: bool = False  # a missing target schema is an error unless this says to create it
     write_mode: Literal["upsert", "append_window_replace"] = "upsert"
     partitions: Annotated[int, Field(ge=1, le=64)] = 3
+    # How data records travel (docs/control-protocol.md): "avro" is protocol version 2 (typed rows,
+    # checked in Spark, staged typed, applied without parsing); "json" is version 1.
+    record_format: Literal["json", "avro"] = "json"
     append_only: bool = False  # the source table is never updated (required with an id cursor)
     # What the sink refuses (each refused record goes to the dead-letter topic with its reason).
     unknown_fields: Literal["reject", "ignore"] = "reject"

@@ -246,7 +246,8 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
                     source.close()
                     warehouse.close()
             self.job_args = jobs.extract_args(self.spec_path, plan.batch_id, attempt, plan.window, bootstrap,
-                                              report_path, self.read_partitions, repair_keys=keys_path)
+                                              report_path, self.read_partitions, repair_keys=keys_path,
+                                              writer_schema=plan.writer_schema)
             self.log.info("%s: extracting", tag)
             super().execute(context)
             report = json.loads(report_path.read_text())

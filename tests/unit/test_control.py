@@ -151,9 +151,11 @@ def test_decode_rejects_malformed_json(raw, expected):
 
 
 @pytest.mark.parametrize(("changes", "expected"), [
-    ({"version": 2}, "version: Input should be 1"),
-    ({"version": 0}, "version: Input should be 1"),
-    ({"version": "1"}, "version: Input should be 1"),
+    ({"version": 3}, "version: Input should be 1 or 2"),
+    ({"version": 0}, "version: Input should be 1 or 2"),
+    ({"version": "1"}, "version: Input should be 1 or 2"),
+    ({"schema_version": 2}, "(message): Value error, protocol version 1 has only schema_version 1, not 2"),
+    ({"version": 2, "schema_version": 0}, "schema_version: Input should be greater than or equal to 1"),
     ({"kind": "COMMIT"}, "kind: Input should be 'BEGIN', 'END' or 'ABORT'"),
     ({"partition": 3}, "(message): Value error, partition 3 outside 0..2"),
     ({"partition": 7, "partitions": 4}, "(message): Value error, partition 7 outside 0..3"),
@@ -184,6 +186,13 @@ def test_protocol_error_is_a_value_error():
 def test_decode_rejects_a_window_that_is_not_a_window():
     with pytest.raises(ProtocolError, match="window"):
         decode(json.dumps(_envelope(window={})))
+
+
+def test_version_2_messages_name_their_record_schema_version():
+    msgs = messages("BEGIN", partitions=2, schema_version=4, **COMMON)
+    assert {(m.version, m.schema_version) for m in msgs} == {(2, 4)}
+    assert decode(msgs[1].encode()) == msgs[1]
+    assert {(m.version, m.schema_version) for m in messages("ABORT", partitions=1, reason="x", **COMMON)} == {(1, 1)}
 
 
 def test_control_messages_are_immutable():

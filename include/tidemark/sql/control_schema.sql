@@ -239,3 +239,15 @@ ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS reconciled_at time
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS repair_keys jsonb;  -- [[key values as text], ...]
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS repair_of text;     -- the repaired batch; NULL: full table
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS repair_run uuid;    -- the reconciliation that found them
+
+-- Protocol version 2 (tidemark/avro.py): each pipeline's record schemas, one version per set of
+-- source columns; a batch loads under the version its plan registered (NULL: version 1, JSON).
+CREATE TABLE IF NOT EXISTS tidemark_control.record_schemas (
+    pipeline       text NOT NULL,
+    version        integer NOT NULL CHECK (version >= 1),
+    columns        jsonb NOT NULL,               -- [[name, SQL type, not null], ...] as at the source
+    writer_schema  text NOT NULL,                -- the Avro schema (JSON) the extract writes with
+    registered_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pipeline, version)
+);
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS schema_version integer;

@@ -27,6 +27,12 @@ class Pipeline:
     path: Path
     jobs: list[Submitted] = field(default_factory=list)  # every spark-submit, in order (timings, memory)
 
+    def with_fields(self, **fields) -> "Pipeline":
+        """The same pipeline with its spec file changed (what the DAG and sink read from then on)."""
+        raw = {**json.loads(self.path.read_text()), **fields}
+        self.path.write_text(json.dumps(raw))
+        return Pipeline(self.settings, load_spec(self.path), self.path, self.jobs)
+
     @property
     def source_table(self) -> str:
         return self.spec.table
@@ -67,7 +73,7 @@ class Pipeline:
                 wh.close()
         return [*jobs.jdbc_args(s.jdbc_url(SOURCE_DB), s.pg_user),
                 *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report,
-                                   repair_keys=keys)]
+                                   repair_keys=keys, writer_schema=plan.writer_schema)]
 
     def extract(self, plan: batch.Plan, attempt: int) -> dict:
         report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")

@@ -30,7 +30,7 @@ def prepare(settings: Settings) -> list[Path]:
     jars = resolve(POM, settings.spark_jars_dir, skip_names=shipped)
     jars = [*[j for j in jars if j.name != UDF_JAR], build_udf_jar(settings)]
     names = " ".join(j.name for j in jars)
-    for needed in ("spark-sql-kafka-0-10", "postgresql-"):
+    for needed in ("spark-sql-kafka-0-10", "spark-avro", "postgresql-"):
         if needed not in names:
             raise StackError(f"Spark connector jar {needed}* missing from {settings.spark_jars_dir}")
     if settings.spark_quick_start:

@@ -1,0 +1,147 @@
+"""Protocol version 2 (record_format: avro) against the real stack: typed records, exact values,
+schema drift, untrusted records, and version-1 batches still applied (docs/control-protocol.md)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import pytest
+
+from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
+from tidemark.sink import stage_table
+from tidemark.window import PlanError
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
+
+from test_untrusted_input import produce, rejects, same_rows
+
+WIDE_DDL = """
+CREATE TABLE {table} (
+    id bigint PRIMARY KEY,
+    amount numeric(38,10) NOT NULL,
+    rate double precision,
+    booked date,
+    memo text,
+    flag boolean,
+    small integer,
+    updated_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+def stages(pipe) -> set[str]:
+    return {f"tidemark_stage.{t}" for (t,) in pipe.query_wh(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'tidemark_stage'")}
+
+
+def test_decimals_at_full_precision_and_microsecond_timestamps_survive_bit_for_bit(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, WIDE_DDL, record_format="avro")
+    conn = pipe.src()
+    with conn, conn.cursor() as cur:
+        cur.execute(f"""INSERT INTO {pipe.source_table} (id, amount, rate, booked, memo, flag, small, updated_at) VALUES
+            (1, 9999999999999999999999999999.9999999999, 0.1, '2026-02-28', 'Zürich "quoted", comma', true, -2147483648,
+             '2026-03-01 12:34:56.123456+00'),
+            (2, -9999999999999999999999999999.9999999999, NULL, NULL, NULL, NULL, NULL, '1999-12-31 23:59:59.999999+00'),
+            (3, 0.0000000001, -1e300, '0001-01-01', '', false, 2147483647, '2026-03-01 12:34:56.000001+00'),
+            (4, 0, 'NaN', '9999-12-31', E'line\\nbreak\\ttab', true, 0, '2026-03-01 12:34:56.123457+00')""")
+    conn.close()
+    plan, attempt = pipe.run("run-1")
+    assert plan.schema_version == 1 and plan.writer_schema is not None
+    columns = "amount, rate, booked, memo, flag, small, updated_at"
+    source, target = pipe.rows("source", columns), pipe.rows("target", columns)
+    # compared by repr: exact digits of every Decimal, microseconds and zone of every timestamp, and NaN
+    assert len(source) == 4 and {k: repr(v) for k, v in target.items()} == {k: repr(v) for k, v in source.items()}
+    assert target[1][0] == Decimal("9999999999999999999999999999.9999999999")
+    assert target[1][-1] == datetime(2026, 3, 1, 12, 34, 56, 123456, tzinfo=timezone.utc)
+    assert pipe.query_wh("SELECT schema_version, state FROM tidemark_control.batches WHERE batch_id = %s",
+                         (plan.batch_id,)) == [(1, "committed")]
+    assert stage_table(plan.batch_id, attempt) not in stages(pipe)
+
+
+def avro_long(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)  # zigzag
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def payment(i: int, cents: int, currency: bytes, micros: int) -> bytes:
+    """A PAYMENTS_DDL row in Avro binary, as the extract writes it (schema version 1)."""
+    unscaled = cents.to_bytes((cents.bit_length() + 8) // 8, "big", signed=True)
+    return (avro_long(i) + avro_long(len(unscaled)) + unscaled + avro_long(len(currency)) + currency
+            + avro_long(micros))
+
+
+def test_untrusted_records_are_dead_letters_the_batch_is_refused_and_the_next_loads(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, record_format="avro")
+    bootstrap = settings.kafka_bootstrap
+    insert_payments(pipe, 1, 300)
+    a = pipe.plan("run-a")
+    a1 = pipe.begin(a)
+    report = pipe.extract(a, a1)
+    tags = [(HEADER_BATCH, a.batch_id.encode()), (HEADER_ATTEMPT, str(a1).encode())]
+    inside = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1e6)
+    bad = {
+        "is not an Avro record of schema version 1": (b"900001", b"{\"id\": 900001}"),
+        "does not match the primary key in the value": (b"900099", payment(900002, 125, b"EUR", inside)),
+        "outside the batch's window": (b"900003", payment(900003, 125, b"EUR", 4102444800 * 10**6)),
+        "not valid UTF-8": (b"900004", payment(900004, 125, b"E\xffR", inside)),
+        "contains a NUL character": (b"900005", payment(900005, 125, b"E\x00R", inside)),
+    }
+    produce(bootstrap, pipe.spec.topic, [(k, v, tags) for k, v in bad.values()])
+    pipe.end(a, a1, report)
+    pipe.sink()
+    state, message = pipe.query_wh("SELECT state, message FROM tidemark_control.batches WHERE batch_id = %s",
+                                   (a.batch_id,))[0]
+    assert state == "refused", message
+    assert f"{len(bad)} record(s) of this attempt were refused" in message
+    got = rejects(pipe)
+    for expected in bad:
+        assert sum(expected in reason for *_, reason in got) == 1, (expected, got)
+    assert {d["value"] for d in dead_letters(bootstrap, pipe.spec.topic)} == {v for _, v in bad.values()}
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}")[0][0] == 0
+    assert stage_table(a.batch_id, a1) not in stages(pipe)
+
+    insert_payments(pipe, 301, 400)
+    pipe.run("run-b")
+    same_rows(pipe)
+
+
+def test_a_version_1_batch_on_the_topic_still_applies_and_added_columns_reach_the_target(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)  # record_format json: protocol version 1
+    insert_payments(pipe, 1, 100)
+    v1 = pipe.plan("run-1")
+    v1_attempt = pipe.begin(v1)
+    pipe.end(v1, v1_attempt, pipe.extract(v1, v1_attempt))  # on the topic, not yet applied
+    assert v1.schema_version is None
+
+    pipe = pipe.with_fields(record_format="avro")  # the sink that applies it reads version 2 too
+    insert_payments(pipe, 101, 200)
+    v2, _ = pipe.run("run-2")
+    assert v2.schema_version == 1
+    assert pipe.query_wh("SELECT batch_id, state FROM tidemark_control.batches WHERE batch_id IN (%s, %s) "
+                         "ORDER BY planned_at", (v1.batch_id, v2.batch_id)) == [(v1.batch_id, "committed"),
+                                                                               (v2.batch_id, "committed")]
+    same_rows(pipe)
+
+    conn = pipe.src()
+    with conn, conn.cursor() as cur:  # a column added at the source between two batches
+        cur.execute(f"ALTER TABLE {pipe.source_table} ADD COLUMN fee numeric(10,4)")
+        cur.execute(f"INSERT INTO {pipe.source_table} (id, amount, fee) SELECT g, g * 0.37, g * 0.0001 "
+                    "FROM generate_series(201, 250) g")
+    conn.close()
+    v3, _ = pipe.run("run-3")
+    assert v3.schema_version == 2
+    assert pipe.rows("target", "amount, fee") == pipe.rows("source", "amount, fee")
+
+    conn = pipe.src()
+    with conn, conn.cursor() as cur:  # narrowed: refused at plan, with both schemas
+        cur.execute(f"ALTER TABLE {pipe.source_table} ALTER COLUMN fee TYPE numeric(6,4)")
+    conn.close()
+    with pytest.raises(PlanError) as refused:
+        pipe.plan("run-4")
+    text = str(refused.value)
+    assert "changed fee: numeric(10,4) -> numeric(6,4)" in text
+    assert "Registered schema: (id bigint NOT NULL, amount numeric(18,2) NOT NULL" in text
+    assert "source now: (" in text and "fee numeric(6,4))" in text
