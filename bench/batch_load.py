@@ -67,18 +67,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated batch sizes at which to measure the sink's peak memory ('' skips)")
     p.add_argument("--no-baselines", action="store_true", help="time Tidemark only (to profile it)")
     p.add_argument("--partitions", type=int, default=3, help="Kafka partitions of the benchmark pipeline")
+    p.add_argument("--record-format", choices=("avro", "json"), default="avro",
+                   help="how Tidemark's records travel: avro (protocol version 2) or json (version 1)")
     args = p.parse_args(argv)
     memory_rows = [int(n) for n in args.memory_rows.split(",") if n.strip()]
 
     settings = Settings.from_env()
     src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
-    pipe = _pipeline(settings, args.partitions, "tidemark")
-    standing = _pipeline(settings, args.partitions, "standing")
+    pipe = _pipeline(settings, args.partitions, "tidemark", args.record_format)
+    standing = _pipeline(settings, args.partitions, "standing", args.record_format)
     try:
         _reset(src, wh)
         bank.seed(src)
         _load_source(src, args.rows)
-        result = {"rows": args.rows, **_tidemark(pipe, src, wh, args.rows)}
+        result = {"rows": args.rows, "record_format": args.record_format, **_tidemark(pipe, src, wh, args.rows)}
         where = predicate(pipe.spec, result.pop("window"))
         result.update(_standing_sink(settings, standing, src, wh, args.rows))
         if not args.no_baselines:
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _pipeline(settings: Settings, partitions: int, contender: str) -> Pipeline:
+def _pipeline(settings: Settings, partitions: int, contender: str, record_format: str) -> Pipeline:
     """A fresh pipeline over the demo ledger (its own name, so its own topic and watermark)."""
     name = f"bench_ledger_{uuid.uuid4().hex[:8]}"
     spec = {
@@ -118,7 +120,7 @@ def _pipeline(settings: Settings, partitions: int, contender: str) -> Pipeline:
         "cursor": {"kind": "timestamp", "column": "created_at"}, "safe_lag": "PT0S",
         "target_table": f"{SCHEMAS[contender]}.ledger_entries", "write_mode": "append_window_replace",
         "create_target_schema": True,
-        "partitions": partitions,
+        "partitions": partitions, "record_format": record_format,
     }
     path = settings.state_dir / "bench" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -131,12 +131,13 @@ def main(argv: list[str]) -> int:
         if formats:  # protocol version 2: decoded and checked in the JVM, beside the read
             batch_df = avro.decode(batch_df, formats, spec.topic, list(spec.primary_key), spec.cursor.column,
                                    spec.max_record_bytes)
-        if read["last"] >= executor_checks_from():  # a backlog: check where the records are
+        checker = sink.checker() if read["last"] >= executor_checks_from() else None
+        if checker is not None and checker.has_work:  # a backlog: check where the records are
             schema = (batch_df.schema if "checked" in batch_df.columns else
                       StructType([*batch_df.schema.fields, StructField("reason", StringType()),
                                   StructField("checked", BooleanType())]))
             with steps.step("spark read and checks"):  # Kafka, headers, row hashes, checks, hand-over as Arrow
-                table = batch_df.mapInArrow(sink.checker(), schema).toArrow()
+                table = batch_df.mapInArrow(checker, schema).toArrow()
         elif formats:
             with steps.step("spark read and checks"):
                 table = batch_df.toArrow()

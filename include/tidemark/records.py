@@ -406,6 +406,11 @@ class Checker:
         self.topic, self.rules, self.windows = topic, rules, windows
         self.event_topic, self.event_rules = event_topic, event_rules
 
+    @property
+    def has_work(self) -> bool:
+        """Whether any record can be checked here (none: an Arrow round trip for nothing)."""
+        return (self.rules is not None and bool(self.windows)) or self.event_rules is not None
+
     def __call__(self, batches):
         for batch in batches:
             yield self.check(batch)

@@ -236,6 +236,23 @@ def test_the_checker_finds_what_the_rules_find_and_leaves_what_it_cannot_check_t
     assert out["offset"] == [0, 1, 2, 3, 4, 5]  # the micro-batch passes through whole, in order
 
 
+def test_the_checker_keeps_the_reasons_of_records_spark_checked_already():
+    """Protocol version 2's records arrive checked (``tidemark.avro.decode``): the checker leaves them."""
+    import pyarrow as pa
+
+    from tidemark.records import Checker
+
+    batch = _mixed_micro_batch()
+    spark_checked = [False, True, False, False, False, False]
+    batch = pa.RecordBatch.from_arrays(
+        [*batch.columns, pa.array([None, "decoded elsewhere", None, None, None, None], pa.string()),
+         pa.array(spark_checked)], names=[*batch.schema.names, "reason", "checked"])
+    out = next(Checker("t", RULES, {("b", 1): WINDOW}, "events", RULES)([batch])).to_pydict()
+    assert out["checked"] == [True, True, True, False, False, True]
+    assert out["reason"][1] == "decoded elsewhere" and out["reason"][2].startswith("value is not JSON")
+    assert list(out) == [*_mixed_micro_batch().schema.names, "reason", "checked"]
+
+
 def test_the_checker_travels_to_a_python_without_tidemark_and_gives_the_same_reasons(tmp_path):
     """Spark's executors run it: the sink ships the module by value, as the extract ships its totals."""
     import subprocess
