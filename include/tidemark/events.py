@@ -18,7 +18,7 @@ import psycopg2
 import psycopg2.errors
 
 from tidemark import ledger
-from tidemark.records import RecordRules, target_columns
+from tidemark.records import RecordRules, checked_upstream, target_columns
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import covered
 
@@ -63,10 +63,9 @@ class EventWriter:
         equal (a no-op, counted as a duplicate); else, for facts, a dead letter naming the columns
         that differ, and for entities superseded when older than the stored version."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         rules = self.rules(cur)
-        if "checked" in events.column_names and pc.all(events["checked"]).as_py():  # on the executors
+        if checked_upstream(events):  # on the executors
             reasons = events["reason"].to_pylist()
         else:
             reasons = [rules.check(k, v, None) for k, v in zip(events["key"].to_pylist(), events["value"].to_pylist())]

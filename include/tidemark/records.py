@@ -390,6 +390,14 @@ def _plain(value: Any) -> str:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
+def checked_upstream(records) -> bool:
+    """Whether every record of an Arrow table was checked where it was read (``Checker``, or Spark's
+    own checks of protocol version 2): its ``reason`` column then stands."""
+    import pyarrow.compute as pc
+
+    return "checked" in records.column_names and pc.all(records["checked"]).as_py()
+
+
 class Checker:
     """``RecordRules.check`` over a whole micro-batch in Arrow form, where its records are: on Spark's
     executors (``mapInArrow``), in parallel and beside the Kafka read, instead of in the sink's one

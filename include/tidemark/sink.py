@@ -53,7 +53,7 @@ from tidemark.control import ControlMessage, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
 from tidemark.progress import Steps
-from tidemark.records import Checker, RecordRules, target_columns
+from tidemark.records import Checker, RecordRules, checked_upstream, target_columns
 from tidemark.repair import RepairError, key_filter, key_types
 from tidemark.spec import PipelineSpec, quote
 from tidemark.totals import arrow_totals
@@ -413,11 +413,10 @@ class BatchSink:
         """Protocol version 2: Spark decoded and checked every record (``tidemark.avro.decode``); the
         good ones are COPYed, typed, into the attempt's UNLOGGED stage table."""
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
         name = row_column(version)
-        if name not in records.column_names or not pc.all(records["checked"]).as_py():
+        if name not in records.column_names or not checked_upstream(records):
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: records of this "
                             f"protocol-version-2 attempt (schema version {version}) reached the sink undecoded (the "
                             "attempt was not open when the micro-batch was read); rolled back. Next: restart the "
@@ -471,7 +470,7 @@ class BatchSink:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if "checked" in records.column_names and pc.all(records["checked"]).as_py():
+        if checked_upstream(records):
             bad = pc.is_valid(records["reason"])
             if not pc.any(bad).as_py():
                 return records
