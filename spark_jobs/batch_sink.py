@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
         if formats:  # protocol version 2: decoded and checked in the JVM, beside the read
             batch_df = avro.decode(batch_df, formats, spec.topic, list(spec.primary_key), spec.cursor.column,
                                    spec.max_record_bytes)
-        checker = sink.checker() if read["last"] >= executor_checks_from() else None
+        checker = sink.checker(formats) if read["last"] >= executor_checks_from() else None
         if checker is not None and checker.has_work:  # a backlog: check where the records are
             schema = (batch_df.schema if "checked" in batch_df.columns else
                       StructType([*batch_df.schema.fields, StructField("reason", StringType()),

@@ -413,7 +413,6 @@ class BatchSink:
         """Protocol version 2: Spark decoded and checked every record (``tidemark.avro.decode``); the
         good ones are COPYed, typed, into the attempt's UNLOGGED stage table."""
         import pyarrow as pa
-        import pyarrow.csv as pacsv
 
         name = row_column(version)
         if name not in records.column_names or not checked_upstream(records):
@@ -426,16 +425,10 @@ class BatchSink:
             return
         with report.steps.step("stage"):
             rows = kept[name].combine_chunks()
-            names = [f.name for f in rows.type]
-            buf = io.BytesIO()
-            pacsv.write_csv(pa.table(rows.flatten(), names=names), buf,
-                            pacsv.WriteOptions(include_header=False, quoting_style="needed"))
-            buf.seek(0)
             stage = self._ensure_stage(cur, batch_id, attempt)
             cur.execute("SAVEPOINT stage")
             try:
-                cur.copy_expert(f"COPY {stage} ({', '.join(quote(n) for n in names)}) FROM STDIN WITH (FORMAT csv)",
-                                buf)
+                _copy_csv(cur, stage, pa.table(rows.flatten(), names=[f.name for f in rows.type]))
             except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # never a crash loop: dead letters
                 cur.execute("ROLLBACK TO SAVEPOINT stage")
                 why = " ".join(str(exc).split())[:500]
@@ -443,8 +436,7 @@ class BatchSink:
                     self._reject(report, rec, f"the typed stage refused this micro-batch's records of batch "
                                               f"{batch_id} attempt {attempt}: {why}")
                 return
-            for p, t in arrow_totals(kept).items():
-                ledger.add_staged(cur, batch_id, attempt, p, t["rows"], t["checksum"])
+            _add_staged(cur, batch_id, attempt, kept)
         report.staged += kept.num_rows
 
     def _format(self, cur, batch_id: str) -> tuple[int, list[SourceColumn]] | None:
@@ -485,11 +477,11 @@ class BatchSink:
             good.append(reason is None)
         return records if all(good) else records.filter(pa.array(good, pa.bool_()))
 
-    def checker(self) -> Checker:
+    def checker(self, typed: dict[tuple[str, int], Format]) -> Checker:
         """The record checks of the next micro-batch, to run where its records are (``Checker``):
-        with the rules and the planned window of every attempt open now."""
+        with the rules and the planned window of every attempt open now, except the protocol-version-2
+        attempts of ``typed`` (``formats()``: Spark checks those)."""
         with self.conn, self.conn.cursor() as cur:
-            typed = ledger.open_formats(cur, self.spec.name)  # version 2: checked in Spark already
             windows = {k: w for k, w in ledger.open_windows(cur, self.spec.name).items() if k not in typed}
             try:
                 rules = self._record_rules(cur) if windows else None
@@ -506,17 +498,11 @@ class BatchSink:
 
     def _copy_in(self, cur, batch_id: str, attempt: int, records) -> None:
         import pyarrow as pa
-        import pyarrow.csv as pacsv
 
         stage = self._ensure_stage(cur, batch_id, attempt)
-        buf = io.BytesIO()
-        values = records["value"].cast(pa.string())  # checked UTF-8 already: Arrow's cast, not a Python loop
-        pacsv.write_csv(pa.table({"value": values}), buf,
-                        pacsv.WriteOptions(include_header=False, quoting_style="needed"))
-        buf.seek(0)
-        cur.copy_expert(f"COPY {stage} (value) FROM STDIN WITH (FORMAT csv)", buf)
-        for p, t in arrow_totals(records).items():
-            ledger.add_staged(cur, batch_id, attempt, p, t["rows"], t["checksum"])
+        # checked UTF-8 already: Arrow's cast, not a Python loop
+        _copy_csv(cur, stage, pa.table({"value": records["value"].cast(pa.string())}))
+        _add_staged(cur, batch_id, attempt, records)
 
     def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:
         stage = quote(stage_table(batch_id, attempt))
@@ -746,6 +732,24 @@ class BatchSink:
     def _store_offsets(self, cur, table) -> None:
         for r in table.group_by(["topic", "partition"]).aggregate([("offset", "max")]).to_pylist():
             ledger.store_offset(cur, self.consumer, r["topic"], r["partition"], r["offset_max"] + 1, self.fence)
+
+
+def _copy_csv(cur, stage: str, table) -> None:
+    """COPY an Arrow table into the stage's columns of the same names (CSV: NULL unquoted and empty,
+    an empty string quoted)."""
+    import pyarrow.csv as pacsv
+
+    buf = io.BytesIO()
+    pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+    buf.seek(0)
+    cur.copy_expert(f"COPY {stage} ({', '.join(quote(n) for n in table.column_names)}) FROM STDIN WITH (FORMAT csv)",
+                    buf)
+
+
+def _add_staged(cur, batch_id: str, attempt: int, records) -> None:
+    """Add staged records to the attempt's running per-partition counts and checksums."""
+    for p, t in arrow_totals(records).items():
+        ledger.add_staged(cur, batch_id, attempt, p, t["rows"], t["checksum"])
 
 
 def _payload_text(payload: bytes | str | None) -> str | None:
