@@ -1,10 +1,11 @@
 """Extract one batch window from the source to the pipeline topic, with its END totals.
 
 Reads ``lo < (cursor, pk) and cursor <= hi`` over JDBC in parallel cursor ranges, writes each row
-as JSON (protocol version 1) or Avro (version 2, ``--avro-schema``) keyed by primary key to the partition Kafka's murmur2 partitioner gives the key, tagged
-with the batch id and attempt in headers, and in the same pass counts rows and sums 64-bit row
-hashes per partition. The totals go to ``--report`` (JSON) for the END step. Any inconsistency
-(rows outside the window, Kafka offsets that moved by other amounts than counted) exits 3.
+as JSON (protocol version 1) or Avro (version 2, ``--avro-schema``) keyed by primary key to the
+partition Kafka's murmur2 partitioner gives the key, tagged with the batch id and attempt in
+headers, and in the same pass counts rows and sums 64-bit row hashes per partition. The totals go
+to ``--report`` (JSON) for the END step. Any inconsistency (rows outside the window, Kafka offsets
+that moved by other amounts than counted) exits 3.
 
   spark-submit spark_jobs/extract_window.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/src \
       --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \

@@ -8,12 +8,11 @@ from decimal import Decimal
 
 import pytest
 
-from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
 from tidemark.sink import stage_table
 from tidemark.window import PlanError
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 
-from test_untrusted_input import produce, rejects, same_rows
+from test_untrusted_input import extracted_batch, produce, rejects, same_rows
 
 WIDE_DDL = """
 CREATE TABLE {table} (
@@ -74,13 +73,8 @@ def payment(i: int, cents: int, currency: bytes, micros: int) -> bytes:
 
 
 def test_untrusted_records_are_dead_letters_the_batch_is_refused_and_the_next_loads(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, record_format="avro")
+    pipe, a, a1, report, tags = extracted_batch(settings, tmp_path, record_format="avro")
     bootstrap = settings.kafka_bootstrap
-    insert_payments(pipe, 1, 300)
-    a = pipe.plan("run-a")
-    a1 = pipe.begin(a)
-    report = pipe.extract(a, a1)
-    tags = [(HEADER_BATCH, a.batch_id.encode()), (HEADER_ATTEMPT, str(a1).encode())]
     inside = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1e6)
     bad = {
         "is not an Avro record of schema version 1": (b"900001", b"{\"id\": 900001}"),

@@ -39,18 +39,25 @@ def rejects(pipe) -> list[tuple]:
                          "ORDER BY partition, kafka_offset", (pipe.spec.topic,))
 
 
+def extracted_batch(settings, tmp_path, **fields):
+    """A PAYMENTS_DDL pipeline (spec ``fields`` added) whose rows 1..300 are extracted as a batch,
+    before END: the pipeline, plan, attempt, extract report, and the headers a record of that
+    attempt carries (to forge records with)."""
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, **fields)
+    insert_payments(pipe, 1, 300)
+    plan = pipe.plan("run-a")
+    attempt = pipe.begin(plan)
+    report = pipe.extract(plan, attempt)
+    return pipe, plan, attempt, report, [(HEADER_BATCH, plan.batch_id.encode()), (HEADER_ATTEMPT, str(attempt).encode())]
+
+
 def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch_loads(settings, tmp_path,
                                                                                           monkeypatch):
     # Checked on Spark's executors, as a backlog is (tidemark.records.Checker); the other tests'
     # small micro-batches are checked in the sink's own process.
     monkeypatch.setenv("TIDEMARK_EXECUTOR_CHECKS_FROM", "0")
-    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
+    pipe, a, a1, report, tags = extracted_batch(settings, tmp_path)
     bootstrap = settings.kafka_bootstrap
-    insert_payments(pipe, 1, 300)
-    a = pipe.plan("run-a")
-    a1 = pipe.begin(a)
-    report = pipe.extract(a, a1)
-    tags = [(HEADER_BATCH, a.batch_id.encode()), (HEADER_ATTEMPT, str(a1).encode())]
 
     def row(i: int, **fields) -> bytes:
         return json.dumps({"id": i, "amount": 1.25, "currency": "EUR", "updated_at": INSIDE, **fields}).encode()
