@@ -203,7 +203,7 @@ class PipelineSpec(BaseModel):
     partitions: Annotated[int, Field(ge=1, le=64)] = 3
     # How data records travel (docs/control-protocol.md): "avro" is protocol version 2 (typed rows,
     # checked in Spark, staged typed, applied without parsing); "json" is version 1.
-    record_format: Literal["json", "avro"] = "json"
+    record_format: Literal["json", "avro"] = "avro"
     append_only: bool = False  # the source table is never updated (required with an id cursor)
     # What the sink refuses (each refused record goes to the dead-letter topic with its reason).
     unknown_fields: Literal["reject", "ignore"] = "reject"
