@@ -7,6 +7,10 @@
    source and warehouse databases.
 4. A naive Spark JDBC copy (``bench/naive_jdbc_copy.py``): one JDBC read, one JDBC write.
 
+Tidemark also loads the same rows with a standing sink (started before the plan, as the
+supervisor keeps it), and once more with its Spark jobs at ``local[1]`` instead of the stack's
+``local[2]``: ``ratio_local2_vs_local1`` is rows/s at two cores over rows/s at one.
+
 All three copy the same window into an empty table of the same shape, and each copy is checked
 (row count and exact amounts per currency) before its time counts. JVM start-up (launch of
 spark-submit until the Spark session is ready) is reported apart and not counted. Then, for
@@ -31,6 +35,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -47,8 +52,8 @@ from tidemark.summary import parse_summaries
 from tidemark.window import predicate
 
 BENCH = Path(__file__).resolve().parent
-SCHEMAS = {"tidemark": "bench_tidemark", "standing": "bench_tidemark_standing", "copy": "bench_copy",
-           "spark_jdbc": "bench_spark_jdbc"}
+SCHEMAS = {"tidemark": "bench_tidemark", "standing": "bench_tidemark_standing", "local1": "bench_tidemark_local1",
+           "copy": "bench_copy", "spark_jdbc": "bench_spark_jdbc"}
 MB = 1024 * 1024
 
 
@@ -76,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     pipe = _pipeline(settings, args.partitions, "tidemark", args.record_format)
     standing = _pipeline(settings, args.partitions, "standing", args.record_format)
+    # The same batch again with one core per Spark job: does the work spread over the two?
+    one_core = _pipeline(replace(settings, spark_master="local[1]"), args.partitions, "local1", args.record_format)
     try:
         _reset(src, wh)
         bank.seed(src)
@@ -83,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"rows": args.rows, "record_format": args.record_format, **_tidemark(pipe, src, wh, args.rows)}
         where = predicate(pipe.spec, result.pop("window"))
         result.update(_standing_sink(settings, standing, src, wh, args.rows))
+        result.update(_cores(one_core, src, wh, args.rows, result))
         if not args.no_baselines:
             result["copy_s"] = _copy_pipe(settings, _empty_target(src, wh, "copy"), where)
             _check(src, wh, "copy", where, args.rows)
@@ -105,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             result["sink_memory_growth"] = round(result["sink_peak_mb"][sizes[-1]] / result["sink_peak_mb"][sizes[0]], 2)
     finally:
         _save_logs(settings, pipe)
-        _clean(settings, src, wh, pipe, standing)
+        _clean(settings, src, wh, pipe, standing, one_core)
         src.close()
         wh.close()
     print(json.dumps(result, sort_keys=True), flush=True)
@@ -153,7 +161,7 @@ def _ready_at(job: Submitted) -> float:
     return sessions[0]["ready_at"]
 
 
-def _tidemark(pipe: Pipeline, src, wh, rows: int) -> dict:
+def _tidemark(pipe: Pipeline, src, wh, rows: int, contender: str = "tidemark") -> dict:
     t0 = time.time()
     plan = pipe.plan("bench-timed")
     attempt = pipe.begin(plan)
@@ -168,7 +176,7 @@ def _tidemark(pipe: Pipeline, src, wh, rows: int) -> dict:
     if state != "committed" or report["rows"] != rows:
         raise BenchError(f"tidemark batch {plan.batch_id}: state {state}, {report['rows']} rows extracted, "
                          f"{rows} expected: {pipe.ledger(plan.batch_id)}")
-    _check(src, wh, "tidemark", predicate(pipe.spec, plan.window), rows)
+    _check(src, wh, contender, predicate(pipe.spec, plan.window), rows)
     extract, sink = pipe.jobs[-2], pipe.jobs[-1]
     startup = {"extract": _ready_at(extract) - extract.started_at, "sink": _ready_at(sink) - sink.started_at}
     steps = {
@@ -178,8 +186,8 @@ def _tidemark(pipe: Pipeline, src, wh, rows: int) -> dict:
         "sink_work": t1 - _ready_at(sink),
     }
     tidemark_s = (t1 - t0) - sum(startup.values())
-    say(f"tidemark: {rows} rows committed as {plan.batch_id} attempt {attempt} in {tidemark_s:.1f} s "
-        f"+ {sum(startup.values()):.1f} s JVM start-up; sink staged {summary.get('staged')}")
+    say(f"tidemark ({pipe.settings.spark_master}): {rows} rows committed as {plan.batch_id} attempt {attempt} in "
+        f"{tidemark_s:.1f} s + {sum(startup.values()):.1f} s JVM start-up; sink staged {summary.get('staged')}")
     return {
         "window": plan.window,
         "tidemark_s": round(tidemark_s, 2),
@@ -217,7 +225,11 @@ def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> di
             t1 = time.time()
         finally:
             os.killpg(sink.pid, signal.SIGTERM)  # its state is in the warehouse: stopping it loses nothing
-            sink.wait(60)
+            try:
+                sink.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(sink.pid, signal.SIGKILL)
+                sink.wait(10)
     if state != "committed":
         raise BenchError(f"standing sink: batch {plan.batch_id} {state}: {pipe.ledger(plan.batch_id)}")
     _check(src, wh, "standing", predicate(pipe.spec, plan.window), rows)
@@ -227,6 +239,17 @@ def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> di
     say(f"tidemark with a standing sink: {rows} rows committed in {seconds:.1f} s + {startup:.1f} s extract JVM start-up; "
         f"sink peak memory {memory.peak_bytes / MB:.0f} MB")
     return {"tidemark_standing_sink_s": round(seconds, 2), "standing_sink_peak_mb": round(memory.peak_bytes / MB)}
+
+
+def _cores(pipe: Pipeline, src, wh, rows: int, two_cores: dict) -> dict:
+    """The timed batch's rows once more, with extract and sink at local[1]: rows/s against local[2]."""
+    one_core = _tidemark(pipe, src, wh, rows, "local1")
+    rates = {"local1": rows / one_core["tidemark_s"], "local2": rows / two_cores["tidemark_s"]}
+    say(f"rows/s: {rates['local2']:,.0f} at local[2], {rates['local1']:,.0f} at local[1] "
+        f"(steps at local[1]: {one_core['tidemark_steps_s']})")
+    return {"rows_per_s": {k: round(v) for k, v in rates.items()}, "tidemark_local1_s": one_core["tidemark_s"],
+            # rows/s at two cores over rows/s at one, i.e. the one-core time over the two-core time
+            "ratio_local2_vs_local1": round(one_core["tidemark_s"] / two_cores["tidemark_s"], 2)}
 
 
 def _empty_target(src, wh, contender: str) -> str:

@@ -22,8 +22,9 @@ def test_bench_subset_reports_every_figure():
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["rows"] == 20000
-    for key in ("tidemark_s", "copy_s", "spark_jdbc_s", "tidemark_standing_sink_s"):
+    for key in ("tidemark_s", "copy_s", "spark_jdbc_s", "tidemark_standing_sink_s", "tidemark_local1_s"):
         assert result[key] > 0, key
+    assert result["ratio_local2_vs_local1"] == round(result["tidemark_local1_s"] / result["tidemark_s"], 2)
     assert result["ratio_vs_copy"] == round(result["tidemark_s"] / result["copy_s"], 2)
     assert result["ratio_vs_spark_jdbc"] == round(result["tidemark_s"] / result["spark_jdbc_s"], 2)
     assert set(result["sink_peak_mb"]) == {"10000", "20000"}  # make bench: 1M, 2M and 4M rows
