@@ -97,8 +97,8 @@ def _register_schema(src, wh, spec: PipelineSpec) -> int:
         added = fit(columns, target, spec.target_table)
         version, _ = ledger.register_schema(wh, spec.name, columns, {*spec.primary_key, spec.cursor.column})
     except SchemaError as exc:
-        raise PlanError(f"pipeline {spec.name} (record_format avro): {exc}. Next: change the target table or "
-                        "the source so they agree, then clear the run from 'plan'") from None
+        # no "Next:" here: the plan task adds the one next step (fix, then clear the task)
+        raise PlanError(f"pipeline {spec.name} (record_format avro): {exc}") from None
     if added:
         log.warning("pipeline=%s record schema version %s: source column(s) %s are new; the batch adds them to %s "
                     "when it commits", spec.name, version, ", ".join(f"{c.name} {c.sql_type}" for c in added),

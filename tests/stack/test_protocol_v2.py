@@ -103,7 +103,7 @@ def test_untrusted_records_are_dead_letters_the_batch_is_refused_and_the_next_lo
 
 
 def test_a_version_1_batch_on_the_topic_still_applies_and_added_columns_reach_the_target(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)  # record_format json: protocol version 1
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, record_format="json")  # protocol version 1
     insert_payments(pipe, 1, 100)
     v1 = pipe.plan("run-1")
     v1_attempt = pipe.begin(v1)

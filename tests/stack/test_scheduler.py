@@ -14,10 +14,8 @@ from urllib.parse import quote, urlencode
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-import psycopg2
 import pytest
 
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.launch import LocalLauncher
@@ -49,18 +47,11 @@ def scheduled(settings, tmp_path_factory):
             (FIRST_DAY, DAYS, DAYS, DAYS * ROWS_PER_DAY),
         )
     src.close()
-    # A target too narrow for the source's amounts: its batch is refused, which no retry can heal.
-    narrow = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
-    src = narrow.src()
-    with src, src.cursor() as cur:
-        cur.execute(f"INSERT INTO {narrow.spec.table} SELECT g, 12345.67, now() - interval '1 hour' "
-                    "FROM generate_series(1, 20) g")
-    src.close()
-    wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
-    with wh, wh.cursor() as cur:
-        cur.execute(f"CREATE TABLE {narrow.spec.target_table} (id bigint PRIMARY KEY, amount numeric(4,2) NOT NULL, "
-                    "created_at timestamptz NOT NULL)")
-    wh.close()
+    # A target too narrow for the source's amounts. Under protocol version 1 the sink refuses the
+    # batch value by value; under version 2 (the default) the plan refuses it, naming both types.
+    # Neither is healed by a retry.
+    narrow = _narrow_pipeline(settings, pipelines, record_format="json")
+    narrowed = _narrow_pipeline(settings, pipelines)
 
     # Two more for the failure tests: a worker killed mid-extract, and the broker gone after plan.
     killed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
@@ -90,12 +81,27 @@ def scheduled(settings, tmp_path_factory):
     try:
         ui.wait_healthy()
         api = RestApi(ui.url, timeout_s=RUN_TIMEOUT_S)
-        for pipe in (nightly, narrow, killed, brokerless, blip, streamed):
+        for pipe in (nightly, narrow, killed, brokerless, blip, streamed, narrowed):
             dag_id = f"tidemark_batch_{pipe.spec.name}"
             api.wait_for(f"{dag_id} to be parsed", lambda d=dag_id: api.exists(d), timeout_s=180)
-        yield api, nightly, narrow, killed, brokerless, blip, streamed
+        yield api, nightly, narrow, killed, brokerless, blip, streamed, narrowed
     finally:
         ui.stop()
+
+
+def _narrow_pipeline(settings, pipelines, **fields):
+    pipe = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"}, **fields)
+    src = pipe.src()
+    with src, src.cursor() as cur:
+        cur.execute(f"INSERT INTO {pipe.spec.table} SELECT g, 12345.67, now() - interval '1 hour' "
+                    "FROM generate_series(1, 20) g")
+    src.close()
+    wh = pipe.wh()
+    with wh, wh.cursor() as cur:
+        cur.execute(f"CREATE TABLE {pipe.spec.target_table} (id bigint PRIMARY KEY, amount numeric(4,2) NOT NULL, "
+                    "created_at timestamptz NOT NULL)")
+    wh.close()
+    return pipe
 
 
 def _rows(pipe, side: str, where: str = "true", params=()) -> dict:
@@ -244,6 +250,24 @@ def test_a_refused_batch_fails_at_once_with_the_next_step_and_leaves_nothing_ope
     last = [line for line in log.splitlines() if "Next:" in line][-1]
     for part in (f"pipeline={pipe.spec.name}", "batch=", "attempt=1", "window=", "REFUSED",
                  f"change the target table {pipe.spec.target_table}"):
+        assert part in last, f"{part!r} missing from the failure line: {last}"
+
+
+def test_a_target_narrower_than_the_source_fails_the_plan_under_version_2_naming_both_types(scheduled):
+    api, *_, pipe = scheduled
+    assert pipe.spec.record_format == "avro"
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    run = api.wait_finished(dag_id, _scheduled_run(api, dag_id))
+    states = api.task_states(dag_id, run["dag_run_id"])
+    assert run["state"] == "failed" and states["plan"] == "failed", states
+    tries = {t["task_id"]: t["try_number"] for t in api.task_instances(dag_id, run["dag_run_id"])}
+    assert tries["plan"] == 1, "a plan the spec and tables refuse must not be retried"
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.batches WHERE pipeline = %s",
+                         (pipe.spec.name,))[0][0] == 0
+    assert _rows(pipe, "target") == {}
+    last = [line for line in api.log_text(dag_id, run["dag_run_id"], "plan", 1).splitlines() if "Next:" in line][-1]
+    for part in (f"pipeline {pipe.spec.name} (record_format avro)", "amount", "numeric(18,2)", "numeric(4,2)",
+                 pipe.spec.target_table, "Next: fix the cause named here"):
         assert part in last, f"{part!r} missing from the failure line: {last}"
 
 
@@ -409,7 +433,7 @@ def test_a_broker_restart_mid_extract_ends_with_every_row_loaded_once(scheduled,
     loads the batch), the run ends committed with the source's rows exactly once."""
     from tidemark_workshop.stack.kafka import Kafka
 
-    api, _, _, _, _, pipe, _ = scheduled
+    api, _, _, _, _, pipe, *_ = scheduled
     dag_id = f"tidemark_batch_{pipe.spec.name}"
     run_id = _scheduled_run(api, dag_id)
     _extract_writing(api, dag_id, run_id, pipe, BLIP_ROWS)
@@ -425,7 +449,7 @@ def test_a_broker_restart_mid_extract_ends_with_every_row_loaded_once(scheduled,
 
 
 def test_the_supervisor_keeps_a_standing_sink_running_and_a_person_pauses_it_from_the_ui(scheduled, settings):
-    api, *_, streamed = scheduled
+    api, *_, streamed, _ = scheduled
     name, dag_id = streamed.spec.name, f"tidemark_batch_{streamed.spec.name}"
     launcher = LocalLauncher(settings.state_dir / "streams")  # TIDEMARK_STREAMS_DIR of the stack's services
     try:

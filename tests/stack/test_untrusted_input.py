@@ -56,7 +56,9 @@ def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch
     # Checked on Spark's executors, as a backlog is (tidemark.records.Checker); the other tests'
     # small micro-batches are checked in the sink's own process.
     monkeypatch.setenv("TIDEMARK_EXECUTOR_CHECKS_FROM", "0")
-    pipe, a, a1, report, tags = extracted_batch(settings, tmp_path)
+    # Version 1's per-value checks of JSON records; version 2's forged Avro records are
+    # test_protocol_v2's (its types are checked once, at plan).
+    pipe, a, a1, report, tags = extracted_batch(settings, tmp_path, record_format="json")
     bootstrap = settings.kafka_bootstrap
 
     def row(i: int, **fields) -> bytes:
@@ -116,7 +118,8 @@ def test_malformed_records_go_to_the_dlq_the_batch_is_refused_and_the_next_batch
 def _control(what: str, plan: batch.Plan, pipe, attempt: int, **changes) -> bytes:
     """A control message as the orchestrator would send it for ``plan``, with ``changes`` applied
     (dotted paths into the JSON), as a forger or a broken producer would."""
-    msg = ControlMessage(kind=what, pipeline=pipe.spec.name, batch_id=plan.batch_id, attempt=attempt,
+    msg = ControlMessage(kind=what, version=2 if plan.schema_version else 1, schema_version=plan.schema_version or 1,
+                         pipeline=pipe.spec.name, batch_id=plan.batch_id, attempt=attempt,
                          window=plan.window.to_json(), partitions=pipe.spec.partitions, partition=0,
                          sent_at=datetime(2026, 1, 1, tzinfo=timezone.utc), **({"reason": "forged"} if what == "ABORT" else {}))
     data = json.loads(msg.model_dump_json())
@@ -147,7 +150,8 @@ def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_co
         "totals.rows: Input should be a valid integer": _control(
             "BEGIN", a, pipe, a1, kind="END", batch_rows=5, totals={"rows": "5", "checksum": "1"}),
         "ABORT rejected": _control("ABORT", a, pipe, a1, **{"window.lo.cursor": "2000-01-01T00:00:00+00:00"}),
-        "schema_version": _control("BEGIN", a, pipe, a1, schema_version=2),
+        "schema version 2, the ledger planned version 2 schema version 1": _control("BEGIN", a, pipe, a1,
+                                                                                    schema_version=2),
     }
     kinds = {"totals.rows: Input should be a valid integer": b"END", "ABORT rejected": b"ABORT"}
     produce(bootstrap, pipe.spec.topic,
