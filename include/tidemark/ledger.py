@@ -624,11 +624,12 @@ def advance_watermark(cur, pipeline: str, batch_id: str, window: Window) -> bool
 
 def forget_pipeline(cur, pipeline: str) -> None:
     """Remove everything the ledger holds for a pipeline (its batches by their ``<pipeline>:`` ids,
-    watermark, id observations, stream state) and its sink's offsets, fences and rejects: for a demo that starts
-    afresh, never for a production pipeline (the ledger is its audit trail)."""
+    record schemas, watermark, id observations, stream state) and its sink's offsets, fences and rejects: for a demo
+    that starts afresh, never for a production pipeline (the ledger is its audit trail)."""
     prefix = f"{pipeline}:"
     for table in ("batch_ends", "staged_totals", "batch_attempts", "batches"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE starts_with(batch_id, %s)", (prefix,))
+    cur.execute("DELETE FROM tidemark_control.record_schemas WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s", (pipeline,))
     for table in ("streams", "stream_events", "stream_heartbeats"):

@@ -206,6 +206,7 @@ class PipelineSpec(BaseModel):
     record_format: Literal["json", "avro"] = "avro"
     append_only: bool = False  # the source table is never updated (required with an id cursor)
     # What the sink refuses (each refused record goes to the dead-letter topic with its reason).
+    # unknown_fields and allow_non_finite_numbers: JSON records only (version 1 batches, stream events).
     unknown_fields: Literal["reject", "ignore"] = "reject"
     allow_non_finite_numbers: bool = False  # NaN and infinity in numeric columns
     max_record_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 1024 * 1024
@@ -251,6 +252,13 @@ class PipelineSpec(BaseModel):
             raise ValueError("initial_watermark: an id cursor starts after an integer id, not a timestamp")
         if self.cursor.kind == "timestamp" and isinstance(self.initial_watermark, int):
             raise ValueError("initial_watermark: a timestamp cursor starts after a timestamp with a zone, not an id")
+        lax = [o for o, on in (("unknown_fields: ignore", self.unknown_fields == "ignore"),
+                               ("allow_non_finite_numbers: true", self.allow_non_finite_numbers)) if on]
+        if lax and self.record_format == "avro" and self.stream is None:
+            # it would change nothing, silently: version 2 checks types once, at plan, not per value
+            raise ValueError(f"{' and '.join(lax)} applies only to JSON records, checked value by value (batch records "
+                             "with record_format: json, or a stream's events); this spec has neither. Set "
+                             "record_format: json, or remove the option")
         if self.stream is not None:
             if self.sink.mode != "standing":
                 raise ValueError("stream: events are applied as they arrive, by a standing sink: set sink.mode: standing")

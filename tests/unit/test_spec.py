@@ -60,6 +60,13 @@ def test_reconciliation_is_declared_in_the_spec(tmp_path):
     assert load_spec(_write(tmp_path, GOOD)).reconcile.tolerance == 0  # zero tolerance unless a reason is given
 
 
+def test_the_json_only_options_stand_where_json_records_are_checked(tmp_path):
+    lax = {"unknown_fields": "ignore", "allow_non_finite_numbers": True}
+    assert load_spec(_write(tmp_path, {**GOOD, **lax, "record_format": "json"})).unknown_fields == "ignore"
+    streamed = load_spec(_write(tmp_path, {**GOOD, **lax, "sink": {"mode": "standing"}, "stream": STREAM}))
+    assert streamed.record_format == "avro" and streamed.allow_non_finite_numbers  # for the stream's events
+
+
 def test_two_pipelines_never_write_one_real_time_table(tmp_path):
     from tidemark.spec import load_specs
 
@@ -97,6 +104,8 @@ INVALID = [
                                                initial_watermark="2026-01-01T00:00:00Z"), "not a timestamp"),
     ("timestamp cursor with an id start", _with(initial_watermark=5), "not an id"),
     ("unknown-field policy", _with(unknown_fields="keep"), "field 'unknown_fields'"),
+    ("unknown fields ignored under version 2", _with(unknown_fields="ignore"), "applies only to JSON records"),
+    ("NaN allowed under version 2", _with(allow_non_finite_numbers=True), "Set record_format: json"),
     ("tiny record limit", _with(max_record_bytes=10), "field 'max_record_bytes'"),
     ("zero max_hold", _with(max_hold="PT0S"), "field 'max_hold'"),
     ("negative retries", _with(retries={"count": -1}), "field 'retries.count'"),
