@@ -35,7 +35,7 @@ KILLED_ROWS = BLIP_ROWS = 300_000  # enough for the extract to be caught mid-wri
 
 @pytest.fixture(scope="module")
 def scheduled(settings, tmp_path_factory):
-    """Two pipelines, then the Airflow services that schedule them, then the REST API."""
+    """The module's seven pipelines, then the Airflow services that schedule them, then the REST API."""
     pipelines = tmp_path_factory.mktemp("pipelines")
     nightly = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
                             initial_watermark=WATERMARK_START.isoformat(), write_mode="append_window_replace")
