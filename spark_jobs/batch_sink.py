@@ -50,12 +50,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    import pyarrow.compute as pc
     from pyspark import cloudpickle
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
     from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
     from tidemark import avro
     from tidemark import records as records_module
+    from tidemark import stage as stage_module
+    from tidemark import totals as totals_module
     from tidemark import window as window_module
 
     from tidemark.config import executor_checks_from
@@ -65,12 +69,13 @@ def main(argv: list[str]) -> int:
     from tidemark.progress import Steps, progress_line
     from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema, ensure_stream_target
     from tidemark.sink import BatchSink
-    from tidemark.sparkjob import JobError, connect, password, session
+    from tidemark.sparkjob import JobError, connect, connect_params, password, session
     from tidemark.standing import StandingControl
     from tidemark.spec import load_spec
     from tidemark.summary import summary_line
 
     spec = load_spec(args.spec)
+    load_fields = from_arrow_schema(stage_module.load_schema()).fields
     conn = connect(args.jdbc_url, args.user, password(args))
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
@@ -136,17 +141,26 @@ def main(argv: list[str]) -> int:
             schema = (batch_df.schema if "checked" in batch_df.columns else
                       StructType([*batch_df.schema.fields, StructField("reason", StringType()),
                                   StructField("checked", BooleanType())]))
-            with steps.step("spark read and checks"):  # Kafka, headers, row hashes, checks, hand-over as Arrow
-                table = batch_df.mapInArrow(checker, schema).toArrow()
-        elif formats:
-            with steps.step("spark read and checks"):
-                table = batch_df.toArrow()
+            batch_df = batch_df.mapInArrow(checker, schema)
+        loads = None
+        if formats:  # the executors COPY the good records into the stage; the driver gets the rest and totals
+            stager = sink.stager(formats, connect_params(args.jdbc_url, args.user, password(args)))
+            with steps.step("spark read, checks and stage"):
+                # a load's row carries nulls where the records have none (row hash, checked): all nullable
+                nullable = [StructField(f.name, f.dataType, True) for f in batch_df.schema.fields]
+                table = batch_df.mapInArrow(stager, StructType([*nullable, *load_fields])).toArrow()
+            is_load = pc.is_valid(table["load"])
+            loads = table.filter(is_load)
+            table = table.filter(pc.invert(is_load)).drop_columns(stage_module.load_schema().names)
+            if loads.num_rows:
+                steps.seconds["stage (in the tasks)"] = pc.sum(loads["load_seconds"]).as_py()
         else:
-            with steps.step("spark read"):
+            with steps.step("spark read and checks" if checker is not None and checker.has_work else "spark read"):
                 table = batch_df.toArrow()
-        read["last"] = table.num_rows
-        report = sink.apply(table, epoch_id, steps)
-        read["records"] += table.num_rows
+        staged = pc.sum(loads["load_rows"]).as_py() if loads is not None and loads.num_rows else 0
+        read["last"] = table.num_rows + staged
+        report = sink.apply(table, epoch_id, steps, loads)
+        read["records"] += table.num_rows + staged
         print(progress_line(f"pipeline={spec.name} sink micro-batch {epoch_id}", "records read", read["records"],
                             backlog, time.monotonic() - read["since"])
               + f"; staged {totals['staged'] + report.staged} so far, committed {totals['committed'] + report.committed or '-'}",
@@ -155,7 +169,7 @@ def main(argv: list[str]) -> int:
             totals[key] += getattr(report, key)
         totals["committed"] += report.committed
         totals["refused"] += report.refused
-        return table.num_rows
+        return table.num_rows + staged
 
     spark = session(f"tidemark-batch-sink-{spec.name}")
     try:
@@ -183,6 +197,8 @@ def main(argv: list[str]) -> int:
         # the module travels by value, so executors need no Tidemark installed.
         cloudpickle.register_pickle_by_value(records_module)
         cloudpickle.register_pickle_by_value(window_module)
+        cloudpickle.register_pickle_by_value(stage_module)
+        cloudpickle.register_pickle_by_value(totals_module)
         with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
             writer = records.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)
             trigger_s = spec.sink.trigger.total_seconds()

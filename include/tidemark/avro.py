@@ -243,11 +243,9 @@ def decode(df, formats: dict[tuple[str, int], Format], topic: str, primary_key: 
                .otherwise(F.coalesce(bad_text, window_reason)))
         reason = F.when(mine, why).otherwise(reason)
         checked = checked | mine
-    # A staged record's bytes are not needed past Spark (its row hash is computed already): only a
-    # rejected one's, for the dead-letter topic. Half the hand-over to the sink's process.
-    return (df.withColumn("reason", reason).withColumn("checked", checked)
-            .withColumn("value", F.when(F.col("checked") & F.col("reason").isNull(), F.lit(None).cast("binary"))
-                        .otherwise(F.col("value"))))
+    # The bytes stay: the executors stage the good records (tidemark.stage), and a record the stage
+    # refuses goes to the dead-letter topic whole.
+    return df.withColumn("reason", reason).withColumn("checked", checked)
 
 
 def inside(row, window: Window, primary_key: list[str], cursor_column: str):

@@ -496,6 +496,13 @@ def staged(cur, batch_id: str, attempt: int) -> dict[int, tuple[int, int]]:
 
 def forget_staged(cur, batch_id: str, attempt: int) -> None:
     cur.execute("DELETE FROM tidemark_control.staged_totals WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+    cur.execute("DELETE FROM tidemark_control.staged_loads WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+
+
+def add_loads(cur, batch_id: str, attempt: int, loads: list[int]) -> None:
+    """Accept loads the executors staged (``tidemark.stage``): only their rows are applied."""
+    cur.execute("INSERT INTO tidemark_control.staged_loads (batch_id, attempt, load) "
+                "SELECT %s, %s, unnest(%s::bigint[])", (batch_id, attempt, loads))
 
 
 def record_end(cur, batch_id: str, attempt: int, partition: int, totals: PartitionTotals, batch_rows: int | None,
@@ -627,7 +634,7 @@ def forget_pipeline(cur, pipeline: str) -> None:
     record schemas, watermark, id observations, stream state) and its sink's offsets, fences and rejects: for a demo
     that starts afresh, never for a production pipeline (the ledger is its audit trail)."""
     prefix = f"{pipeline}:"
-    for table in ("batch_ends", "staged_totals", "batch_attempts", "batches"):
+    for table in ("batch_ends", "staged_totals", "staged_loads", "batch_attempts", "batches"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE starts_with(batch_id, %s)", (prefix,))
     cur.execute("DELETE FROM tidemark_control.record_schemas WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))

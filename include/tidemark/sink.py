@@ -10,7 +10,9 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
 3. validates every data record of an open attempt (``tidemark.records``: encoding, shape, key,
    lossless fit to the target's columns, inside the batch's window) and stages the good ones
    (COPY into the attempt's own table, plus running per-partition counts and checksums); bad
-   records, records of unknown batches and late records of committed ones are dead letters;
+   records, records of unknown batches and late records of committed ones are dead letters.
+   Under protocol version 2 the Spark tasks staged the good records already (``tidemark.stage``):
+   the sink accepts their loads and totals here, and the apply reads only accepted loads;
 4. applies the events of the spec's ``stream`` (records outside any batch, from its events
    topic) as they arrive: validated like data records (no window), written to the real-time
    table with their source position and micro-batch, one row per primary key (``_apply_events``);
@@ -36,7 +38,6 @@ only touched by step 5, inside the same transaction as the ledger row that says 
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import socket
@@ -56,6 +57,7 @@ from tidemark.progress import Steps
 from tidemark.records import Checker, RecordRules, checked_upstream, target_columns
 from tidemark.repair import RepairError, key_filter, key_types
 from tidemark.spec import PipelineSpec, quote
+from tidemark.stage import LOAD, StageWriter, Target, copy_csv
 from tidemark.totals import arrow_totals
 from tidemark.window import Window, covered, predicate
 
@@ -157,15 +159,18 @@ class BatchSink:
                 for t, parts in self.starting_offsets().items() for p, o in parts.items()}
 
     # --- one micro-batch ---------------------------------------------------------------------
-    def apply(self, table, micro_batch: int | None = None, steps: Steps | None = None) -> MicroBatchReport:
+    def apply(self, table, micro_batch: int | None = None, steps: Steps | None = None,
+              loads=None) -> MicroBatchReport:
         """Apply one micro-batch (a pyarrow table with topic, partition, offset, key, value, control,
         batch_id, attempt, row_hash; without topic: all from the pipeline's topic) in one
         transaction. ``micro_batch``: Spark's id for it, recorded under the fencing token.
-        ``steps``: the caller's timings so far (the Spark read), continued in the log line."""
+        ``steps``: the caller's timings so far (the Spark read), continued in the log line.
+        ``loads``: what the executors staged of it (``stager``), one row per load and partition."""
         import pyarrow as pa
 
         report = MicroBatchReport(steps=steps or Steps())
-        if table.num_rows == 0:
+        staged_upstream = _loaded(loads)
+        if table.num_rows == 0 and not staged_upstream:
             return report
         started = time.monotonic()
         if "topic" not in table.column_names:
@@ -175,7 +180,7 @@ class BatchSink:
         try:
             with self.conn:
                 with self.conn.cursor() as cur:
-                    controls = self._apply(cur, table, report, micro_batch)
+                    controls = self._apply(cur, table, report, micro_batch, loads)
                 committing = time.perf_counter()
             report.steps.seconds["commit"] = time.perf_counter() - committing
             faults.point("committed")
@@ -183,7 +188,7 @@ class BatchSink:
             raise
         except Exception as exc:  # name where it happened: the next start resumes at the same offsets
             raise SinkError(
-                f"pipeline={self.spec.name} micro-batch {_positions(table)} failed and was rolled back "
+                f"pipeline={self.spec.name} micro-batch {_positions(table, loads)} failed and was rolled back "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:2000]}); the sink resumes from the same offsets "
                 "when restarted. Next: if this repeats at the same offsets, see the error above"
             ) from exc
@@ -191,24 +196,25 @@ class BatchSink:
             if report.rejects and self.dead_letters is not None:
                 self.dead_letters.flush(self.conn)
         except Exception as exc:  # committed: the rejects stay pending in sink_rejects, none is lost
-            raise SinkError(f"pipeline={self.spec.name} micro-batch {_positions(table)} committed, but its dead "
+            raise SinkError(f"pipeline={self.spec.name} micro-batch {_positions(table, loads)} committed, but its dead "
                             f"letters were not published ({type(exc).__name__}: {' '.join(str(exc).split())[:500]}). "
                             "Next: when the broker is back, restarting the sink publishes them") from exc
         events = (f"events applied {report.events}, duplicate {report.duplicates}, superseded {report.superseded}, "
                   if self.spec.stream else "")
         log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
                  "rejected %s, committed %s, refused %s in %.1f s (%s)", self.spec.name,
-                 micro_batch if micro_batch is not None else "-", table.num_rows, controls, report.replayed, events,
+                 micro_batch if micro_batch is not None else "-", table.num_rows + staged_upstream, controls,
+                 report.replayed, events,
                  report.staged, report.discarded, report.rejected, report.committed or "-", report.refused or "-",
                  time.monotonic() - started, report.steps)
         return report
 
-    def _apply(self, cur, table, report: MicroBatchReport, micro_batch: int | None) -> int:
+    def _apply(self, cur, table, report: MicroBatchReport, micro_batch: int | None, loads) -> int:
         import pyarrow.compute as pc
 
         self._check_fence(cur)
         if micro_batch is not None and ledger.micro_batch_committed(cur, self.consumer, self.fence, micro_batch):
-            report.replayed = table.num_rows
+            report.replayed = table.num_rows + _loaded(loads)  # the executors' loads stay unaccepted
             log.warning("pipeline=%s micro-batch %s under fence %s was already committed: replay skipped",
                         self.spec.name, micro_batch, self.fence)
             return 0
@@ -237,6 +243,9 @@ class BatchSink:
                 ends.append((rec, msg))
         if data.num_rows:
             self._stage(cur, data, report)
+        if _loaded(loads):
+            self._accept_loads(cur, loads, report)
+        if data.num_rows or _loaded(loads):
             faults.point("staged")
         if events.num_rows:  # before any batch commits: its compaction covers these too
             with report.steps.step("events"):
@@ -251,9 +260,10 @@ class BatchSink:
             with report.steps.step("apply"):
                 self._verify_and_apply(cur, batch_id, attempt, report)
         self._record_rejects(cur, report)
-        self._store_offsets(cur, fresh)
+        self._store_offsets(cur, fresh, loads)
         if micro_batch is not None:
-            ledger.record_micro_batch(cur, self.consumer, self.fence, micro_batch, fresh.num_rows, report.events,
+            ledger.record_micro_batch(cur, self.consumer, self.fence, micro_batch, fresh.num_rows + _loaded(loads),
+                                      report.events,
                                       report.duplicates, report.rejected)
         faults.point("before_commit")
         return len(controls)
@@ -410,10 +420,8 @@ class BatchSink:
 
     def _stage_typed(self, cur, batch_id: str, attempt: int, version: int, records, columns: list[str],
                      report: MicroBatchReport) -> None:
-        """Protocol version 2: Spark decoded and checked every record (``tidemark.avro.decode``); the
-        good ones are COPYed, typed, into the attempt's UNLOGGED stage table."""
-        import pyarrow as pa
-
+        """Protocol version 2: Spark decoded and checked every record (``tidemark.avro.decode``) and
+        the executors staged the good ones (``tidemark.stage``); what reaches the driver is rejected."""
         name = row_column(version)
         if name not in records.column_names or not checked_upstream(records):
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: records of this "
@@ -421,23 +429,47 @@ class BatchSink:
                             "attempt was not open when the micro-batch was read); rolled back. Next: restart the "
                             "sink: it reads them again from the same offsets")
         kept = self._checked(records, columns, None, lambda rec, reason: self._reject(report, rec, reason))
-        if not kept.num_rows:
-            return
-        with report.steps.step("stage"):
-            rows = kept[name].combine_chunks()
-            stage = self._ensure_stage(cur, batch_id, attempt)
-            cur.execute("SAVEPOINT stage")
-            try:
-                _copy_csv(cur, stage, pa.table(rows.flatten(), names=[f.name for f in rows.type]))
-            except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # never a crash loop: dead letters
-                cur.execute("ROLLBACK TO SAVEPOINT stage")
-                why = " ".join(str(exc).split())[:500]
-                for rec in kept.select(columns).to_pylist():
-                    self._reject(report, rec, f"the typed stage refused this micro-batch's records of batch "
-                                              f"{batch_id} attempt {attempt}: {why}")
-                return
-            _add_staged(cur, batch_id, attempt, kept)
-        report.staged += kept.num_rows
+        if kept.num_rows:  # the executors stage every good record of an open attempt: a bug, not bad input
+            raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: {kept.num_rows} good "
+                            f"record(s) of this protocol-version-2 attempt reached the sink's driver unstaged "
+                            f"({_positions(kept)}); rolled back. Next: restart the sink: it reads them again from "
+                            "the same offsets; if this repeats, report it with this log")
+
+    def _accept_loads(self, cur, loads, report: MicroBatchReport) -> None:
+        """Accept what the executors staged for attempts still open: their loads and totals. A load of
+        an attempt aborted or superseded meanwhile is discarded (its stage is dropped or will be)."""
+        import pyarrow.compute as pc
+
+        for a in loads.group_by(["batch_id", "attempt"]).aggregate([("load_rows", "sum")]).to_pylist():
+            batch_id, attempt, rows = a["batch_id"], a["attempt"], a["load_rows_sum"]
+            mine = loads.filter(pc.and_(pc.equal(loads["batch_id"], batch_id), pc.equal(loads["attempt"], attempt)))
+            state = ledger.attempt_state(cur, batch_id, attempt)
+            if state in ("aborted", "superseded", "refused"):
+                report.discarded += rows
+                log.warning("pipeline=%s batch=%s attempt=%s: %s record(s) the executors staged for a now %s "
+                            "attempt discarded (its attempt can never be applied)", self.spec.name, batch_id,
+                            attempt, rows, state)
+                continue
+            if state not in ("open", "sealed"):  # only this sink commits, between micro-batches
+                raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the executors "
+                                f"staged {rows} record(s) of an attempt now {state or 'unknown'}; rolled back. Next: "
+                                "restart the sink: it reads them again from the same offsets")
+            ledger.add_loads(cur, batch_id, attempt, sorted(set(mine["load"].to_pylist())))
+            for r in mine.select(["partition", "load_rows", "load_checksum"]).to_pylist():
+                ledger.add_staged(cur, batch_id, attempt, r["partition"], r["load_rows"], int(r["load_checksum"]))
+            report.staged += rows
+
+    def stager(self, typed: dict[tuple[str, int], Format], connect: dict[str, Any]) -> StageWriter:
+        """The executors' staging of the next micro-batch (``tidemark.stage``, run by ``mapInArrow``):
+        the stage table of every open protocol-version-2 attempt of ``typed`` (``formats()``) made
+        ready, and the stored offsets below which records are replays. ``connect``: psycopg2
+        keywords for the warehouse, as the executors will connect."""
+        with self.conn, self.conn.cursor() as cur:
+            self._check_fence(cur)
+            targets = {key: Target(self._ensure_stage(cur, *key), row_column(fmt.version),
+                                   tuple(quote(c.name) for c in fmt.columns)) for key, fmt in typed.items()}
+            offsets = ledger.stored_offsets(cur, self.consumer, self.topic)
+        return StageWriter(connect, self.topic, targets, offsets)
 
     def _format(self, cur, batch_id: str) -> tuple[int, list[SourceColumn]] | None:
         """A protocol-version-2 batch's schema version and source columns (None: version 1)."""
@@ -501,7 +533,7 @@ class BatchSink:
 
         stage = self._ensure_stage(cur, batch_id, attempt)
         # checked UTF-8 already: Arrow's cast, not a Python loop
-        _copy_csv(cur, stage, pa.table({"value": records["value"].cast(pa.string())}))
+        copy_csv(cur, stage, pa.table({"value": records["value"].cast(pa.string())}), ["value"])
         _add_staged(cur, batch_id, attempt, records)
 
     def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:
@@ -511,7 +543,9 @@ class BatchSink:
             cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text)")
         else:  # typed like the source; UNLOGGED: it lives only until its batch commits or is refused
             cols = ", ".join(f"{quote(c.name)} {sql_type(c.sql_type)}" for c in fmt[1])
-            cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols})")
+            cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols}, {LOAD} bigint)")
+            # a stage an earlier version made (staged by the driver, in its transactions): no load ids
+            cur.execute(f"ALTER TABLE {stage} ADD COLUMN IF NOT EXISTS {LOAD} bigint")
         return stage
 
     def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
@@ -592,6 +626,13 @@ class BatchSink:
         window, repair_keys = planned.window, planned.repair_keys
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
+        if planned.schema_version is not None:  # the rows the apply will read are the rows the totals count
+            cur.execute(f"SELECT count(*) FROM ({self._staged_records(cur, batch_id, attempt)}) batch")
+            (readable,) = cur.fetchone()
+            if readable != rows:
+                self._refuse(cur, batch_id, attempt, report,
+                             f"the stage holds {readable} accepted record(s), the staged totals and END say {rows}")
+                return
         cur.execute("SAVEPOINT merge")
         merge_started = time.monotonic()
         try:
@@ -659,8 +700,12 @@ class BatchSink:
         """SQL reading the attempt's staged records as rows of the target's type."""
         # An empty window sends no records, so its stage table may not exist yet.
         stage = self._ensure_stage(cur, batch_id, attempt)
-        if self._format(cur, batch_id) is not None:  # typed already: nothing to parse
-            return f"SELECT * FROM {stage}"
+        fmt = self._format(cur, batch_id)
+        if fmt is not None:  # typed already: nothing to parse. Only accepted loads count (tidemark.stage)
+            cols = ", ".join(quote(c.name) for c in fmt[1])
+            accepted = cur.mogrify("SELECT load FROM tidemark_control.staged_loads WHERE batch_id = %s AND attempt = %s",
+                                   (batch_id, attempt)).decode()
+            return f"SELECT {cols} FROM {stage} WHERE {LOAD} IS NULL OR {LOAD} IN ({accepted})"
         # json, not jsonb: parsing straight into the record is about twice as fast.
         return (f"SELECT r.* FROM {stage} s, "
                 f"LATERAL json_populate_record(NULL::{quote(self.spec.target_table)}, s.value::json) r")
@@ -729,21 +774,10 @@ class BatchSink:
                                for r in fresh])
         report.recorded = len(report.rejects)
 
-    def _store_offsets(self, cur, table) -> None:
-        for r in table.group_by(["topic", "partition"]).aggregate([("offset", "max")]).to_pylist():
+    def _store_offsets(self, cur, table, loads) -> None:
+        """The next offset of every partition read: past its last record, whoever staged it."""
+        for r in _extents(table, loads):
             ledger.store_offset(cur, self.consumer, r["topic"], r["partition"], r["offset_max"] + 1, self.fence)
-
-
-def _copy_csv(cur, stage: str, table) -> None:
-    """COPY an Arrow table into the stage's columns of the same names (CSV: NULL unquoted and empty,
-    an empty string quoted)."""
-    import pyarrow.csv as pacsv
-
-    buf = io.BytesIO()
-    pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
-    buf.seek(0)
-    cur.copy_expert(f"COPY {stage} ({', '.join(quote(n) for n in table.column_names)}) FROM STDIN WITH (FORMAT csv)",
-                    buf)
 
 
 def _add_staged(cur, batch_id: str, attempt: int, records) -> None:
@@ -761,11 +795,30 @@ def _payload_text(payload: bytes | str | None) -> str | None:
     return text if len(text) <= PAYLOAD_LIMIT else f"{text[:PAYLOAD_LIMIT]}... ({len(text)} characters in all)"
 
 
-def _positions(table) -> str:
-    """Partitions and offset ranges of a micro-batch, for error messages."""
+def _loaded(loads) -> int:
+    """How many records the executors staged (``tidemark.stage`` load rows; None: none)."""
     import pyarrow.compute as pc
 
-    ranges = table.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")]).to_pylist()
+    return 0 if loads is None or not loads.num_rows else pc.sum(loads["load_rows"]).as_py()
+
+
+def _extents(table, loads=None) -> list[dict[str, Any]]:
+    """The first and last offset (``offset_min``, ``offset_max``) per topic and partition of a
+    micro-batch: the records the driver holds and the loads the executors staged."""
+    import pyarrow as pa
+
+    parts = [table.select(["topic", "partition", "offset"])]
+    if _loaded(loads):
+        for first in ("load_first", "offset"):  # a load row's offset is its last record's
+            parts.append(pa.table({"topic": loads["topic"], "partition": loads["partition"],
+                                   "offset": loads[first]}).cast(parts[0].schema))
+    both = pa.concat_tables(parts)
+    return both.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")]).to_pylist()
+
+
+def _positions(table, loads=None) -> str:
+    """Partitions and offset ranges of a micro-batch, for error messages."""
+    ranges = _extents(table, loads)
     return ", ".join(f"{r['topic']}/{r['partition']}@{r['offset_min']}..{r['offset_max']}" for r in
                      sorted(ranges, key=lambda r: (r["topic"], r["partition"]))) or "(empty)"
 

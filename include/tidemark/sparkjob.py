@@ -61,11 +61,16 @@ def connect(jdbc_url: str, user: str, secret: str):
     """A psycopg2 connection to the database a JDBC URL names."""
     import psycopg2
 
+    return psycopg2.connect(**connect_params(jdbc_url, user, secret))
+
+
+def connect_params(jdbc_url: str, user: str, secret: str) -> dict[str, Any]:
+    """psycopg2.connect keywords for the database a JDBC URL names (the password among them)."""
     match = re.fullmatch(r"jdbc:postgresql://([^:/]+)(?::(\d+))?/([^?]+)(?:\?.*)?", jdbc_url)
     if not match:
         raise JobError(f"not a PostgreSQL JDBC URL: {jdbc_url}")
     host, port, db = match.groups()
-    return psycopg2.connect(host=host, port=int(port or 5432), dbname=db, user=user, password=secret)
+    return {"host": host, "port": int(port or 5432), "dbname": db, "user": user, "password": secret}
 
 
 # Where a job writes the one-line cause of its failure, for the task that submitted it.

@@ -3,14 +3,17 @@ schema drift, untrusted records, and version-1 batches still applied (docs/contr
 
 from __future__ import annotations
 
+import subprocess
 from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
 
+from tidemark import faults, jobs
 from tidemark.sink import stage_table
 from tidemark.window import PlanError
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
+from tidemark_workshop.stack.spark import submit_command
 
 from test_untrusted_input import extracted_batch, produce, rejects, same_rows
 
@@ -54,6 +57,38 @@ def test_decimals_at_full_precision_and_microsecond_timestamps_survive_bit_for_b
     assert pipe.query_wh("SELECT schema_version, state FROM tidemark_control.batches WHERE batch_id = %s",
                          (plan.batch_id,)) == [(1, "committed")]
     assert stage_table(plan.batch_id, attempt) not in stages(pipe)
+
+
+def test_rows_the_executors_staged_for_a_micro_batch_that_never_committed_are_never_applied(settings, tmp_path):
+    """The Spark tasks COPY into the stage and commit before the sink's micro-batch transaction does
+    (tidemark.stage). Killed in between, their rows stay in the stage under loads nobody accepted;
+    the restart stages the records again, and the apply reads the accepted loads only. Upserts: a
+    second copy of each row would not break a key, only the counts."""
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, write_mode="upsert")
+    insert_payments(pipe, 1, 5_000)
+    plan = pipe.plan("run-1")
+    attempt = pipe.begin(plan)
+    pipe.end(plan, attempt, pipe.extract(plan, attempt))
+    cmd, env = submit_command(settings, jobs.SINK_JOB, pipe.sink_args(), secret=settings.pg_password)
+    killed = subprocess.run(cmd, env={**env, faults.ENV: "staged"}, capture_output=True, text=True, timeout=600,
+                            start_new_session=True)
+    assert killed.returncode != 0, killed.stdout[-3000:]
+    stage = stage_table(plan.batch_id, attempt)
+    # one load per Spark task: one task per Kafka partition
+    assert (pipe.query_wh(f"SELECT count(*), count(DISTINCT _tidemark_load) FROM {stage}")
+            == [(5_000, pipe.spec.partitions)])
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged_loads WHERE batch_id = %s",
+                         (plan.batch_id,)) == [(0,)]
+    assert pipe.state(plan.batch_id, attempt) == "sealed"  # END sent, nothing applied
+
+    summary = pipe.sink()  # the same micro-batch again: staged again, under new loads
+    assert pipe.state(plan.batch_id, attempt) == "committed", pipe.ledger(plan.batch_id)
+    assert summary["staged"] == 5_000
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}") == [(5_000,)]
+    same_rows(pipe)
+    assert stage not in stages(pipe)
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged_loads WHERE batch_id = %s",
+                         (plan.batch_id,)) == [(0,)]
 
 
 def avro_long(n: int) -> bytes:

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS tidemark_control.batch_ends (
     PRIMARY KEY (batch_id, attempt, partition)
 );
 
--- Records of open attempts wait in one table per attempt, tidemark_stage.s_<hash> (value text),
+-- Records of open attempts wait in one table per attempt, tidemark_stage.s_<hash> (value text; typed
+-- like the source under protocol version 2),
 -- dropped once the attempt is applied, refused, aborted or superseded. Their running totals:
 CREATE SCHEMA IF NOT EXISTS tidemark_stage;
 CREATE TABLE IF NOT EXISTS tidemark_control.staged_totals (
@@ -72,6 +73,16 @@ CREATE TABLE IF NOT EXISTS tidemark_control.staged_totals (
     rows       bigint NOT NULL,
     checksum   numeric NOT NULL,               -- sum of xxhash64(key, value), as the extract hashed it
     PRIMARY KEY (batch_id, attempt, partition)
+);
+-- Protocol version 2: Spark tasks COPY records into the stage themselves, each task's rows tagged
+-- with a load id (column _tidemark_load). The sink's micro-batch transaction accepts a load with
+-- its totals; the apply reads only accepted loads (a load whose micro-batch rolled back is never applied).
+CREATE SEQUENCE IF NOT EXISTS tidemark_control.stage_loads;
+CREATE TABLE IF NOT EXISTS tidemark_control.staged_loads (
+    batch_id   text NOT NULL,
+    attempt    integer NOT NULL,
+    load       bigint NOT NULL,
+    PRIMARY KEY (batch_id, attempt, load)
 );
 
 -- Sink fencing: each start takes the next token; only the holder of the latest may commit.

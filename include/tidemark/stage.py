@@ -1,0 +1,190 @@
+"""Staging on the executors (protocol version 2): each Spark task COPYs the good records it read
+into their attempt's stage table, in its own transaction, and hands the sink's driver only totals.
+
+Every row a task stages carries the task's *load* id (``LOAD``), a number from the warehouse's
+sequence ``tidemark_control.stage_loads``. The driver's one micro-batch transaction records the
+loads it accepts (``ledger.add_loads``) together with their per-partition totals, and the apply
+reads only recorded loads. So the rows of a load whose micro-batch never committed (the sink
+killed before its commit, a Spark task retried after its COPY committed, a fenced zombie) are
+never applied: they go when the stage table is dropped.
+
+Whatever a task does not stage passes through to the driver unchanged: control messages,
+rejected records (``reason`` set), records of other attempts or of protocol version 1, events,
+and records below the stored offsets (a replay). A COPY the stage's types refuse is not a crash:
+the task hands that attempt's records back with the refusal as their reason (dead letters).
+
+This module runs on the executors: it needs pyarrow and psycopg2 there, and nothing of Spark.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from tidemark.totals import arrow_totals
+
+LOAD = "_tidemark_load"  # the stage tables' column naming the load each row came with
+
+
+def load_schema():
+    """What a task reports per (attempt, partition) it staged, appended to the records' own columns:
+    the load's id, its rows, their checksum (decimal text: a sum of 64-bit hashes), the first
+    offset staged (the row's ``offset`` is the last) and the seconds the COPY took."""
+    import pyarrow as pa
+
+    return pa.schema([("load", pa.int64()), ("load_rows", pa.int64()), ("load_checksum", pa.string()),
+                      ("load_first", pa.int64()), ("load_seconds", pa.float64())])
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where an open attempt's records go: its stage table and the decoded row's column."""
+    stage: str  # quoted, qualified table name
+    row: str  # the column holding the decoded row (``tidemark.avro.row_column``)
+    columns: tuple[str, ...]  # the row's fields as quoted column names, in the row's order
+
+
+class StageWriter:
+    """The ``mapInArrow`` function: stages the good records of ``targets`` ((batch id, attempt) ->
+    ``Target``) from ``topic`` at or after ``next_offsets`` (partition -> next offset the sink
+    stored); yields everything else, then one row per staged (attempt, partition) with its totals."""
+
+    def __init__(self, connect: dict[str, Any], topic: str, targets: dict[tuple[str, int], Target],
+                 next_offsets: dict[int, int]):
+        self._connect = connect  # psycopg2.connect keywords, password included: never printed
+        self.topic = topic
+        self.targets = targets
+        self.next_offsets = next_offsets
+
+    def __repr__(self) -> str:
+        return f"StageWriter(topic={self.topic!r}, attempts={sorted(self.targets)})"
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        held: dict[tuple[str, int], list[Any]] = {}
+        schema = None
+        for batch in batches:
+            schema = batch.schema
+            mine = self._stageable(batch)
+            if mine is None:
+                yield _with_load(batch, None)
+                continue
+            rest = batch.filter(pc.invert(mine))
+            if rest.num_rows:
+                yield _with_load(rest, None)
+            for key in self.targets:
+                part = batch.filter(pc.and_(mine, _of(batch, key)))
+                if part.num_rows:
+                    held.setdefault(key, []).append(part)
+        if held:
+            yield from self._stage(held, schema)
+
+    def _stageable(self, batch):
+        """Which records of ``batch`` this task stages (None: none)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not self.targets or "checked" not in batch.schema.names:
+            return None
+        ours = pc.and_(pc.equal(batch["topic"], self.topic), pc.is_null(batch["control"]))
+        good = pc.and_(pc.fill_null(batch["checked"], False), pc.is_null(batch["reason"]))
+        attempt = None
+        for key in self.targets:
+            this = _of(batch, key)
+            attempt = this if attempt is None else pc.or_(attempt, this)
+        partitions = batch["partition"]
+        top = pc.max(partitions).as_py()
+        if top is None:
+            return None
+        floor = pa.array([self.next_offsets.get(p, 0) for p in range(top + 1)], pa.int64())
+        fresh = pc.greater_equal(batch["offset"], pc.take(floor, partitions))
+        mine = pc.fill_null(pc.and_(pc.and_(ours, good), pc.and_(attempt, fresh)), False)
+        return mine if pc.any(mine).as_py() else None
+
+    def _stage(self, held: dict[tuple[str, int], list[Any]], schema) -> Iterator[Any]:
+        import psycopg2
+        import pyarrow as pa
+
+        conn = psycopg2.connect(**self._connect)
+        try:
+            with conn, conn.cursor() as cur:
+                for key, parts in held.items():
+                    records = pa.Table.from_batches(parts, schema=schema)
+                    target = self.targets[key]
+                    started = time.perf_counter()
+                    cur.execute("SELECT nextval('tidemark_control.stage_loads')")
+                    (load,) = cur.fetchone()
+                    rows = records[target.row].combine_chunks()
+                    typed = pa.table([*rows.flatten(), pa.array([load] * records.num_rows, pa.int64())],
+                                     names=[*(f.name for f in rows.type), LOAD])
+                    cur.execute("SAVEPOINT stage")
+                    try:
+                        copy_csv(cur, target.stage, typed, [*target.columns, LOAD])
+                    except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # dead letters, never a crash loop
+                        cur.execute("ROLLBACK TO SAVEPOINT stage")
+                        why = (f"the typed stage refused the records of batch {key[0]} attempt {key[1]} this task "
+                               f"read: {' '.join(str(exc).split())[:500]}")
+                        for batch in records.to_batches():
+                            yield _with_load(batch.set_column(batch.schema.get_field_index("reason"), "reason",
+                                                              pa.array([why] * batch.num_rows, pa.string())), None)
+                        continue
+                    seconds = time.perf_counter() - started
+                    yield _load_rows(records, key, load, seconds)
+        finally:
+            conn.close()
+
+
+def _of(batch, key: tuple[str, int]):
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.and_(pc.equal(batch["batch_id"], key[0]), pc.equal(batch["attempt"], key[1])), False)
+
+
+def _with_load(batch, values: dict[str, Any] | None):
+    """``batch`` with the load columns appended (nulls for records passed through)."""
+    import pyarrow as pa
+
+    n = batch.num_rows
+    values = values or {}
+    fields = load_schema()
+    arrays = [*batch.columns, *(pa.array(values.get(f.name, [None] * n), f.type) for f in fields)]
+    return pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, *fields.names])
+
+
+def _load_rows(records, key: tuple[str, int], load: int, seconds: float):
+    """One row per partition of a staged load: the records' columns null but topic, partition,
+    offset (the last staged), batch id and attempt; the load's id, rows, checksum, first offset."""
+    import pyarrow as pa
+
+    totals = arrow_totals(records)
+    first = {g["partition"]: (g["offset_min"], g["offset_max"]) for g in
+             pa.table({"partition": records["partition"], "offset": records["offset"]})
+             .group_by("partition").aggregate([("offset", "min"), ("offset", "max")]).to_pylist()}
+    parts = sorted(totals)
+    n = len(parts)
+    given = {"topic": pa.array([records["topic"][0].as_py()] * n, records.schema.field("topic").type),
+             "partition": pa.array(parts, records.schema.field("partition").type),
+             "offset": pa.array([first[p][1] for p in parts], records.schema.field("offset").type),
+             "batch_id": pa.array([key[0]] * n, records.schema.field("batch_id").type),
+             "attempt": pa.array([key[1]] * n, records.schema.field("attempt").type)}
+    columns = [given.get(f.name, pa.nulls(n, f.type)) for f in records.schema]
+    batch = pa.RecordBatch.from_arrays(columns, schema=records.schema)
+    return _with_load(batch, {"load": [load] * n, "load_rows": [totals[p]["rows"] for p in parts],
+                              "load_checksum": [str(totals[p]["checksum"]) for p in parts],
+                              "load_first": [first[p][0] for p in parts], "load_seconds": [seconds] * n})
+
+
+def copy_csv(cur, table_name: str, table, columns: list[str]) -> None:
+    """COPY an Arrow table into ``columns`` (quoted names, in the table's order) of a table (CSV:
+    NULL unquoted and empty, an empty string quoted)."""
+    import pyarrow.csv as pacsv
+
+    buf = io.BytesIO()
+    pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+    buf.seek(0)
+    cur.copy_expert(f"COPY {table_name} ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv)", buf)
+
