@@ -39,6 +39,7 @@ from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
+import psutil
 import psycopg2
 
 from tidemark_workshop import bank
@@ -166,11 +167,15 @@ def _tidemark(pipe: Pipeline, src, wh, rows: int, contender: str = "tidemark") -
     plan = pipe.plan("bench-timed")
     attempt = pipe.begin(plan)
     t_begun = time.time()
+    psutil.cpu_percent(None)  # the machine's CPU from here: are both cores busy, or waiting?
     report = pipe.extract(plan, attempt)
+    busy = {"extract": psutil.cpu_percent(None)}
     t_extracted = time.time()
     pipe.end(plan, attempt, report)
     t_ended = time.time()
+    psutil.cpu_percent(None)
     summary = pipe.sink()
+    busy["sink"] = psutil.cpu_percent(None)
     t1 = time.time()
     state = pipe.state(plan.batch_id, attempt)
     if state != "committed" or report["rows"] != rows:
@@ -194,6 +199,8 @@ def _tidemark(pipe: Pipeline, src, wh, rows: int, contender: str = "tidemark") -
         "tidemark_wall_s": round(t1 - t0, 2),
         "tidemark_steps_s": {k: round(v, 2) for k, v in steps.items()},
         "jvm_startup_s": {k: round(v, 2) for k, v in startup.items()},
+        # machine-wide, all cores, over each job's whole run (its JVM start-up included)
+        "cpu_busy_pct": {k: round(v) for k, v in busy.items()},
         "sink_peak_mb": round(sink.peak_rss_bytes / MB),
         "extract_peak_mb": round(extract.peak_rss_bytes / MB),
     }
@@ -246,8 +253,10 @@ def _cores(pipe: Pipeline, src, wh, rows: int, two_cores: dict) -> dict:
     one_core = _tidemark(pipe, src, wh, rows, "local1")
     rates = {"local1": rows / one_core["tidemark_s"], "local2": rows / two_cores["tidemark_s"]}
     say(f"rows/s: {rates['local2']:,.0f} at local[2], {rates['local1']:,.0f} at local[1] "
-        f"(steps at local[1]: {one_core['tidemark_steps_s']})")
+        f"(steps at local[1]: {one_core['tidemark_steps_s']}, CPU busy {one_core['cpu_busy_pct']} %)")
+    _save_logs(pipe.settings, pipe, "bench-local1")
     return {"rows_per_s": {k: round(v) for k, v in rates.items()}, "tidemark_local1_s": one_core["tidemark_s"],
+            "cpu_busy_pct_local1": one_core["cpu_busy_pct"],
             # rows/s at two cores over rows/s at one, i.e. the one-core time over the two-core time
             "ratio_local2_vs_local1": round(one_core["tidemark_s"] / two_cores["tidemark_s"], 2)}
 
@@ -322,12 +331,12 @@ def _check(src, wh, contender: str, where: str, rows: int) -> None:
         raise BenchError(f"{contender}: target {actual} differs from source window {expected} ({rows} rows loaded)")
 
 
-def _save_logs(settings: Settings, pipe: Pipeline) -> None:
+def _save_logs(settings: Settings, pipe: Pipeline, prefix: str = "bench") -> None:
     """Each Spark job's output, to see where the time went."""
     settings.logs_dir.mkdir(parents=True, exist_ok=True)
     for i, job in enumerate(pipe.jobs):
         script = next(Path(a).stem for a in job.args if a.endswith(".py"))
-        (settings.logs_dir / f"bench-{i:02d}-{script}.log").write_text(f"{job.stdout}\n{job.stderr}")
+        (settings.logs_dir / f"{prefix}-{i:02d}-{script}.log").write_text(f"{job.stdout}\n{job.stderr}")
 
 
 def _clean(settings: Settings, src, wh, *pipes: Pipeline) -> None:
