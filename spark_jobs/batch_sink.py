@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
                 control.progress(rows, sink.committed_offsets(), time.monotonic() - started)
 
     def apply_now(batch_df, epoch_id: int) -> int:
-        steps = Steps()
+        started, steps = time.monotonic(), Steps()
         formats = sink.formats()
         if formats:  # protocol version 2: decoded and checked in the JVM, beside the read
             batch_df = avro.decode(batch_df, formats, spec.topic, list(spec.primary_key), spec.cursor.column,
@@ -153,13 +153,13 @@ def main(argv: list[str]) -> int:
             loads = table.filter(is_load)
             table = table.filter(pc.invert(is_load)).drop_columns(stage_module.load_schema().names)
             if loads.num_rows:
-                steps.seconds["stage (in the tasks)"] = pc.sum(loads["load_seconds"]).as_py()
+                steps.seconds["of it, the tasks' COPY (summed)"] = pc.sum(loads["load_seconds"]).as_py()
         else:
             with steps.step("spark read and checks" if checker is not None and checker.has_work else "spark read"):
                 table = batch_df.toArrow()
         staged = pc.sum(loads["load_rows"]).as_py() if loads is not None and loads.num_rows else 0
         read["last"] = table.num_rows + staged
-        report = sink.apply(table, epoch_id, steps, loads)
+        report = sink.apply(table, epoch_id, steps, loads, started)
         read["records"] += table.num_rows + staged
         print(progress_line(f"pipeline={spec.name} sink micro-batch {epoch_id}", "records read", read["records"],
                             backlog, time.monotonic() - read["since"])
@@ -182,6 +182,7 @@ def main(argv: list[str]) -> int:
             .option("kafka.isolation.level", "read_committed")
             .option("includeHeaders", "true")
             .option("maxOffsetsPerTrigger", args.max_records_per_trigger or spec.sink.max_offsets_per_trigger)
+            .option("maxRecordsPerPartition", spec.sink.max_records_per_task)
             .load()
         )
         # Key and value stay bytes: the sink checks their UTF-8 itself (a bad record is a dead letter,

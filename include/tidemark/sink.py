@@ -160,19 +160,20 @@ class BatchSink:
 
     # --- one micro-batch ---------------------------------------------------------------------
     def apply(self, table, micro_batch: int | None = None, steps: Steps | None = None,
-              loads=None) -> MicroBatchReport:
+              loads=None, started: float | None = None) -> MicroBatchReport:
         """Apply one micro-batch (a pyarrow table with topic, partition, offset, key, value, control,
         batch_id, attempt, row_hash; without topic: all from the pipeline's topic) in one
         transaction. ``micro_batch``: Spark's id for it, recorded under the fencing token.
         ``steps``: the caller's timings so far (the Spark read), continued in the log line.
-        ``loads``: what the executors staged of it (``stager``), one row per load and partition."""
+        ``loads``: what the executors staged of it (``stager``), one row per load and partition.
+        ``started``: when the caller began the micro-batch (``time.monotonic()``), for the log line."""
         import pyarrow as pa
 
         report = MicroBatchReport(steps=steps or Steps())
         staged_upstream = _loaded(loads)
         if table.num_rows == 0 and not staged_upstream:
             return report
-        started = time.monotonic()
+        started = time.monotonic() if started is None else started
         if "topic" not in table.column_names:
             table = table.append_column("topic", pa.array([self.topic] * table.num_rows, pa.string()))
         with report.steps.step("sort"):

@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 
 from tidemark import faults, jobs
+from tidemark.control import loads_totals
 from tidemark.sink import stage_table
 from tidemark.window import PlanError
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
@@ -174,3 +175,34 @@ def test_a_version_1_batch_on_the_topic_still_applies_and_added_columns_reach_th
     assert "changed fee: numeric(10,4) -> numeric(6,4)" in text
     assert "Registered schema: (id bigint NOT NULL, amount numeric(18,2) NOT NULL" in text
     assert "source now: (" in text and "fee numeric(6,4))" in text
+
+
+def test_a_value_the_typed_stage_refuses_makes_the_tasks_records_dead_letters_with_their_bytes(settings, tmp_path):
+    """A record that decodes and passes Spark's checks but that the stage's types refuse (here a
+    four-letter currency for char(3)): the task that read it hands its records of the attempt back
+    as dead letters, whole, instead of failing the job; the batch is refused and the next loads."""
+    pipe, a, a1, report, tags = extracted_batch(settings, tmp_path, record_format="avro")
+    bootstrap = settings.kafka_bootstrap
+    inside = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1e6)
+    forged = payment(900001, 125, b"EURO", inside)
+    produce(bootstrap, pipe.spec.topic, [(b"900001", forged, tags)], partition=0)
+    pipe.end(a, a1, report)
+    pipe.sink()
+    state, message = pipe.query_wh("SELECT state, message FROM tidemark_control.batches WHERE batch_id = %s",
+                                   (a.batch_id,))[0]
+    assert state == "refused" and "record(s) of this attempt were refused" in message, message
+    got = pipe.query_wh("SELECT partition, reason FROM tidemark_control.sink_rejects WHERE topic = %s",
+                        (pipe.spec.topic,))
+    assert {p for p, _ in got} == {0}, got  # only the task that read partition 0 was refused
+    assert all("the typed stage refused" in r and "character(3)" in r for _, r in got), got[:3]
+    in_partition_0 = loads_totals(report["totals"]).get(0)
+    assert len(got) == (in_partition_0.rows if in_partition_0 else 0) + 1  # its good records too: that COPY failed
+    letters = dead_letters(bootstrap, pipe.spec.topic)
+    assert len(letters) == len(got) and forged in {d["value"] for d in letters}  # the bytes that travelled
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}")[0][0] == 0
+    assert stage_table(a.batch_id, a1) not in stages(pipe)
+
+    insert_payments(pipe, 301, 400)
+    pipe.run("run-b")
+    same_rows(pipe)
+

@@ -123,6 +123,8 @@ INVALID = [
                                               sink={"mode": "standing"}), "one of the tables it merges"),
     ("stream without event time", _with(stream={k: v for k, v in STREAM.items() if k != "event_time"},
                                         sink={"mode": "standing"}), "field 'stream.event_time'"),
+    ("tasks too small to repay their start", _with(sink={"max_records_per_task": 10}),
+     "field 'sink.max_records_per_task'"),
     ("tolerance without a reason", _with(reconcile={"tolerance": "0.01"}), "needs tolerance_reason"),
     ("negative tolerance", _with(reconcile={"tolerance": "-1", "tolerance_reason": "rounding in the core system"}),
      "field 'reconcile.tolerance'"),
