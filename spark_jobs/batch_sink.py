@@ -153,7 +153,8 @@ def main(argv: list[str]) -> int:
             loads = table.filter(is_load)
             table = table.filter(pc.invert(is_load)).drop_columns(stage_module.load_schema().names)
             if loads.num_rows:
-                steps.seconds["of it, the tasks' COPY (summed)"] = pc.sum(loads["load_seconds"]).as_py()
+                # within the Spark job, added up over its tasks: not a step of its own
+                steps.seconds["tasks' COPY summed"] = pc.sum(loads["load_seconds"]).as_py()
         else:
             with steps.step("spark read and checks" if checker is not None and checker.has_work else "spark read"):
                 table = batch_df.toArrow()

@@ -127,12 +127,22 @@ class BatchSink:
 
     def sweep_stages(self) -> list[str]:
         """Drop the stage tables of this pipeline's attempts that can no longer be applied (aborted,
-        refused, superseded or committed while their stage outlived them, e.g. after a killed run)."""
+        refused, superseded or committed while their stage outlived them, e.g. after a killed run).
+        A protocol-version-2 stage an earlier version made (its driver staged in its own committed
+        transactions, without load ids) gets the load column: its rows, with none, all count."""
         with self.conn, self.conn.cursor() as cur:
             cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (STAGE_SCHEMA,))
             present = {f"{STAGE_SCHEMA}.{name}" for (name,) in cur.fetchall()}
             if not present:
                 return []
+            for batch_id, attempt in ledger.open_formats(cur, self.spec.name):
+                stage = stage_table(batch_id, attempt)
+                cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s",
+                            (stage, LOAD.strip('"')))
+                if stage in present and cur.fetchone() is None:
+                    cur.execute(f"ALTER TABLE {quote(stage)} ADD COLUMN {LOAD} bigint")
+                    log.warning("pipeline=%s batch=%s attempt=%s: stage %s, from an earlier version, gained the "
+                                "load column", self.spec.name, batch_id, attempt, stage)
             dead = [(b, a, st) for b, a, st in ledger.finished_attempts(cur, self.spec.name)
                     if stage_table(b, a) in present]
             for batch_id, attempt, state in dead:
@@ -545,8 +555,6 @@ class BatchSink:
         else:  # typed like the source; UNLOGGED: it lives only until its batch commits or is refused
             cols = ", ".join(f"{quote(c.name)} {sql_type(c.sql_type)}" for c in fmt[1])
             cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols}, {LOAD} bigint)")
-            # a stage an earlier version made (staged by the driver, in its transactions): no load ids
-            cur.execute(f"ALTER TABLE {stage} ADD COLUMN IF NOT EXISTS {LOAD} bigint")
         return stage
 
     def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
@@ -705,7 +713,7 @@ class BatchSink:
         if fmt is not None:  # typed already: nothing to parse. Only accepted loads count (tidemark.stage)
             cols = ", ".join(quote(c.name) for c in fmt[1])
             accepted = cur.mogrify("SELECT load FROM tidemark_control.staged_loads WHERE batch_id = %s AND attempt = %s",
-                                   (batch_id, attempt)).decode()
+                                   (batch_id, attempt)).decode(psycopg2.extensions.encodings[self.conn.encoding])
             return f"SELECT {cols} FROM {stage} WHERE {LOAD} IS NULL OR {LOAD} IN ({accepted})"
         # json, not jsonb: parsing straight into the record is about twice as fast.
         return (f"SELECT r.* FROM {stage} s, "

@@ -1,8 +1,8 @@
 """Staging on the executors (protocol version 2): each Spark task COPYs the good records it read
 into their attempt's stage table, in its own transaction, and hands the sink's driver only totals.
 
-Every row a task stages carries the task's *load* id (``LOAD``), a number from the warehouse's
-sequence ``tidemark_control.stage_loads``. The driver's one micro-batch transaction records the
+Every row a task stages for an attempt carries that task's *load* id for the attempt (column
+``LOAD``), a number from the warehouse's sequence ``tidemark_control.stage_loads``. The driver's one micro-batch transaction records the
 loads it accepts (``ledger.add_loads``) together with their per-partition totals, and the apply
 reads only recorded loads. So the rows of a load whose micro-batch never committed (the sink
 killed before its commit, a Spark task retried after its COPY committed, a fenced zombie) are
@@ -25,7 +25,9 @@ from typing import Any, Iterator
 
 from tidemark.totals import arrow_totals
 
-LOAD = "_tidemark_load"  # the stage tables' column naming the load each row came with
+# The stage tables' column naming the load each row came with (quoted): a dot, so no source column
+# (a valid Avro field name under protocol version 2) can ever have its name.
+LOAD = '"tidemark.load"'
 
 
 def load_schema():
@@ -120,7 +122,7 @@ class StageWriter:
                     (load,) = cur.fetchone()
                     rows = records[target.row].combine_chunks()
                     typed = pa.table([*rows.flatten(), pa.array([load] * records.num_rows, pa.int64())],
-                                     names=[*(f.name for f in rows.type), LOAD])
+                                     names=[*(f.name for f in rows.type), "load"])
                     cur.execute("SAVEPOINT stage")
                     try:
                         copy_csv(cur, target.stage, typed, [*target.columns, LOAD])
@@ -129,8 +131,10 @@ class StageWriter:
                         why = (f"the typed stage refused the records of batch {key[0]} attempt {key[1]} this task "
                                f"read: {' '.join(str(exc).split())[:500]}")
                         for batch in records.to_batches():
-                            yield _with_load(batch.set_column(batch.schema.get_field_index("reason"), "reason",
-                                                              pa.array([why] * batch.num_rows, pa.string())), None)
+                            at = batch.schema.get_field_index("reason")
+                            yield _with_load(batch.set_column(at, batch.schema.field(at),
+                                                              pa.array([why] * batch.num_rows, batch.schema.field(at).type)),
+                                             None)
                         continue
                     seconds = time.perf_counter() - started
                     yield _load_rows(records, key, load, seconds)

@@ -75,8 +75,8 @@ def test_rows_the_executors_staged_for_a_micro_batch_that_never_committed_are_ne
                             start_new_session=True)
     assert killed.returncode != 0, killed.stdout[-3000:]
     stage = stage_table(plan.batch_id, attempt)
-    # one load per Spark task: one task per Kafka partition
-    assert (pipe.query_wh(f"SELECT count(*), count(DISTINCT _tidemark_load) FROM {stage}")
+    # one load per Spark task and attempt: one task per Kafka partition here
+    assert (pipe.query_wh(f'SELECT count(*), count(DISTINCT "tidemark.load") FROM {stage}')
             == [(5_000, pipe.spec.partitions)])
     assert pipe.query_wh("SELECT count(*) FROM tidemark_control.staged_loads WHERE batch_id = %s",
                          (plan.batch_id,)) == [(0,)]

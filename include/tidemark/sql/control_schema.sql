@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS tidemark_control.staged_totals (
     PRIMARY KEY (batch_id, attempt, partition)
 );
 -- Protocol version 2: Spark tasks COPY records into the stage themselves, each task's rows tagged
--- with a load id (column _tidemark_load). The sink's micro-batch transaction accepts a load with
+-- with a load id (column "tidemark.load"). The sink's micro-batch transaction accepts a load with
 -- its totals; the apply reads only accepted loads (a load whose micro-batch rolled back is never applied).
 CREATE SEQUENCE IF NOT EXISTS tidemark_control.stage_loads;
 CREATE TABLE IF NOT EXISTS tidemark_control.staged_loads (
