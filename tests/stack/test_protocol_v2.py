@@ -92,6 +92,40 @@ def test_rows_the_executors_staged_for_a_micro_batch_that_never_committed_are_ne
                          (plan.batch_id,)) == [(0,)]
 
 
+def test_what_the_executors_staged_for_an_attempt_aborted_in_the_same_micro_batch_is_discarded(settings, tmp_path):
+    """The tasks stage the records of an attempt open when the micro-batch began; its ABORT, read in
+    the same micro-batch, aborts it first in the driver's transaction: their loads are discarded."""
+    pipe, plan, attempt, report, _ = extracted_batch(settings, tmp_path, record_format="avro")
+    pipe.abort(plan, attempt, "extract failed on its last try: test")  # the message only; the ledger still open
+    summary = pipe.sink()
+    assert pipe.state(plan.batch_id, attempt) == "aborted"
+    assert summary["staged"] == 0 and summary["discarded"] == report["rows"] == 300, summary
+    assert "the executors staged for a now aborted attempt discarded" in pipe.jobs[-1].stdout
+    assert stage_table(plan.batch_id, attempt) not in stages(pipe)
+    for table in ("staged_loads", "staged_totals"):
+        assert pipe.query_wh(f"SELECT count(*) FROM tidemark_control.{table} WHERE batch_id = %s",
+                             (plan.batch_id,)) == [(0,)], table
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}") == [(0,)]
+
+
+def test_a_stage_an_earlier_version_filled_gains_the_load_column_and_all_its_rows_apply(settings, tmp_path):
+    """An upgrade mid-batch: the earlier sink's driver staged records in its own committed transactions,
+    into a stage without load ids. The new sink adds the column at start; those rows all count."""
+    pipe, plan, attempt, report, _ = extracted_batch(settings, tmp_path, record_format="avro")
+    pipe.sink()  # staged, not applied: no END yet
+    stage = stage_table(plan.batch_id, attempt)
+    wh = pipe.wh()
+    with wh, wh.cursor() as cur:  # what the earlier version leaves: its rows, no load column, no loads
+        cur.execute(f'ALTER TABLE {stage} DROP COLUMN "tidemark.load"')
+        cur.execute("DELETE FROM tidemark_control.staged_loads WHERE batch_id = %s", (plan.batch_id,))
+    wh.close()
+    pipe.end(plan, attempt, report)
+    pipe.sink()
+    assert pipe.state(plan.batch_id, attempt) == "committed", pipe.ledger(plan.batch_id)
+    same_rows(pipe)
+    assert f"stage {stage}, from an earlier version, gained the load column" in pipe.jobs[-1].stdout
+
+
 def avro_long(n: int) -> bytes:
     n = (n << 1) ^ (n >> 63)  # zigzag
     out = bytearray()
