@@ -137,9 +137,11 @@ class BatchSink:
                 return []
             for batch_id, attempt in ledger.open_formats(cur, self.spec.name):
                 stage = stage_table(batch_id, attempt)
+                if stage not in present:
+                    continue
                 cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s",
                             (stage, LOAD.strip('"')))
-                if stage in present and cur.fetchone() is None:
+                if cur.fetchone() is None:
                     cur.execute(f"ALTER TABLE {quote(stage)} ADD COLUMN {LOAD} bigint")
                     log.warning("pipeline=%s batch=%s attempt=%s: stage %s, from an earlier version, gained the "
                                 "load column", self.spec.name, batch_id, attempt, stage)
@@ -410,7 +412,7 @@ class BatchSink:
                                         f"{ledger.attempt_finished_at(cur, batch_id, attempt):%Y-%m-%dT%H:%M:%S%z}: "
                                         "not applied")
             if state in ("open", "sealed") and planned.schema_version is not None:
-                self._stage_typed(cur, batch_id, attempt, planned.schema_version, mine, columns, report)
+                self._typed_at_driver(cur, batch_id, attempt, planned.schema_version, mine, columns, report)
             elif state in ("open", "sealed"):
                 window = planned.window
                 rules = self._record_rules(cur)
@@ -429,7 +431,7 @@ class BatchSink:
                 log.warning("pipeline=%s batch=%s attempt=%s: %s record(s) of a %s attempt discarded (its "
                             "attempt can never be applied)", self.spec.name, batch_id, attempt, mine.num_rows, state)
 
-    def _stage_typed(self, cur, batch_id: str, attempt: int, version: int, records, columns: list[str],
+    def _typed_at_driver(self, cur, batch_id: str, attempt: int, version: int, records, columns: list[str],
                      report: MicroBatchReport) -> None:
         """Protocol version 2: Spark decoded and checked every record (``tidemark.avro.decode``) and
         the executors staged the good ones (``tidemark.stage``); what reaches the driver is rejected."""
@@ -449,11 +451,11 @@ class BatchSink:
     def _accept_loads(self, cur, loads, report: MicroBatchReport) -> None:
         """Accept what the executors staged for attempts still open: their loads and totals. A load of
         an attempt aborted or superseded meanwhile is discarded (its stage is dropped or will be)."""
-        import pyarrow.compute as pc
-
-        for a in loads.group_by(["batch_id", "attempt"]).aggregate([("load_rows", "sum")]).to_pylist():
-            batch_id, attempt, rows = a["batch_id"], a["attempt"], a["load_rows_sum"]
-            mine = loads.filter(pc.and_(pc.equal(loads["batch_id"], batch_id), pc.equal(loads["attempt"], attempt)))
+        by_attempt: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for r in loads.select(["batch_id", "attempt", "partition", "load", "load_rows", "load_checksum"]).to_pylist():
+            by_attempt.setdefault((r["batch_id"], r["attempt"]), []).append(r)
+        for (batch_id, attempt), mine in by_attempt.items():
+            rows = sum(r["load_rows"] for r in mine)
             state = ledger.attempt_state(cur, batch_id, attempt)
             if state in ("aborted", "superseded", "refused"):
                 report.discarded += rows
@@ -465,8 +467,8 @@ class BatchSink:
                 raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the executors "
                                 f"staged {rows} record(s) of an attempt now {state or 'unknown'}; rolled back. Next: "
                                 "restart the sink: it reads them again from the same offsets")
-            ledger.add_loads(cur, batch_id, attempt, sorted(set(mine["load"].to_pylist())))
-            for r in mine.select(["partition", "load_rows", "load_checksum"]).to_pylist():
+            ledger.add_loads(cur, batch_id, attempt, sorted({r["load"] for r in mine}))
+            for r in mine:
                 ledger.add_staged(cur, batch_id, attempt, r["partition"], r["load_rows"], int(r["load_checksum"]))
             report.staged += rows
 
@@ -635,8 +637,9 @@ class BatchSink:
         window, repair_keys = planned.window, planned.repair_keys
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
+        records = self._staged_records(cur, batch_id, attempt)
         if planned.schema_version is not None:  # the rows the apply will read are the rows the totals count
-            cur.execute(f"SELECT count(*) FROM ({self._staged_records(cur, batch_id, attempt)}) batch")
+            cur.execute(f"SELECT count(*) FROM ({records}) batch")
             (readable,) = cur.fetchone()
             if readable != rows:
                 self._refuse(cur, batch_id, attempt, report,
@@ -646,7 +649,7 @@ class BatchSink:
         merge_started = time.monotonic()
         try:
             if repair_keys is not None:
-                outside, applied = self._repair(cur, batch_id, attempt, repair_keys, window)
+                outside, applied = self._repair(cur, batch_id, attempt, repair_keys, window, records)
                 if outside:  # a staged record outside the repair's keys: nothing of it applies
                     cur.execute("ROLLBACK TO SAVEPOINT merge")
                     self._refuse(cur, batch_id, attempt, report,
@@ -656,7 +659,7 @@ class BatchSink:
                                  f"{self.spec.name} with repair=true)")
                     return
             else:
-                applied = self._merge(cur, batch_id, attempt, window)
+                applied = self._merge(cur, batch_id, window, records)
         except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded, RepairError) as exc:
             # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
@@ -729,12 +732,12 @@ class BatchSink:
         return (f"ON CONFLICT ({pk}) DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}"
                 if updates else f"ON CONFLICT ({pk}) DO NOTHING")
 
-    def _merge(self, cur, batch_id: str, attempt: int, window: Window) -> int:
+    def _merge(self, cur, batch_id: str, window: Window, records: str) -> int:
+        """Write the batch (``records``: SQL reading its staged records, ``_staged_records``)."""
         spec = self.spec
         target = quote(spec.target_table)
         columns = self._batch_columns(cur, batch_id)
         cols = ", ".join(quote(c) for c in columns)
-        records = self._staged_records(cur, batch_id, attempt)
         if spec.write_mode == "append_window_replace":
             # The window's rows are replaced whole. A key that is already there (outside the window,
             # or twice in the batch) is not append-only data: the insert fails and the batch is refused.
@@ -751,7 +754,8 @@ class BatchSink:
         )
         return cur.rowcount
 
-    def _repair(self, cur, batch_id: str, attempt: int, keys: list[list[str]], window: Window) -> tuple[int, int]:
+    def _repair(self, cur, batch_id: str, attempt: int, keys: list[list[str]], window: Window,
+                records: str) -> tuple[int, int]:
         """A repair batch: the target's rows of its keys, as far as its window reaches, are replaced by
         what was staged (a key the source no longer holds there stays deleted). A newer version that
         a later batch loaded meanwhile (cursor past the window) is neither deleted nor replaced.
@@ -762,7 +766,6 @@ class BatchSink:
         columns = self._batch_columns(cur, batch_id)
         cols = ", ".join(quote(c) for c in columns)
         keyed = key_filter(list(spec.primary_key), key_types(cur, spec.target_table, list(spec.primary_key)), keys)
-        records = self._staged_records(cur, batch_id, attempt)
         cur.execute(f"SELECT count(*) FROM ({records}) batch WHERE NOT ({keyed})")
         (outside,) = cur.fetchone()
         if outside:
