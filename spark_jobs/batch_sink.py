@@ -57,6 +57,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
     from tidemark import avro
+    from tidemark import pgbinary as pgbinary_module
     from tidemark import records as records_module
     from tidemark import stage as stage_module
     from tidemark import totals as totals_module
@@ -200,6 +201,7 @@ def main(argv: list[str]) -> int:
         cloudpickle.register_pickle_by_value(records_module)
         cloudpickle.register_pickle_by_value(window_module)
         cloudpickle.register_pickle_by_value(stage_module)
+        cloudpickle.register_pickle_by_value(pgbinary_module)
         cloudpickle.register_pickle_by_value(totals_module)
         with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
             writer = records.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)

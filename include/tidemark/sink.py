@@ -480,7 +480,8 @@ class BatchSink:
         with self.conn, self.conn.cursor() as cur:
             self._check_fence(cur)
             targets = {key: Target(self._ensure_stage(cur, *key), row_column(fmt.version),
-                                   tuple(quote(c.name) for c in fmt.columns)) for key, fmt in typed.items()}
+                                   tuple(quote(c.name) for c in fmt.columns), tuple(c.sql_type for c in fmt.columns))
+                       for key, fmt in typed.items()}
             offsets = ledger.stored_offsets(cur, self.consumer, self.topic)
         return StageWriter(connect, self.topic, targets, offsets)
 

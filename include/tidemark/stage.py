@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from tidemark.pgbinary import Unencodable, copy_binary
 from tidemark.totals import arrow_totals
 
 # The stage tables' column naming the load each row came with (quoted): a dot, so no source column
@@ -46,6 +47,7 @@ class Target:
     stage: str  # quoted, qualified table name
     row: str  # the column holding the decoded row (``tidemark.avro.row_column``)
     columns: tuple[str, ...]  # the row's fields as quoted column names, in the row's order
+    types: tuple[str, ...]  # their SQL types (PostgreSQL's format_type), as the stage declares them
 
 
 class StageWriter:
@@ -120,13 +122,12 @@ class StageWriter:
                     started = time.perf_counter()
                     cur.execute("SELECT nextval('tidemark_control.stage_loads')")
                     (load,) = cur.fetchone()
-                    rows = records[target.row].combine_chunks()
-                    typed = pa.table([*rows.flatten(), pa.array([load] * records.num_rows, pa.int64())],
-                                     names=[*(f.name for f in rows.type), "load"])
+                    rows = records[target.row].combine_chunks().flatten()
                     cur.execute("SAVEPOINT stage")
-                    try:
-                        copy_csv(cur, target.stage, typed, [*target.columns, LOAD])
-                    except (psycopg2.DataError, psycopg2.IntegrityError) as exc:  # dead letters, never a crash loop
+                    try:  # binary: the server stores each value as sent, nothing to parse
+                        copy_binary(cur, target.stage, [*rows, pa.array([load] * records.num_rows, pa.int64())],
+                                    [*target.types, "bigint"], [*target.columns, LOAD])
+                    except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:  # dead letters, never a crash loop
                         cur.execute("ROLLBACK TO SAVEPOINT stage")
                         why = (f"the typed stage refused the records of batch {key[0]} attempt {key[1]} this task "
                                f"read: {' '.join(str(exc).split())[:500]}")

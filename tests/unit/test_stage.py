@@ -24,7 +24,7 @@ def _micro_batch(rows: list[dict]) -> pa.RecordBatch:
 
 def _writer(next_offsets=None) -> StageWriter:
     return StageWriter({"host": "127.0.0.1", "password": "s3cret"}, "t",
-                       {("b", 1): Target('"tidemark_stage"."s_x"', "row_v1", ('"id"', '"amount"'))},
+                       {("b", 1): Target('"tidemark_stage"."s_x"', "row_v1", ('"id"', '"amount"'), ("bigint", "numeric(18,2)"))},
                        next_offsets or {})
 
 
@@ -78,21 +78,22 @@ def test_the_writer_never_shows_the_password_it_carries(shown):
 
 
 def test_the_writer_travels_to_a_python_without_tidemark_and_chooses_the_same_records(tmp_path):
-    """Spark's executors run it: the sink ships the module and ``tidemark.totals`` by value."""
+    """Spark's executors run it: the sink ships the module, ``tidemark.totals`` and ``tidemark.pgbinary`` by value."""
     import subprocess
     import sys
 
     from pyspark import cloudpickle
 
+    import tidemark.pgbinary
     import tidemark.stage
     import tidemark.totals
 
-    for module in (tidemark.stage, tidemark.totals):
+    for module in (tidemark.stage, tidemark.totals, tidemark.pgbinary):
         cloudpickle.register_pickle_by_value(module)
     try:
         (tmp_path / "writer.pickle").write_bytes(cloudpickle.dumps(_writer({0: 1})))
     finally:
-        for module in (tidemark.stage, tidemark.totals):
+        for module in (tidemark.stage, tidemark.totals, tidemark.pgbinary):
             cloudpickle.unregister_pickle_by_value(module)
     batch = _micro_batch([{"partition": 0, "offset": 0}, {"partition": 0, "offset": 1}])
     with pa.ipc.new_file(tmp_path / "in.arrow", batch.schema) as sink:
@@ -121,8 +122,8 @@ def test_every_record_a_task_reads_is_either_handed_on_or_held_for_its_attempts_
             given.update({k: pa.Table.from_batches(v, schema=schema) for k, v in held.items()})
             yield from ()
 
-    writer = Recording({}, "t", {("b", 1): Target("s", "row_v1", ('"id"', '"amount"')),
-                                 ("b", 2): Target("s2", "row_v1", ('"id"', '"amount"'))}, {0: 1})
+    writer = Recording({}, "t", {("b", 1): Target("s", "row_v1", ('"id"', '"amount"'), ("bigint", "numeric(18,2)")),
+                                 ("b", 2): Target("s2", "row_v1", ('"id"', '"amount"'), ("bigint", "numeric(18,2)"))}, {0: 1})
     batches = [_micro_batch([{"partition": 0, "offset": 0}, {"partition": 0, "offset": 1},
                              {"partition": 0, "offset": 2, "attempt": 2}, {"partition": 0, "offset": 3, "reason": "x"}]),
                _micro_batch([{"partition": 1, "offset": 7, "control": "END"}, {"partition": 1, "offset": 8}])]
