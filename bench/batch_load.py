@@ -22,6 +22,7 @@ and the benchmark's tables and topics are dropped at the end.
 
   make bench                       # 2,000,000 rows; memory at 1,000,000 and 4,000,000
   python bench/batch_load.py --rows 20000 --memory-rows 10000,40000   # a quick look
+  make bench BENCH_ARGS='--sink {"max_offsets_per_trigger":1000000}'   # larger micro-batches
 """
 
 from __future__ import annotations
@@ -75,20 +76,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=3, help="Kafka partitions of the benchmark pipeline")
     p.add_argument("--record-format", choices=("avro", "json"), default="avro",
                    help="how Tidemark's records travel: avro (protocol version 2) or json (version 1)")
+    p.add_argument("--sink", default="{}", type=json.loads,
+                   help='the spec\'s sink section for every Tidemark contender, as JSON (e.g. '
+                        '\'{"max_offsets_per_trigger": 1000000}\'; default: the spec\'s defaults)')
     args = p.parse_args(argv)
     memory_rows = [int(n) for n in args.memory_rows.split(",") if n.strip()]
 
     settings = Settings.from_env()
     src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
-    pipe = _pipeline(settings, args.partitions, "tidemark", args.record_format)
-    standing = _pipeline(settings, args.partitions, "standing", args.record_format)
+    pipe = _pipeline(settings, args.partitions, "tidemark", args.record_format, args.sink)
+    standing = _pipeline(settings, args.partitions, "standing", args.record_format, args.sink)
     # The same batch again with one core per Spark job: does the work spread over the two?
-    one_core = _pipeline(replace(settings, spark_master="local[1]"), args.partitions, "local1", args.record_format)
+    one_core = _pipeline(replace(settings, spark_master="local[1]"), args.partitions, "local1", args.record_format,
+                         args.sink)
     try:
         _reset(src, wh)
         bank.seed(src)
         _load_source(src, args.rows)
-        result = {"rows": args.rows, "record_format": args.record_format, **_tidemark(pipe, src, wh, args.rows)}
+        result = {"rows": args.rows, "record_format": args.record_format, **({"sink": args.sink} if args.sink else {}),
+                  **_tidemark(pipe, src, wh, args.rows)}
         where = predicate(pipe.spec, result.pop("window"))
         result.update(_standing_sink(settings, standing, src, wh, args.rows))
         result.update(_cores(one_core, src, wh, args.rows, result))
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _pipeline(settings: Settings, partitions: int, contender: str, record_format: str) -> Pipeline:
+def _pipeline(settings: Settings, partitions: int, contender: str, record_format: str, sink: dict) -> Pipeline:
     """A fresh pipeline over the demo ledger (its own name, so its own topic and watermark)."""
     name = f"bench_ledger_{uuid.uuid4().hex[:8]}"
     spec = {
@@ -129,7 +135,7 @@ def _pipeline(settings: Settings, partitions: int, contender: str, record_format
         "cursor": {"kind": "timestamp", "column": "created_at"}, "safe_lag": "PT0S",
         "target_table": f"{SCHEMAS[contender]}.ledger_entries", "write_mode": "append_window_replace",
         "create_target_schema": True,
-        "partitions": partitions, "record_format": record_format,
+        "partitions": partitions, "record_format": record_format, "sink": sink,
     }
     path = settings.state_dir / "bench" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
