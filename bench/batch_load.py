@@ -22,7 +22,7 @@ and the benchmark's tables and topics are dropped at the end.
 
   make bench                       # 2,000,000 rows; memory at 1,000,000 and 4,000,000
   python bench/batch_load.py --rows 20000 --memory-rows 10000,40000   # a quick look
-  make bench BENCH_ARGS='--sink {"max_offsets_per_trigger":1000000}'   # larger micro-batches
+  make bench BENCH_ARGS="--max-offsets-per-trigger 1000000"   # larger sink micro-batches
 """
 
 from __future__ import annotations
@@ -76,24 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=3, help="Kafka partitions of the benchmark pipeline")
     p.add_argument("--record-format", choices=("avro", "json"), default="avro",
                    help="how Tidemark's records travel: avro (protocol version 2) or json (version 1)")
-    p.add_argument("--sink", default="{}", type=json.loads,
-                   help='the spec\'s sink section for every Tidemark contender, as JSON (e.g. '
-                        '\'{"max_offsets_per_trigger": 1000000}\'; default: the spec\'s defaults)')
+    p.add_argument("--max-offsets-per-trigger", type=int,
+                   help="records per sink micro-batch at most, for every Tidemark contender (default: the spec's)")
     args = p.parse_args(argv)
+    sink = {"max_offsets_per_trigger": args.max_offsets_per_trigger} if args.max_offsets_per_trigger else {}
     memory_rows = [int(n) for n in args.memory_rows.split(",") if n.strip()]
 
     settings = Settings.from_env()
     src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
-    pipe = _pipeline(settings, args.partitions, "tidemark", args.record_format, args.sink)
-    standing = _pipeline(settings, args.partitions, "standing", args.record_format, args.sink)
+    pipe = _pipeline(settings, args.partitions, "tidemark", args.record_format, sink)
+    standing = _pipeline(settings, args.partitions, "standing", args.record_format, sink)
     # The same batch again with one core per Spark job: does the work spread over the two?
-    one_core = _pipeline(replace(settings, spark_master="local[1]"), args.partitions, "local1", args.record_format,
-                         args.sink)
+    one_core = _pipeline(replace(settings, spark_master="local[1]"), args.partitions, "local1", args.record_format, sink)
     try:
         _reset(src, wh)
         bank.seed(src)
         _load_source(src, args.rows)
-        result = {"rows": args.rows, "record_format": args.record_format, **({"sink": args.sink} if args.sink else {}),
+        result = {"rows": args.rows, "record_format": args.record_format, **({"sink": sink} if sink else {}),
                   **_tidemark(pipe, src, wh, args.rows)}
         where = predicate(pipe.spec, result.pop("window"))
         result.update(_standing_sink(settings, standing, src, wh, args.rows))
