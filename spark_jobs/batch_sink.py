@@ -42,7 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--available-now", action="store_true", help="process what is there, then stop")
     p.add_argument("--max-records-per-trigger", type=int,
                    help="bounds the sink's memory: at most this many records per micro-batch "
-                        "(default: the spec's, tidemark.spec.PipelineSpec.micro_batch_records)")
+                        "(default: the spec's sink.max_offsets_per_trigger)")
     p.add_argument("--dead-letter-topic", default=DEAD_LETTER_TOPIC)
     return p.parse_args(argv)
 
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
                                                    for t, offsets in starting.items()}))
             .option("kafka.isolation.level", "read_committed")
             .option("includeHeaders", "true")
-            .option("maxOffsetsPerTrigger", args.max_records_per_trigger or spec.micro_batch_records)
+            .option("maxOffsetsPerTrigger", args.max_records_per_trigger or spec.sink.max_offsets_per_trigger)
             .option("maxRecordsPerPartition", spec.sink.max_records_per_task)
             .load()
         )

@@ -72,8 +72,7 @@ class SinkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     mode: Literal["per_batch", "standing"] = "per_batch"
     trigger: Annotated[timedelta, Field(ge=timedelta(milliseconds=100), le=timedelta(minutes=10))] = timedelta(seconds=2)
-    # Records per micro-batch at most; None: PipelineSpec.micro_batch_records chooses by who holds them.
-    max_offsets_per_trigger: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    max_offsets_per_trigger: Annotated[int, Field(ge=1, le=10_000_000)] = 200_000  # bounds a micro-batch's memory
     # A Spark task reads at most this many of a micro-batch's records (Kafka's maxRecordsPerPartition):
     # a big micro-batch spreads over every core however few partitions the topic has.
     max_records_per_task: Annotated[int, Field(ge=1_000, le=10_000_000)] = 50_000
@@ -289,17 +288,6 @@ class PipelineSpec(BaseModel):
     @property
     def topic(self) -> str:
         return f"tidemark.{self.name}"
-
-    @property
-    def micro_batch_records(self) -> int:
-        """Records per sink micro-batch at most (Kafka's maxOffsetsPerTrigger): the spec's
-        ``sink.max_offsets_per_trigger``, else 1,000,000 where the executors stage every record
-        (protocol version 2, no stream: the driver holds only totals, a task at most
-        ``max_records_per_task`` records) and 200,000 where the sink's driver holds them (version 1
-        records, a stream's events). Fewer, larger micro-batches cost less: each has its own Spark job."""
-        if self.sink.max_offsets_per_trigger is not None:
-            return self.sink.max_offsets_per_trigger
-        return 1_000_000 if self.record_format == "avro" and self.stream is None else 200_000
 
 
 class SpecError(ValueError):

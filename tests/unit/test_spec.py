@@ -67,14 +67,6 @@ def test_the_json_only_options_stand_where_json_records_are_checked(tmp_path):
     assert streamed.record_format == "avro" and streamed.allow_non_finite_numbers  # for the stream's events
 
 
-def test_a_micro_batch_is_larger_where_the_driver_holds_none_of_its_records(tmp_path):
-    assert load_spec(_write(tmp_path, GOOD)).micro_batch_records == 1_000_000  # avro: the tasks stage them
-    assert load_spec(_write(tmp_path, {**GOOD, "record_format": "json"})).micro_batch_records == 200_000
-    streamed = {**GOOD, "sink": {"mode": "standing"}, "stream": STREAM}
-    assert load_spec(_write(tmp_path, streamed)).micro_batch_records == 200_000  # events go to the driver
-    assert load_spec(_write(tmp_path, {**GOOD, "sink": {"max_offsets_per_trigger": 5_000}})).micro_batch_records == 5_000
-
-
 def test_two_pipelines_never_write_one_real_time_table(tmp_path):
     from tidemark.spec import load_specs
 
