@@ -26,6 +26,10 @@ _TEXT = re.compile(r"^(text|json|character varying(\(\d+\))?|character(\(\d+\))?
 _FIXED = {"smallint": ">i2", "integer": ">i4", "bigint": ">i8", "boolean": "u1", "real": ">f4",
           "double precision": ">f8"}
 _RANGE = {"smallint": (-(2 ** 15), 2 ** 15 - 1), "integer": (-(2 ** 31), 2 ** 31 - 1)}
+# PostgreSQL's date and timestamp ranges (its MIN_TIMESTAMP and END_DATE, from 2000-01-01): outside
+# them a value could wrap onto the server's -infinity or infinity, which it accepts unchecked.
+_DATE_DAYS = (-2_451_545, 2_145_031_948)
+_MIN_TIMESTAMP_US = -211_813_488_000_000_000
 
 
 class Unencodable(ValueError):
@@ -70,6 +74,8 @@ def _piece(array, sql_type: str):
     import pyarrow.compute as pc
 
     name = f"column of type {sql_type}"
+    if not _carries(array.type, sql_type):  # the decoder's types only: never convert what it did not hand over
+        raise TypeError(f"{name}: no exact binary COPY form here from Arrow type {array.type}")
     valid = None if array.null_count == 0 else np.asarray(pc.is_valid(array))
     if sql_type in _FIXED:
         values = np.asarray(pc.fill_null(array, False if sql_type == "boolean" else 0))
@@ -82,11 +88,13 @@ def _piece(array, sql_type: str):
                 raise Unencodable(f"{name}: value {values[bad][0]} out of range [{lo}, {hi}]")
         return _fixed_piece(_bytes(values.astype(_FIXED[sql_type])), valid)
     if sql_type == "date":
-        days = np.asarray(pc.fill_null(array, 0).cast(pa.int32())).astype(np.int64) - _EPOCH_2000_DAYS
+        days = np.asarray(pc.fill_null(array, _EPOCH_2000_DAYS).cast(pa.int32())).astype(np.int64) - _EPOCH_2000_DAYS
+        _in_range(days, *_DATE_DAYS, name)
         return _fixed_piece(_bytes(days.astype(">i4")), valid)
     if sql_type == "timestamp with time zone":
-        micros = pc.fill_null(array.cast(pa.timestamp("us", tz="UTC")), 0).cast(pa.int64())
-        return _fixed_piece(_bytes((np.asarray(micros) - _EPOCH_2000_US).astype(">i8")), valid)
+        micros = np.asarray(pc.fill_null(array.cast(pa.timestamp("us", tz="UTC")), _EPOCH_2000_US).cast(pa.int64()))
+        _in_range(micros, _MIN_TIMESTAMP_US + _EPOCH_2000_US, None, name)  # the upper end cannot wrap
+        return _fixed_piece(_bytes((micros - _EPOCH_2000_US).astype(">i8")), valid)
     if (m := _NUMERIC.match(sql_type)) is not None:
         return _fixed_piece(_numeric(array, int(m[1]), int(m[2]), name), valid)
     if sql_type == "uuid":
@@ -104,6 +112,38 @@ def _piece(array, sql_type: str):
         prefix = _fixed_piece(_bytes(lengths.astype(">i4")), None, with_length=False)
         return pc.binary_join_element_wise(prefix, text, pa.scalar(b"", pa.large_binary()))
     raise TypeError(f"no binary COPY form here for {name}")
+
+
+def _carries(arrow_type, sql_type: str) -> bool:
+    """Whether Arrow ``arrow_type`` holds ``sql_type``'s values exactly (as Spark decodes them)."""
+    import pyarrow as pa
+
+    t = pa.types
+    if sql_type in ("smallint", "integer", "bigint"):
+        return t.is_signed_integer(arrow_type)
+    if sql_type == "boolean":
+        return t.is_boolean(arrow_type)
+    if sql_type == "real":
+        return t.is_float32(arrow_type)
+    if sql_type == "double precision":
+        return t.is_float32(arrow_type) or t.is_float64(arrow_type)
+    if sql_type == "date":
+        return t.is_date32(arrow_type)
+    if sql_type == "timestamp with time zone":
+        return t.is_timestamp(arrow_type)
+    if _NUMERIC.match(sql_type):
+        return t.is_decimal128(arrow_type)
+    return t.is_string(arrow_type) or t.is_large_string(arrow_type)
+
+
+def _in_range(values, lo: int, hi: int | None, name: str) -> None:
+    """Refuse the first value outside [lo, hi] (NULLs were filled with a value inside)."""
+    import numpy as np
+
+    bad = (values < lo) if hi is None else (values < lo) | (values > hi)
+    if bad.any():
+        raise Unencodable(f"{name}: a value ({values[int(np.argmax(bad))]} days or microseconds) is outside "
+                          "PostgreSQL's range for the type")
 
 
 def _bytes(values):

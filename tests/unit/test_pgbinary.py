@@ -46,6 +46,9 @@ def test_random_decimals_of_every_width_decode_to_themselves(precision, scale):
                   for _ in range(2_000)]
         values += [decimal.Decimal(10 ** precision - 1).scaleb(-scale),
                    decimal.Decimal(1 - 10 ** precision).scaleb(-scale), decimal.Decimal(0).scaleb(-scale), None]
+        # a low 64-bit word of zero: negating carries into the high word
+        values += [decimal.Decimal(-(2 ** k) * 10 ** j).scaleb(-scale) for k in (64, 96) for j in (0, 3)
+                   if 2 ** k * 10 ** j < 10 ** precision]
         decoded = [None if f[0] is None else _numeric(f[0])
                    for f in _tuples(encode([pa.array(values, pa.decimal128(precision, scale))], [f"numeric({precision},{scale})"]))]
     assert decoded == values
@@ -84,3 +87,46 @@ def test_a_smallint_out_of_range_is_refused_naming_the_value():
 
 def test_no_rows_is_an_empty_stream():
     assert encode([pa.array([], pa.int64())], ["bigint"]) == HEADER + TRAILER
+
+
+def test_bytes_under_a_null_decimal_are_never_read():
+    junk = (2 ** 127 - 1).to_bytes(16, "little", signed=True)
+    values = (5).to_bytes(16, "little", signed=True) + junk
+    array = pa.Array.from_buffers(pa.decimal128(18, 2), 2, [pa.py_buffer(bytes([0b01])), pa.py_buffer(values)])
+    rows = _tuples(encode([array], ["numeric(18,2)"]))  # the junk has 39 digits: read, it would be refused
+    assert rows[1] == [None] and _numeric(rows[0][0]) == decimal.Decimal("0.05")
+
+
+@pytest.mark.parametrize("array, sql_type", [
+    (pa.array([-(2 ** 31) + 10_957], pa.int32()).cast(pa.date32()), "date"),  # would wrap onto -infinity
+    (pa.array([-(2 ** 31) + 10_956], pa.int32()).cast(pa.date32()), "date"),  # ... onto infinity
+    (pa.array([-(2 ** 63) + 1], pa.int64()).cast(pa.timestamp("us", tz="UTC")), "timestamp with time zone"),
+])
+def test_dates_and_times_outside_postgresqls_range_are_refused(array, sql_type):
+    with pytest.raises(Unencodable, match="outside PostgreSQL's range"):
+        encode([array], [sql_type])
+
+
+@pytest.mark.parametrize("array, sql_type", [
+    (pa.array([1e300]), "real"), (pa.array([1.7]), "integer"), (pa.array([2 ** 64 - 1], pa.uint64()), "bigint"),
+    (pa.array([256]), "boolean"), (pa.array([1]), "text"), (pa.array([1.5]), "numeric(4,1)"),
+])
+def test_an_arrow_type_that_does_not_hold_the_column_exactly_is_a_bug_not_a_conversion(array, sql_type):
+    with pytest.raises(TypeError, match="no exact binary COPY form"):
+        encode([array], [sql_type])
+
+
+def test_every_type_protocol_version_2_carries_has_a_binary_form():
+    from tidemark.avro import sql_type
+
+    samples = {"smallint": pa.array([1], pa.int32()), "integer": pa.array([1], pa.int32()), "bigint": pa.array([1]),
+               "boolean": pa.array([True]), "real": pa.array([1.0], pa.float32()), "double precision": pa.array([1.0]),
+               "numeric(12,4)": pa.array([decimal.Decimal("1.5")], pa.decimal128(12, 4)),
+               "timestamp with time zone": pa.array([0], pa.timestamp("us", tz="UTC")),
+               "date": pa.array([0], pa.int32()).cast(pa.date32()), "text": pa.array(["x"]),
+               "character varying": pa.array(["x"]), "character varying(5)": pa.array(["x"]),
+               "character(3)": pa.array(["x"]), "uuid": pa.array([str(__import__("uuid").UUID(int=7))]),
+               "json": pa.array(["{}"]), "jsonb": pa.array(["{}"])}
+    for name, array in samples.items():
+        assert sql_type(name) == name  # protocol version 2 carries it
+        assert len(_tuples(encode([array], [name]))) == 1, name
