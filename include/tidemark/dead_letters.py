@@ -40,13 +40,18 @@ class DeadLetterOutbox:
     def flush(self, conn) -> int:
         """Publish the consumer's pending rejects, in chunks; returns how many were published now."""
         sent = 0
+        in_topic: dict[int, int] | None = None  # reject id -> DLQ offset of what an earlier instance sent
         while True:
             with conn, conn.cursor() as cur:
                 pending = ledger.pending_rejects(cur, self.consumer, limit=CHUNK)
+                oldest = ledger.oldest_pending_reject(cur, self.consumer) if in_topic is None else None
             if not pending:
                 return sent
             self._transactional()  # first: it fences an older instance, whose commits the scan then sees
-            found = self._already_published({r["id"] for r in pending}, min(r["rejected_at"] for r in pending))
+            if in_topic is None:  # once per flush: after the fence only this instance writes our dead letters,
+                in_topic = self._already_published(  # and it marks each chunk it sends (a flood is linear)
+                    oldest or min(r["rejected_at"] for r in pending))
+            found = {r["id"]: in_topic[r["id"]] for r in pending if r["id"] in in_topic}
             todo = [r for r in pending if r["id"] not in found]
             offsets = self._publish(todo) if todo else {}
             faults.point("dlq_published")
@@ -107,8 +112,9 @@ class DeadLetterOutbox:
             self._producer = producer
         return self._producer
 
-    def _already_published(self, ids: set[int], since) -> dict[int, int]:
-        """Pending reject ids already in the topic (committed), with their offsets."""
+    def _already_published(self, since) -> dict[int, int]:
+        """The consumer's reject ids in the topic (committed) from ``since`` (less the margin) on, with
+        their offsets."""
         from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
         from tidemark.kafka_io import client_config
@@ -143,9 +149,7 @@ class DeadLetterOutbox:
                     raise KafkaException(msg.error())
                 headers = dict(msg.headers() or [])
                 if headers.get(HEADER_CONSUMER) == mine and headers.get(HEADER_REJECT) is not None:
-                    reject_id = int(headers[HEADER_REJECT])
-                    if reject_id in ids:
-                        found[reject_id] = msg.offset()
+                    found[int(headers[HEADER_REJECT])] = msg.offset()
                 if msg.offset() + 1 >= end:
                     break
         finally:

@@ -551,15 +551,18 @@ def record_micro_batch(cur, consumer: str, fence: int, micro_batch: int, records
 
 def record_rejects(cur, consumer: str, topic: str, rejects: list[dict[str, Any]]) -> None:
     """Rejects of the consumer's micro-batch (each on its own ``topic`` if it names one, else
-    ``topic``), pending for the dead-letter topic with their original bytes (``raw``, ``raw_key``)."""
-    for r in rejects:
-        cur.execute(
-            """INSERT INTO tidemark_control.sink_rejects (consumer, topic, partition, kafka_offset, batch_id, attempt,
-                                                          reason, payload, control, raw, raw_key, in_dlq)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false)""",
-            (consumer, r.get("topic") or topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"],
-             r["payload"], r.get("control"), _bytes(r.get("raw")), _bytes(r.get("raw_key"))),
-        )
+    ``topic``), pending for the dead-letter topic with their original bytes (``raw``, ``raw_key``).
+    Set-based: a flood of bad records costs one statement per thousand, not one per record."""
+    from psycopg2.extras import execute_values
+
+    execute_values(
+        cur,
+        """INSERT INTO tidemark_control.sink_rejects (consumer, topic, partition, kafka_offset, batch_id, attempt,
+                                                      reason, payload, control, raw, raw_key, in_dlq) VALUES %s""",
+        [(consumer, r.get("topic") or topic, r["partition"], r["offset"], r["batch_id"], r["attempt"], r["reason"],
+          r["payload"], r.get("control"), _bytes(r.get("raw")), _bytes(r.get("raw_key")), False) for r in rejects],
+        page_size=1000,
+    )
 
 
 def _bytes(value: Any) -> bytes | None:
@@ -586,9 +589,22 @@ def _plain(value: Any) -> bytes | None:
 
 def mark_published(cur, offsets: dict[int, int]) -> None:
     """Rejects now in the dead-letter topic, at these offsets: their bytes are there, not kept here."""
-    for reject_id, offset in offsets.items():
-        cur.execute("UPDATE tidemark_control.sink_rejects SET in_dlq = true, dlq_offset = %s, raw = NULL, "
-                    "raw_key = NULL WHERE id = %s", (offset, reject_id))
+    from psycopg2.extras import execute_values
+
+    execute_values(
+        cur,
+        """UPDATE tidemark_control.sink_rejects s SET in_dlq = true, dlq_offset = v.dlq_offset, raw = NULL,
+                  raw_key = NULL
+             FROM (VALUES %s) AS v(id, dlq_offset) WHERE s.id = v.id""",
+        sorted(offsets.items()), template="(%s::bigint, %s::bigint)", page_size=1000,
+    )
+
+
+def oldest_pending_reject(cur, consumer: str):
+    """When the consumer's oldest reject not yet in the dead-letter topic was recorded (None: none)."""
+    cur.execute("SELECT min(rejected_at) FROM tidemark_control.sink_rejects WHERE consumer = %s AND NOT in_dlq",
+                (consumer,))
+    return cur.fetchone()[0]
 
 
 def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int) -> tuple[int, list[str]]:
