@@ -5,6 +5,7 @@
 #   make bench-stream  the streaming benchmark: events/s drained, p50/p99 publish-to-visible at 5,000/s, restart
 #   make bench-reconcile  reconcile a 2M-row ledger batch against plain count+sum scans; localise 10 changed rows
 #   make profile-sink  where the sink's Spark job spends its time, step by step (400,000 rows)
+#   make bench-flood  1,000,000 records the sink cannot use against a good batch of that size: rejects/s, memory
 #   make campaign  id-cursor campaign: writers hold transactions 20-60 s while batches run back to back
 #   make kill-trials  kill -9 the standing sink at seeded moments (TRIALS=20 SEED=...): exactly one effect
 SHELL := /bin/bash
@@ -23,9 +24,9 @@ SEED ?=
 # The batch benchmarks measure throughput: their Spark JVMs start plain, with the full JIT (the
 # stack's default is C1 only and a class archive, for the quick start of short local jobs).
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
-bench bench-reconcile campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
+bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down status logs ui demo test bench bench-stream bench-reconcile campaign kill-trials profile-sink clean
+.PHONY: help bootstrap up down status logs ui demo test bench bench-stream bench-reconcile bench-flood campaign kill-trials profile-sink clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -65,6 +66,9 @@ bench-reconcile: up
 
 profile-sink: up
 	@$(STACK) run -- $(PY) bench/sink_profile.py $(BENCH_ARGS)
+
+bench-flood: up
+	@$(STACK) run -- $(PY) bench/reject_flood.py $(BENCH_ARGS)
 
 campaign: up
 	@$(STACK) run -- $(PY) bench/id_cursor_campaign.py $(CAMPAIGN_ARGS)

@@ -1,4 +1,5 @@
-"""The benchmarks' fast subsets: the same scripts as `make bench` and `make bench-reconcile`, on 20,000 rows.
+"""The benchmarks' fast subsets: the same scripts as `make bench`, `make bench-reconcile` (20,000 rows) and
+`make bench-flood` (5,000 records).
 
 It fails if any contender's copy differs from the source (the script checks counts and exact
 amounts per currency) or if the figures the issue asks for are missing from its JSON line.
@@ -41,4 +42,14 @@ def test_reconcile_bench_subset_localises_exactly_the_changed_rows():
     result = json.loads(proc.stdout.strip().splitlines()[-1])  # the script itself checks the verdicts
     assert result["rows"] == 20000 and result["changed_found"] == 10
     for key in ("reconcile_s", "scan_s", "ratio_vs_scan", "localise_s", "rows_compared_fraction"):
+        assert result[key] > 0, key
+
+
+def test_flood_bench_subset_every_reject_reaches_the_dead_letter_topic_once():
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "reject_flood.py"), "--records", "5000"],
+                          text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])  # the script checks sink_rejects and the DLQ
+    assert result["records"] == 5000
+    for key in ("good_s", "flood_s", "ratio_flood_vs_good", "rejects_per_s", "good_peak_mb", "flood_peak_mb"):
         assert result[key] > 0, key
