@@ -108,15 +108,20 @@ def main(argv: list[str] | None = None) -> int:
             result["standing_sink_ratio_vs_spark_jdbc"] = round(
                 result["tidemark_standing_sink_s"] / result["spark_jdbc_s"], 2)
         result["sink_peak_mb"] = {str(args.rows): result.pop("sink_peak_mb")}
+        result["extract_peak_mb"] = {str(args.rows): result.pop("extract_peak_mb")}
         for n in memory_rows:
             _load_source(src, n)
             plan, _ = pipe.run(f"bench-memory-{n}")
             _check(src, wh, "tidemark", predicate(pipe.spec, plan.window), n)
             result["sink_peak_mb"][str(n)] = round(pipe.jobs[-1].peak_rss_bytes / MB)
-            say(f"sink peak memory at {n} rows: {result['sink_peak_mb'][str(n)]} MB")
+            result["extract_peak_mb"][str(n)] = round(pipe.jobs[-2].peak_rss_bytes / MB)
+            say(f"peak memory at {n} rows: sink {result['sink_peak_mb'][str(n)]} MB, "
+                f"extract {result['extract_peak_mb'][str(n)]} MB")
         if memory_rows:
-            sizes = sorted(result["sink_peak_mb"], key=int)
-            result["sink_memory_growth"] = round(result["sink_peak_mb"][sizes[-1]] / result["sink_peak_mb"][sizes[0]], 2)
+            for job in ("sink", "extract"):
+                peaks = result[f"{job}_peak_mb"]
+                sizes = sorted(peaks, key=int)
+                result[f"{job}_memory_growth"] = round(peaks[sizes[-1]] / peaks[sizes[0]], 2)
     finally:
         _save_logs(settings, pipe)
         _clean(settings, src, wh, pipe, standing, one_core)

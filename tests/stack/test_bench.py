@@ -28,8 +28,10 @@ def test_bench_subset_reports_every_figure():
     assert result["ratio_local2_vs_local1"] == round(result["tidemark_local1_s"] / result["tidemark_s"], 2)
     assert result["ratio_vs_copy"] == round(result["tidemark_s"] / result["copy_s"], 2)
     assert result["ratio_vs_spark_jdbc"] == round(result["tidemark_s"] / result["spark_jdbc_s"], 2)
-    assert set(result["sink_peak_mb"]) == {"10000", "20000"}  # make bench: 1M, 2M and 4M rows
-    assert all(mb > 100 for mb in result["sink_peak_mb"].values()), "a JVM and Python take more than that"
+    for job in ("sink", "extract"):
+        assert set(result[f"{job}_peak_mb"]) == {"10000", "20000"}, job  # make bench: 1M, 2M and 4M rows
+        assert all(mb > 100 for mb in result[f"{job}_peak_mb"].values()), "a JVM and Python take more than that"
+        assert result[f"{job}_memory_growth"] > 0, job
     assert all(s > 0 for s in result["jvm_startup_s"].values())
     for busy in (result["cpu_busy_pct"], result["cpu_busy_pct_local1"]):  # the machine's, while each job ran
         assert set(busy) == {"extract", "sink"} and all(0 <= pct <= 100 for pct in busy.values()), busy
