@@ -50,17 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         bench._reset(src, wh)
         bank.seed(src)
         bench._load_source(src, args.records)
-        plan, attempt = good.plan("bench-flood-baseline"), None
-        attempt = good.begin(plan)
-        good.end(plan, attempt, good.extract(plan, attempt))
-        good_s, good_mb = _sink(good)
-        if good.state(plan.batch_id, attempt) != "committed":
-            raise bench.BenchError(f"baseline batch {plan.batch_id}: {good.ledger(plan.batch_id)}")
+        plan, _ = good.run("bench-flood-baseline")  # plan to commit, as the nightly DAG; asserts it committed
+        good_s, good_mb = _sink_work(good, time.time())
         bench._check(src, wh, "tidemark", predicate(good.spec, plan.window), args.records)
         bench.say(f"good batch: {args.records} records applied by the sink in {good_s:.1f} s, peak {good_mb} MB")
 
         _publish_garbage(settings, flood.spec.topic, args.records)
-        flood_s, flood_mb = _sink(flood)
+        flood.sink()
+        flood_s, flood_mb = _sink_work(flood, time.time())
         with wh, wh.cursor() as cur:
             cur.execute("""SELECT count(*), count(*) FILTER (WHERE in_dlq AND dlq_offset IS NOT NULL)
                              FROM tidemark_control.sink_rejects WHERE consumer = %s""", (consumer_for(flood.spec.name),))
@@ -81,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _sink(pipe) -> tuple[float, int]:
-    """Run the pipeline's sink (available-now): its work in seconds (start-up apart) and peak MB."""
-    pipe.sink()
-    done = time.time()
+def _sink_work(pipe, done: float) -> tuple[float, int]:
+    """The pipeline's last sink job, ended at ``done``: its work in seconds (start-up apart) and peak MB."""
     job = pipe.jobs[-1]
     return done - bench._ready_at(job), round(job.peak_rss_bytes / bench.MB)
 
@@ -99,7 +94,8 @@ def _publish_garbage(settings: Settings, topic: str, n: int) -> None:
                 break
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.1)
-    producer.flush()
+    if producer.flush(120) != 0:
+        raise bench.BenchError(f"could not deliver every flood record to {topic}")
 
 
 if __name__ == "__main__":

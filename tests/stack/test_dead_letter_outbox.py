@@ -7,33 +7,13 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from tidemark import dead_letters, ledger
-from tidemark.dead_letters import HEADER_CONSUMER, HEADER_REJECT, DeadLetterOutbox
+from tidemark.dead_letters import HEADER_REJECT, DeadLetterOutbox
 from tidemark.kafka_io import delete_topic, ensure_topic
+from tidemark_workshop.stack.batchrun import dead_letters as read_dead_letters
 
 pytestmark = pytest.mark.stack
-
-
-def _in_topic(bootstrap: str, topic: str, consumer: str) -> list[int]:
-    """The reject ids of ``consumer`` in ``topic``, in offset order (committed only)."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:8]}",
-                       "isolation.level": "read_committed", "enable.partition.eof": True})
-    reader.assign([TopicPartition(topic, 0, 0)])
-    ids = []
-    try:
-        while True:
-            msg = reader.poll(10)
-            assert msg is not None, f"reading {topic} stalled"
-            if msg.error():
-                break
-            headers = dict(msg.headers() or [])
-            if headers.get(HEADER_CONSUMER) == consumer.encode():
-                ids.append(int(headers[HEADER_REJECT]))
-    finally:
-        reader.close()
-    return ids
 
 
 def test_rejects_over_several_chunks_some_sent_before_a_crash_reach_the_topic_once(
@@ -57,7 +37,8 @@ def test_rejects_over_several_chunks_some_sent_before_a_crash_reach_the_topic_on
 
         assert sent == 6
         ids = [r["id"] for r in pending]
-        assert sorted(_in_topic(settings.kafka_bootstrap, topic, consumer)) == sorted(ids)  # each exactly once
+        in_topic = read_dead_letters(settings.kafka_bootstrap, "tidemark.some_pipeline", topic)
+        assert sorted(int(d[HEADER_REJECT]) for d in in_topic) == sorted(ids)  # each exactly once
         with warehouse_conn, warehouse_conn.cursor() as cur:
             cur.execute("""SELECT count(*) FILTER (WHERE in_dlq AND dlq_offset IS NOT NULL AND raw IS NULL),
                                   count(DISTINCT dlq_offset)
