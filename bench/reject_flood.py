@@ -29,7 +29,7 @@ from confluent_kafka import Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import batch_load as bench  # noqa: E402  (the batch benchmark's pipelines, source and checks)
 
-from tidemark.kafka_io import ensure_topic, producer_config  # noqa: E402
+from tidemark.kafka_io import ensure_topic, produce_waiting, producer_config  # noqa: E402
 from tidemark.ledger import consumer_for  # noqa: E402
 from tidemark.window import predicate  # noqa: E402
 from tidemark_workshop import bank  # noqa: E402
@@ -88,12 +88,7 @@ def _publish_garbage(settings: Settings, topic: str, n: int) -> None:
     ensure_topic(settings.kafka_bootstrap, topic, 3)
     producer = Producer(producer_config(settings.kafka_bootstrap, **{"linger.ms": 50, "batch.size": 1 << 20}))
     for i in range(n):
-        while True:
-            try:
-                producer.produce(topic, key=str(i).encode(), value=os.urandom(120))
-                break
-            except BufferError:  # the local queue is full: let it drain
-                producer.poll(0.1)
+        produce_waiting(producer, topic, key=str(i).encode(), value=os.urandom(120))
     if producer.flush(120) != 0:
         raise bench.BenchError(f"could not deliver every flood record to {topic}")
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from tidemark import jobs, ledger
-from tidemark.kafka_io import delete_topic, ensure_topic, producer_config
+from tidemark.kafka_io import delete_topic, ensure_topic, produce_waiting, producer_config
 from tidemark.launch import LocalLauncher
 from tidemark.spec import quote
 from tidemark.supervisor import prepare_stream_tables
@@ -69,12 +69,7 @@ def _publish(settings: Settings, topic: str, first: int, n: int, *, rate: float 
         now = time.time()
         if sent is not None:
             sent[i] = now
-        while True:
-            try:
-                producer.produce(topic, value=_event(i, now), key=str(i).encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, value=_event(i, now), key=str(i).encode())
         if k % 10_000 == 0:
             producer.poll(0)
     if producer.flush(120) != 0:

@@ -66,7 +66,7 @@ class DeadLetterOutbox:
     def _publish(self, rejects: list[dict]) -> dict[int, int]:
         from confluent_kafka import KafkaException
 
-        from tidemark.kafka_io import ensure_topic
+        from tidemark.kafka_io import ensure_topic, produce_waiting
 
         ensure_topic(self.bootstrap, self.topic, partitions=1)
         producer = self._transactional()
@@ -82,13 +82,8 @@ class DeadLetterOutbox:
                 value, headers = _fit(r["raw"]), _headers(self.consumer, r)
                 if value is not r["raw"]:
                     headers.append(("tidemark.truncated", str(len(r["raw"])).encode()))
-                while True:
-                    try:
-                        producer.produce(self.topic, value=value, key=r["raw_key"], headers=headers,
-                                         on_delivery=lambda err, msg, i=r["id"]: delivered(err, msg, i))
-                        break
-                    except BufferError:  # the local queue is full: let it drain
-                        producer.poll(0.1)
+                produce_waiting(producer, self.topic, value=value, key=r["raw_key"], headers=headers,
+                                on_delivery=lambda err, msg, i=r["id"]: delivered(err, msg, i))
             producer.commit_transaction(self.timeout_s)
         except KafkaException as exc:
             self._producer = None  # a fenced or broken producer is not reused

@@ -56,6 +56,17 @@ def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
     return client_config(bootstrap, partitioner=PARTITIONER, **{"enable.idempotence": True}, **extra)
 
 
+def produce_waiting(producer, topic: str, **record: object) -> None:
+    """``producer.produce`` that waits while the local queue is full (BufferError) instead of
+    failing: a flood larger than ``queue.buffering.max.messages`` is sent, not dropped."""
+    while True:
+        try:
+            producer.produce(topic, **record)
+            return
+        except BufferError:  # let delivered records leave the queue
+            producer.poll(0.1)
+
+
 def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float | None = None) -> None:
     """Create the topic if missing; refuse if it exists with another partition count. A broker
     that does not answer within ``timeout_s`` (default: ``config.kafka_timeout_s()``) fails it."""

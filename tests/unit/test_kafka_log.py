@@ -1,4 +1,5 @@
-"""librdkafka's connection noise reaches task logs as one line per cause."""
+"""Kafka client helpers: librdkafka's connection noise reaches task logs as one line per cause; a full
+local producer queue is waited out."""
 
 from __future__ import annotations
 
@@ -41,3 +42,29 @@ def test_a_step_waits_for_a_broker_that_is_not_there_only_as_long_as_configured(
     with pytest.raises(KafkaException):
         ensure_topic(f"127.0.0.1:{port}", "t", 1)
     assert 1.0 < time.monotonic() - started < 10
+
+
+def test_a_full_local_queue_is_waited_out_not_dropped():
+    from tidemark.kafka_io import produce_waiting
+
+    class QueueOfTwo:  # librdkafka's produce raises BufferError while its queue is full
+        def __init__(self):
+            self.queued, self.sent, self.polls = [], [], 0
+
+        def produce(self, topic, **record):
+            if len(self.queued) == 2:
+                raise BufferError("Local: Queue full")
+            self.queued.append((topic, record))
+
+        def poll(self, timeout):
+            self.polls += 1
+            self.sent += self.queued[:1]
+            del self.queued[:1]
+
+    producer = QueueOfTwo()
+    for i in range(5):
+        produce_waiting(producer, "t", key=str(i).encode(), value=b"v", headers=[("h", b"1")])
+    delivered = producer.sent + producer.queued
+    assert [r["key"] for _, r in delivered] == [b"0", b"1", b"2", b"3", b"4"]
+    assert all(t == "t" and r["headers"] == [("h", b"1")] for t, r in delivered)
+    assert producer.polls == 3
