@@ -77,7 +77,11 @@ def main(argv: list[str]) -> int:
             try:
                 source.autocommit = True
                 with source.cursor() as cur:
-                    lo, hi, n = extract.read_span(cur, spec, window, table)
+                    numerics, temporal = extract.kinds_of_columns(cur, spec)
+                    lo, hi, n, infinite = extract.read_span(cur, spec, window, table, temporal)
+                    if infinite:
+                        found = extract.unrepresentable(cur, spec, window, table, temporal, extract.INFINITE)
+                        raise JobError(extract.unrepresentable_error(tag, spec, found, temporal=True))
                     try:
                         histogram = extract.cursor_histogram(cur, spec)
                     except psycopg2.Error as exc:  # statistics are advice: even cuts then
@@ -122,19 +126,25 @@ def main(argv: list[str]) -> int:
             now = end_offsets(args.bootstrap, spec.topic)
             return sum(now.get(p, 0) - before.get(p, 0) for p in range(spec.partitions))
 
-        with Ticker(tag, "written to Kafka", written, n), steps.step("read, encode, write"):
-            (
-                records.select("key", "value", F.expr(f"tally(partition, row_hash, {as_long})").alias("partition"))
-                .withColumn("headers", headers)
-                .write.format("kafka")
-                .option("kafka.bootstrap.servers", args.bootstrap)
-                .option("kafka.enable.idempotence", "true")
-                .option("kafka.acks", "all")
-                .option("kafka.linger.ms", "20")  # fuller batches: a third less time on 2M records
-                .option("kafka.batch.size", str(1 << 20))
-                .option("topic", spec.topic)
-                .save()
-            )
+        try:
+            with Ticker(tag, "written to Kafka", written, n), steps.step("read, encode, write"):
+                (
+                    records.select("key", "value", F.expr(f"tally(partition, row_hash, {as_long})").alias("partition"))
+                    .withColumn("headers", headers)
+                    .write.format("kafka")
+                    .option("kafka.bootstrap.servers", args.bootstrap)
+                    .option("kafka.enable.idempotence", "true")
+                    .option("kafka.acks", "all")
+                    .option("kafka.linger.ms", "20")  # fuller batches: a third less time on 2M records
+                    .option("kafka.batch.size", str(1 << 20))
+                    .option("topic", spec.topic)
+                    .save()
+                )
+        except Exception:
+            unreadable = _non_finite(args, secret, spec, window, table, numerics) if numerics else []
+            if unreadable:  # the same rows fail every retry: say which, and what will work
+                raise JobError(extract.unrepresentable_error(tag, spec, unreadable, temporal=False)) from None
+            raise
         write_s = time.monotonic() - started
         with steps.step("offsets check"):
             after = end_offsets(args.bootstrap, spec.topic)
@@ -153,6 +163,25 @@ def main(argv: list[str]) -> int:
     finally:
         spark.stop()
     return 0
+
+
+def _non_finite(args: argparse.Namespace, secret: str, spec, window, relation: str, numerics: list[str]) -> list[str]:
+    """After a failed read: the window's NaN and infinite numerics (none if the source cannot say)."""
+    from tidemark import extract
+    from tidemark.sparkjob import connect
+
+    try:
+        source = connect(args.jdbc_url, args.user, secret)
+    except Exception:
+        return []
+    try:
+        source.autocommit = True
+        with source.cursor() as cur:
+            return extract.unrepresentable(cur, spec, window, relation, numerics, extract.NAN_OR_INFINITE)
+    except Exception:  # the diagnosis must never hide the read's own error
+        return []
+    finally:
+        source.close()
 
 
 if __name__ == "__main__":

@@ -31,13 +31,62 @@ def edges(lo: datetime | int | None, hi: datetime | int | None, parts: int) -> l
     return [lo + (hi - lo) * i / parts for i in range(1, parts)]  # type: ignore[operator]
 
 
-def read_span(cur, spec: PipelineSpec, window: Window, relation: str) -> tuple[Any, Any, int]:
-    """The smallest and largest cursor value in the window, and its row count, from the source
+def read_span(cur, spec: PipelineSpec, window: Window, relation: str,
+              temporal: list[str] = ()) -> tuple[Any, Any, int, int]:
+    """The smallest and largest cursor value in the window, its row count, and how many of its rows
+    hold an infinite value in a ``temporal`` (date or timestamp) column, in one scan of the source
     (``relation``: the table, or a repair's subquery of it)."""
     cursor = quote(spec.cursor.column)
-    cur.execute(f"SELECT min({cursor}), max({cursor}), count(*) FROM {relation} WHERE {predicate(spec, window)}")
-    lo, hi, n = cur.fetchone()
-    return lo, hi, n
+    infinite = " OR ".join(f"{quote(c)} IN ('infinity', '-infinity')" for c in temporal) or "false"
+    cur.execute(f"SELECT min({cursor}), max({cursor}), count(*), count(*) FILTER (WHERE {infinite}) "
+                f"FROM {relation} WHERE {predicate(spec, window)}")
+    lo, hi, n, infinite_rows = cur.fetchone()
+    return lo, hi, n, infinite_rows
+
+
+def kinds_of_columns(cur, spec: PipelineSpec) -> tuple[list[str], list[str]]:
+    """The source table's numeric columns, and its date and timestamp columns: the values no Avro
+    type carries exactly are NaN and infinity in the first, infinity in the second."""
+    from tidemark.ledger import source_columns
+
+    columns = source_columns(cur, spec.table)
+    return ([name for name, sql_type, _ in columns if sql_type.startswith("numeric")],
+            [name for name, sql_type, _ in columns if sql_type == "date" or sql_type.startswith("timestamp")])
+
+
+def unrepresentable(cur, spec: PipelineSpec, window: Window, relation: str, columns: list[str],
+                    values: tuple[str, ...], sample: int = 5) -> list[str]:
+    """One line per column whose rows in the window hold one of ``values`` (by their text form),
+    e.g. ``amount: 2 row(s), e.g. key 7 NaN, key 9 NaN``. PostgreSQL holds NaN and infinite numerics
+    and infinite dates and timestamps; no decimal holds the first (the JDBC read fails with a bare
+    "Bad value for type BigDecimal"), and Spark reads the second as 9999-12-31 or year 1 (a silent
+    change): both are named by key instead."""
+    keys = ", ".join(quote(k) for k in spec.primary_key)
+    listed = ", ".join(f"'{v}'" for v in values)  # our own constants
+    found = []
+    for name in columns:
+        where = f"{predicate(spec, window)} AND {quote(name)}::text IN ({listed})"
+        cur.execute(f"SELECT count(*) FROM {relation} WHERE {where}")
+        n = cur.fetchone()[0]
+        if n:
+            cur.execute(f"SELECT {keys}, {quote(name)}::text FROM {relation} WHERE {where} "
+                        f"ORDER BY {keys} LIMIT {int(sample)}")
+            shown = ", ".join(f"key {', '.join(map(str, r[:-1]))} {r[-1]}" for r in cur.fetchall())
+            found.append(f"{name}: {n} row(s), e.g. {shown}{' ...' if n > sample else ''}")
+    return found
+
+
+NAN_OR_INFINITE = ("NaN", "Infinity", "-Infinity")  # numeric's text forms
+INFINITE = ("infinity", "-infinity")  # date's and timestamp's
+
+
+def unrepresentable_error(tag: str, spec: PipelineSpec, found: list[str], *, temporal: bool) -> str:
+    """Why the extract stops, which rows, and the fix that works (the window stays until then)."""
+    what = ("infinite dates or timestamps, which Spark would load as 9999-12-31 or year 1 (a silent change)"
+            if temporal else "NaN or infinite numerics, which no decimal can carry (the JDBC read refuses them)")
+    return (f"{tag}: {spec.table} holds {what} in this window ({'; '.join(found)}); nothing of this attempt is "
+            "sealed: correct those rows at the source (a real value, or NULL where the column allows it) and a "
+            "new attempt of the same window loads them")
 
 
 def cursor_histogram(cur, spec: PipelineSpec) -> list[datetime | int] | None:

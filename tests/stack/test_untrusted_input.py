@@ -175,3 +175,66 @@ def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_co
     insert_payments(pipe, 201, 260)
     pipe.run("run-b")
     same_rows(pipe)
+
+
+def _failed_extract(pipe, tmp_path, *changes: str):
+    """The source changed by ``changes`` (SQL, ``{table}`` for the source table), a batch planned and
+    begun, and its extract failed as a job error (exit 3: no retry helps): the plan, attempt and
+    the extract's own cause."""
+    from tidemark import jobs
+    from tidemark.sparkjob import EXIT_JOB_ERROR
+
+    src = pipe.src()
+    with src, src.cursor() as cur:
+        for change in changes:
+            cur.execute(change.format(table=pipe.source_table))
+    src.close()
+    plan = pipe.plan("run-a")
+    attempt = pipe.begin(plan)
+    proc = pipe._submit(jobs.EXTRACT_JOB, pipe.extract_args(plan, attempt, tmp_path / f"failed-{attempt}.json"))
+    output = proc.stdout + proc.stderr  # the job's own lines go to stdout
+    assert proc.returncode == EXIT_JOB_ERROR and "extract_window: FAILED: " in output, output[-3000:]
+    return plan, attempt, output.split("extract_window: FAILED: ")[-1]
+
+
+def _corrected_and_loaded(pipe, plan, attempt, fix: str) -> None:
+    """As the DAG does: the failed attempt aborted; then the source corrected and the same window
+    loaded by a new attempt, equal to the source."""
+    pipe.abort(plan, attempt, "extract failed")
+    src = pipe.src()
+    with src, src.cursor() as cur:
+        cur.execute(fix.format(table=pipe.source_table))
+    src.close()
+    again = pipe.begin(plan)
+    pipe.end(plan, again, pipe.extract(plan, again))
+    pipe.sink()
+    assert again > attempt and pipe.state(plan.batch_id, again) == "committed"
+
+
+def test_a_numeric_nan_at_the_source_fails_the_extract_by_key_and_loads_once_corrected(settings, tmp_path):
+    """PostgreSQL's numeric holds NaN; no decimal (JDBC's BigDecimal, Avro's decimal) can. The
+    extract names the rows instead of the driver's bare "Bad value for type BigDecimal"."""
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
+    insert_payments(pipe, 1, 300)
+    plan, attempt, cause = _failed_extract(pipe, tmp_path, "UPDATE {table} SET amount = 'NaN' WHERE id IN (7, 250)")
+    assert f"{pipe.source_table} holds NaN or infinite numerics, which no decimal can carry" in cause, cause
+    assert "amount: 2 row(s), e.g. key 7 NaN, key 250 NaN" in cause and "correct those rows at the source" in cause
+    _corrected_and_loaded(pipe, plan, attempt, "UPDATE {table} SET amount = id * 0.37 WHERE id IN (7, 250)")
+    same_rows(pipe)
+
+
+def test_an_infinite_date_or_timestamp_stops_the_extract_by_key_instead_of_loading_9999(settings, tmp_path):
+    """Spark reads PostgreSQL's infinite dates and timestamps as 9999-12-31 and year 1 and would load
+    them without a word: the extract's span query counts them and names the rows instead."""
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL.replace(
+        "updated_at", "booked date, settled timestamptz, updated_at"))
+    insert_payments(pipe, 1, 300)
+    plan, attempt, cause = _failed_extract(
+        pipe, tmp_path, "UPDATE {table} SET booked = '2026-01-02', settled = '2026-01-03 04:05:06.789+00'",
+        "UPDATE {table} SET booked = 'infinity' WHERE id = 3", "UPDATE {table} SET settled = '-infinity' WHERE id IN (4, 5)")
+    assert f"{pipe.source_table} holds infinite dates or timestamps" in cause, cause
+    assert "booked: 1 row(s), e.g. key 3 infinity; settled: 2 row(s), e.g. key 4 -infinity, key 5 -infinity" in cause
+    _corrected_and_loaded(pipe, plan, attempt,
+                          "UPDATE {table} SET booked = NULL, settled = '2026-01-03+00' WHERE id IN (3, 4, 5)")
+    columns = "amount, booked, settled, updated_at"
+    assert pipe.rows("target", columns) == pipe.rows("source", columns) and len(pipe.rows("source", columns)) == 300
