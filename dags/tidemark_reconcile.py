@@ -12,6 +12,8 @@ after each load and reconciles that batch's window, source against target, in th
 - **balance continuity** and **balances against the ledger's movements**
   (`reconcile.balance_continuity`, `reconcile.movements_match_ledger`);
 - **freshness** (`reconcile.max_staleness`) of the committed watermark;
+- **unreachable rows**: source rows whose timestamp cursor is NULL or infinite, which no window can
+  hold (every windowed check passes without them), named by key;
 - **required fields** and **accepted values**, by Great Expectations, with Data Docs.
 
 Zero tolerance unless the spec sets `reconcile.tolerance` with a `tolerance_reason`. Every result

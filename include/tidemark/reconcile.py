@@ -281,6 +281,10 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
                                src.totals.get(label_group, Decimal(0)), tgt.totals.get(label_group, Decimal(0)),
                                tolerance))
     checks += invariants if invariants_cur is not None else invariant_checks(target_cur, spec, where, timings)
+    stranded = unreachable_rows(source_cur, spec)
+    if stranded is not None:
+        checks.append(stranded)
+        timed("unreachable rows", mark)
     verdict = Verdict(checks, [], src.rows, tgt.rows, moved_keys=len(moved), where=where.replace("%%", "%"),
                       timings=timings)
     verdict.seconds = time.perf_counter() - started
@@ -326,6 +330,28 @@ def moved_keys(cur, spec: PipelineSpec, window: Window) -> list[Any]:
                              f"the window's end {window.hi}: reconcile right after the load, or run a full "
                              "reconciliation up to the current watermark")
     return found
+
+
+def unreachable_rows(cur, spec: PipelineSpec, sample: int = 5) -> Check | None:
+    """Source rows no window will ever hold: a timestamp cursor that is NULL or infinite. Windows
+    are bounded by finite cursor values, so such a row is never extracted, and every check over a
+    window (row counts and totals included) passes without it: only this count can see it. An id
+    cursor is a primary-key column, never NULL nor infinite."""
+    if spec.cursor.kind != "timestamp":
+        return None
+    column = quote(spec.cursor.column)
+    keys = ", ".join(quote(k) for k in spec.primary_key)
+    stranded = f"{column} IS NULL OR {column} IN ('infinity', '-infinity')"  # both use an index on the cursor
+    cur.execute(f"SELECT count(*) FROM {quote(spec.table)} WHERE {stranded}")
+    n = cur.fetchone()[0]
+    subject = f"{spec.table} rows whose {spec.cursor.column} is NULL or infinite"
+    if n:
+        cur.execute(f"SELECT {keys}, {column}::text FROM {quote(spec.table)} WHERE {stranded} ORDER BY {keys} LIMIT %s",
+                    (sample,))
+        shown = "; ".join(f"{', '.join(map(str, r[:-1]))} ({_text(r[-1]) or 'NULL'})" for r in cur.fetchall())
+        subject += (f": key(s) {shown}{' ...' if n > sample else ''}; no batch can load them until "
+                    f"{spec.cursor.column} holds the time of their last change")
+    return Check("unreachable_rows", subject, "0", str(n), str(n) if n else None, n == 0)
 
 
 class ReconcileError(RuntimeError):

@@ -340,3 +340,28 @@ def test_a_stale_watermark_fails_the_freshness_check(loaded, tmp_path):
     failed = [c for c in outcome.verdict.checks if not c.passed]
     assert [c.check for c in failed] == ["freshness"] and failed[0].expected == "at most 0:00:00.001000 old"
     assert outcome.verdict.differences == [] and "1 of" in outcome.line
+
+
+def test_source_rows_no_window_can_hold_fail_the_reconciliation_by_key(loaded):
+    """A NULL or infinite cursor puts a row outside every window: every windowed check passes without
+    it, so only the unreachable-rows count can say the target lacks it."""
+    pipe, plan, _ = loaded
+    assert [c for c in _reconcile(pipe, plan.window).checks if c.check == "unreachable_rows"][0].passed
+    src, wh = pipe.src(), pipe.wh()
+    try:
+        with src.cursor() as s, wh.cursor() as t:  # both rolled back below: the fixture stays clean
+            s.execute(f"ALTER TABLE {pipe.source_table} ALTER COLUMN created_at DROP NOT NULL")
+            s.execute(f"""INSERT INTO {pipe.source_table} (entry_id, txn_id, amount, currency, memo, created_at)
+                          VALUES (900001, md5('x')::uuid, 1, 'EUR', 'no time', NULL),
+                                 (900002, md5('x')::uuid, -1, 'EUR', 'forever', 'infinity')""")
+            verdict = reconcile.reconcile(pipe.spec, plan.window, s, t)
+    finally:
+        src.rollback()
+        wh.rollback()
+        src.close()
+        wh.close()
+    assert _failed(verdict) == {"unreachable_rows"} and verdict.differences == []
+    stranded = [c for c in verdict.checks if c.check == "unreachable_rows"][0]
+    assert (stranded.expected, stranded.actual) == ("0", "2")
+    assert "900001 (NULL); 900002 (infinity)" in stranded.subject, stranded.subject
+    assert "1 of" in verdict.summary(pipe.spec, plan.batch_id) and "unreachable_rows" in verdict.summary(pipe.spec, "b")
