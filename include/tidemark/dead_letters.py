@@ -44,7 +44,7 @@ class DeadLetterOutbox:
         while True:
             with conn, conn.cursor() as cur:
                 pending = ledger.pending_rejects(cur, self.consumer, limit=CHUNK)
-                oldest = ledger.oldest_pending_reject(cur, self.consumer) if in_topic is None else None
+                oldest = ledger.pending_reject_summary(cur, self.consumer)[1] if in_topic is None else None
             if not pending:
                 return sent
             self._transactional()  # first: it fences an older instance, whose commits the scan then sees

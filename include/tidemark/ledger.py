@@ -600,11 +600,13 @@ def mark_published(cur, offsets: dict[int, int]) -> None:
     )
 
 
-def oldest_pending_reject(cur, consumer: str):
-    """When the consumer's oldest reject not yet in the dead-letter topic was recorded (None: none)."""
-    cur.execute("SELECT min(rejected_at) FROM tidemark_control.sink_rejects WHERE consumer = %s AND NOT in_dlq",
-                (consumer,))
-    return cur.fetchone()[0]
+def pending_reject_summary(cur, consumer: str) -> tuple[int, Any]:
+    """How many of the consumer's rejects are not yet in the dead-letter topic, and when the oldest
+    of them was recorded (None: none)."""
+    cur.execute("SELECT count(*), min(rejected_at) FROM tidemark_control.sink_rejects "
+                "WHERE consumer = %s AND NOT in_dlq", (consumer,))
+    count, oldest = cur.fetchone()
+    return count, oldest
 
 
 def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int) -> tuple[int, list[str]]:

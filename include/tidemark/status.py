@@ -1,7 +1,7 @@
 """What the "Tidemark status" page shows, read from the warehouse's ledger and the source database.
 
 Per pipeline spec: the last committed batch, the watermark and its lag behind the source clock,
-unfinished attempts and recent failures. Per source: the session whose open transaction holds
+unfinished attempts, recent failures and dead letters not yet in the dead-letter topic. Per source: the session whose open transaction holds
 every window back (the planner's clamp) and any prepared transaction. In the warehouse: stage
 tables nobody will apply or drop any more.
 
@@ -100,6 +100,10 @@ class PipelineLedger:
     unfinished: list[Attempt] = field(default_factory=list)  # open or sealed, oldest first
     recent_failures: list[Attempt] = field(default_factory=list)  # refused or aborted, newest first
     last_failure: Attempt | None = None  # the newest refused or aborted attempt, however old
+    # Rejects committed but not yet in the dead-letter topic (the outbox sends them at the sink's next
+    # flush): a count that stays up means the DLQ cannot be written.
+    dead_letters_pending: int = 0
+    oldest_pending_reject: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,8 @@ def pipeline_ledger(cur, pipeline: str, failure_window: timedelta = FAILURE_WIND
     unfinished = [Attempt(*r) for r in ledger.attempts(cur, pipeline, UNFINISHED)]
     recent = [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, since=failure_window)]
     last = recent[:1] or [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, limit=1)]
-    return PipelineLedger(committed, watermark, unfinished, recent, last[0] if last else None)
+    pending, oldest = ledger.pending_reject_summary(cur, ledger.consumer_for(pipeline))
+    return PipelineLedger(committed, watermark, unfinished, recent, last[0] if last else None, pending, oldest)
 
 
 def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
@@ -441,6 +446,9 @@ def status_lines(report: StatusReport) -> list[str]:
         behind = ("-" if lag is None else lag.error if lag.error else f"{lag.ids} ids" if lag.ids is not None
                   else format_duration(lag.seconds) + (" (held back by a source transaction)" if lag.held_back else ""))
         line = f"{p.name}: {batch}; watermark {w.bound if w else '-'}; behind the source {behind}"
+        if p.ledger.dead_letters_pending:
+            line += (f"; {p.ledger.dead_letters_pending} dead letter(s) not yet in the DLQ, oldest from "
+                     f"{utc_iso(p.ledger.oldest_pending_reject)}")
         t = streams.get(p.name)
         if t is not None:
             line += f"; stream desired={t.desired} {_instance(t, report.generated_at)} lag " \

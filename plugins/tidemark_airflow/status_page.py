@@ -85,7 +85,7 @@ def _pipeline_row(p) -> str:
 
     name = f"<td title='{_e(p.spec_path)}'><b>{_e(p.name)}</b></td>"
     if p.error:
-        return f"<tr class=invalid>{name}<td colspan=9 class=bad>invalid spec: {_e(p.error)}</td></tr>"
+        return f"<tr class=invalid>{name}<td colspan=10 class=bad>invalid spec: {_e(p.error)}</td></tr>"
     led = p.ledger
     c = led.last_committed
     if c is None:
@@ -101,9 +101,11 @@ def _pipeline_row(p) -> str:
     last = led.last_failure
     last_failure = (f"{_e(utc_iso(last.finished_at or last.begun_at))} {_e(last.batch_id)} #{last.attempt} "
                     f"<b>{_e(last.state)}</b><br><span class=msg>{_e(last.message)}</span>") if last else ""
+    pending = (f"<span class=bad>{_e(led.dead_letters_pending)}</span><br><small>oldest from "
+               f"{_e(utc_iso(led.oldest_pending_reject))}</small>") if led.dead_letters_pending else "none"
     return (f"<tr>{name}{batch}<td>{watermark}</td><td>{_lag(p)}</td>"
             f"<td>{_attempts(led.unfinished, with_message=False) or 'none'}</td>"
-            f"<td>{failures}</td><td>{last_failure}</td></tr>")
+            f"<td>{failures}</td><td>{last_failure}</td><td class=num>{pending}</td></tr>")
 
 
 def _source_section(s) -> str:
@@ -200,10 +202,12 @@ def render_html(report) -> str:
     from tidemark.status import utc_iso
 
     head = ("<tr><th>pipeline</th><th>last committed batch</th><th>window</th><th>rows</th><th>committed at (UTC)</th>"
-            "<th>watermark</th><th>lag</th><th>unfinished attempts</th><th>failures (7 days)</th><th>last failure</th></tr>")
+            "<th>watermark</th><th>lag</th><th>unfinished attempts</th><th>failures (7 days)</th><th>last failure</th>"
+            "<th title='rejects committed, not yet in the dead-letter topic: the sink sends them at its next flush'>"
+            "dead letters waiting</th></tr>")
     rows = "".join(_pipeline_row(p) for p in report.pipelines)
     if not report.pipelines:
-        rows = "<tr><td colspan=10>no pipeline specs</td></tr>"
+        rows = "<tr><td colspan=11>no pipeline specs</td></tr>"
     note = "" if report.control_schema else "<p>no batch yet: the warehouse has no control schema</p>"
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{_e(NAME)}</title><style>{STYLE}</style></head><body>"

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import psycopg2
 import pytest
 
+from tidemark.ledger import consumer_for
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
 from tidemark.sink import stage_table
 from tidemark_workshop.stack.batchrun import make_pipeline
@@ -97,6 +99,11 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
             for table in (leftover, ghost, in_use):
                 cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (value text)")
             cur.execute(f"INSERT INTO {leftover} SELECT repeat('x', 100) FROM generate_series(1, 1000)")
+            # two rejects the outbox has not sent yet (the DLQ was down), one it has: two waiting
+            cur.execute("""INSERT INTO tidemark_control.sink_rejects
+                               (consumer, topic, partition, kafka_offset, reason, in_dlq, raw, rejected_at)
+                           SELECT %s, %s, 0, o, 'status page test', o < 3, 'x', now() - o * interval '1 minute'
+                             FROM generate_series(2, 4) o""", (consumer_for(pipe.spec.name), pipe.spec.topic))
         with holder.cursor() as cur:  # a transaction left open on the source: the planner's clamp
             cur.execute("SELECT pg_backend_pid()")
             holder_pid = cur.fetchone()[0]
@@ -108,6 +115,7 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
         with wh, wh.cursor() as cur:
             for table in (leftover, ghost, in_use):
                 cur.execute(f"DROP TABLE IF EXISTS {table}")
+            cur.execute("DELETE FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer_for(pipe.spec.name),))
         wh.close()
 
     rows = {p["name"]: p for p in data["pipelines"]}
@@ -123,6 +131,9 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
     assert [(a["batch_id"], a["attempt"], a["state"]) for a in ledger["unfinished"]] == [(unfinished.batch_id, c1, "open")]
     assert [(a["batch_id"], a["state"]) for a in ledger["recent_failures"]] == [(aborted.batch_id, "aborted")]
     assert "status page test: <b>not</b> loaded" in ledger["last_failure"]["message"]
+    assert ledger["dead_letters_pending"] == 2 and ledger["oldest_pending_reject"].endswith("+00:00")
+    oldest = datetime.fromisoformat(ledger["oldest_pending_reject"])
+    assert timedelta(minutes=3, seconds=50) < datetime.now(timezone.utc) - oldest < timedelta(minutes=6)
     lag = rows[pipe.spec.name]["lag"]
     assert 0 <= lag["seconds"] < 3600 and lag["held_back"] is True  # safe lag 0: the open transaction sets the end
 
@@ -143,6 +154,7 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
         assert text in page, text
     assert "&lt;b&gt;not&lt;/b&gt; loaded" in page and "<b>not</b>" not in page
     assert "held back by an open or prepared source transaction" in page
+    assert "dead letters waiting</th>" in page and "<span class=bad>2</span>" in page
 
     assert status_sessions(settings) == []  # every connection of the page closed, no transaction left
 

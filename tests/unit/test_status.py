@@ -67,7 +67,8 @@ def _report() -> StatusReport:
             CommittedBatch("p:run-a", "(2026-11-22T07:00:00+00:00, 2026-11-22T08:00:00+00:00]", False, 1234,
                            T0.astimezone(CET), 2),
             Watermark("2026-11-22T08:00:00+00:00", T0, "p:run-a", T0),
-            [Attempt("p:run-c", 1, "open", None, None, T0, None)], [failure], failure),
+            [Attempt("p:run-c", 1, "open", None, None, T0, None)], [failure], failure,
+            dead_letters_pending=3, oldest_pending_reject=(T0 - timedelta(minutes=2)).astimezone(CET)),
         lag=Lag(seconds=185.0, held_back=True))
     return StatusReport(
         generated_at=T0, pipelines_dir="/specs", control_schema=True,
@@ -102,6 +103,9 @@ def test_html_has_a_row_per_pipeline_and_escapes_everything():
     assert "stopped at 2026-11-22T08:00:00+00:00" in page and "crash-looping since" in page and "3/3" in page
     assert "etl-&lt;2pc&gt;" in page and "ROLLBACK PREPARED" in page  # the prepared one holds every window too
     assert "tidemark_stage.s_abc" in page and "16.0 kB" in page and "no such attempt" in page
+    waiting = page.split("<tr><td title='/specs/loaded.yaml'>")[1].split("</tr>")[0].rsplit("<td class=num>", 1)[1]
+    assert waiting.startswith("<span class=bad>3</span>") and "oldest from 2026-11-22T07:58:00+00:00" in waiting
+    assert "dead letters waiting</th>" in page
 
 
 def test_json_has_utc_times_and_seconds():
@@ -148,4 +152,5 @@ def test_text_lines_name_each_pipeline_its_batch_lag_and_stream():
     assert lines[1] == "idle: no batch yet; watermark -; behind the source -"
     assert lines[2].startswith("loaded: last batch p:run-a (1234 rows, 2026-11-22T08:00:00+00:00, not reconciled yet)")
     assert "behind the source 3m 05s (held back by a source transaction)" in lines[2]
+    assert "; 3 dead letter(s) not yet in the DLQ, oldest from 2026-11-22T07:58:00+00:00; stream" in lines[2]
     assert lines[2].endswith("; stream desired=paused stopped at 2026-11-22T08:00:00+00:00 lag 5 records, restarts 1/3")
