@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
                     lo, hi, n, infinite = extract.read_span(cur, spec, window, table, temporal)
                     if infinite:
                         found = extract.unrepresentable(cur, spec, window, table, temporal, extract.INFINITE)
+                        if not found:  # corrected between the two queries: the next attempt reads them
+                            raise TransientJobError(f"{tag}: {infinite} row(s) with an infinite date or timestamp "
+                                                    "changed while being named; a new attempt reads the window again")
                         raise JobError(extract.unrepresentable_error(tag, spec, found, temporal=True))
                     try:
                         histogram = extract.cursor_histogram(cur, spec)

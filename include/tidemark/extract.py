@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from tidemark.spec import PipelineSpec, quote
+from tidemark.spec import PipelineSpec, key_text, quote
 from tidemark.totals import Totals
 from tidemark.window import Window, predicate
 
@@ -44,14 +44,21 @@ def read_span(cur, spec: PipelineSpec, window: Window, relation: str,
     return lo, hi, n, infinite_rows
 
 
-def kinds_of_columns(cur, spec: PipelineSpec) -> tuple[list[str], list[str]]:
-    """The source table's numeric columns, and its date and timestamp columns: the values no Avro
-    type carries exactly are NaN and infinity in the first, infinity in the second."""
-    from tidemark.ledger import source_columns
+NUMERIC, DATE, TIMESTAMP, TIMESTAMPTZ = 1700, 1082, 1114, 1184  # PostgreSQL's type oids
 
-    columns = source_columns(cur, spec.table)
-    return ([name for name, sql_type, _ in columns if sql_type.startswith("numeric")],
-            [name for name, sql_type, _ in columns if sql_type == "date" or sql_type.startswith("timestamp")])
+
+def kinds_of_columns(cur, spec: PipelineSpec) -> tuple[list[str], list[str]]:
+    """The source table's numeric columns, and its date and timestamp columns other than the cursor
+    (a window's cursor values are finite), by base type (domains included, arrays not): the values
+    no record type carries exactly are NaN and infinity in the first, infinity in the second."""
+    cur.execute(
+        """SELECT a.attname, CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+            WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum""",
+        (quote(spec.table),))
+    columns = cur.fetchall()
+    return ([name for name, base in columns if base == NUMERIC],
+            [name for name, base in columns if base in (DATE, TIMESTAMP, TIMESTAMPTZ) and name != spec.cursor.column])
 
 
 def unrepresentable(cur, spec: PipelineSpec, window: Window, relation: str, columns: list[str],
@@ -71,7 +78,7 @@ def unrepresentable(cur, spec: PipelineSpec, window: Window, relation: str, colu
         if n:
             cur.execute(f"SELECT {keys}, {quote(name)}::text FROM {relation} WHERE {where} "
                         f"ORDER BY {keys} LIMIT {int(sample)}")
-            shown = ", ".join(f"key {', '.join(map(str, r[:-1]))} {r[-1]}" for r in cur.fetchall())
+            shown = ", ".join(f"key {key_text(r[:-1])} {r[-1]}" for r in cur.fetchall())
             found.append(f"{name}: {n} row(s), e.g. {shown}{' ...' if n > sample else ''}")
     return found
 
@@ -83,7 +90,8 @@ INFINITE = ("infinity", "-infinity")  # date's and timestamp's
 def unrepresentable_error(tag: str, spec: PipelineSpec, found: list[str], *, temporal: bool) -> str:
     """Why the extract stops, which rows, and the fix that works (the window stays until then)."""
     what = ("infinite dates or timestamps, which Spark would load as 9999-12-31 or year 1 (a silent change)"
-            if temporal else "NaN or infinite numerics, which no decimal can carry (the JDBC read refuses them)")
+            if temporal else "NaN or infinite numerics, which no decimal can carry (the JDBC read refuses them; "
+            "allow_non_finite_numbers is for JSON events, not a source table)")
     return (f"{tag}: {spec.table} holds {what} in this window ({'; '.join(found)}); nothing of this attempt is "
             "sealed: correct those rows at the source (a real value, or NULL where the column allows it) and a "
             "new attempt of the same window loads them")

@@ -30,7 +30,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tidemark.spec import PipelineSpec, quote
+from tidemark.spec import PipelineSpec, key_text, quote
 from tidemark.window import Window, predicate
 
 BUCKETS = 256  # key ranges of the first pass: 2M rows -> about 8,000 rows per range
@@ -280,7 +280,10 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
         checks.append(_compare(f"control_total {label}", ", ".join(str(v) for v in group),
                                src.totals.get(label_group, Decimal(0)), tgt.totals.get(label_group, Decimal(0)),
                                tolerance))
-    checks += invariants if invariants_cur is not None else invariant_checks(target_cur, spec, where, timings)
+    if invariants_cur is None:
+        invariants = invariant_checks(target_cur, spec, where, timings)  # each timed on its own
+        mark = time.perf_counter()
+    checks += invariants
     stranded = unreachable_rows(source_cur, spec)
     if stranded is not None:
         checks.append(stranded)
@@ -337,7 +340,7 @@ def unreachable_rows(cur, spec: PipelineSpec, sample: int = 5) -> Check | None:
     are bounded by finite cursor values, so such a row is never extracted, and every check over a
     window (row counts and totals included) passes without it: only this count can see it. An id
     cursor is a primary-key column, never NULL nor infinite."""
-    if spec.cursor.kind != "timestamp":
+    if spec.cursor.kind != "timestamp" or not spec.reconcile.unreachable_rows:
         return None
     column = quote(spec.cursor.column)
     keys = ", ".join(quote(k) for k in spec.primary_key)
@@ -348,9 +351,9 @@ def unreachable_rows(cur, spec: PipelineSpec, sample: int = 5) -> Check | None:
     if n:
         cur.execute(f"SELECT {keys}, {column}::text FROM {quote(spec.table)} WHERE {stranded} ORDER BY {keys} LIMIT %s",
                     (sample,))
-        shown = "; ".join(f"{', '.join(map(str, r[:-1]))} ({_text(r[-1]) or 'NULL'})" for r in cur.fetchall())
-        subject += (f": key(s) {shown}{' ...' if n > sample else ''}; no batch can load them until "
-                    f"{spec.cursor.column} holds the time of their last change")
+        shown = ", ".join(f"key {key_text(r[:-1])} {r[-1] or 'NULL'}" for r in cur.fetchall())
+        subject += (f": {shown}{' ...' if n > sample else ''}; no batch loads them until {spec.cursor.column} "
+                    "is set after the committed watermark (now() is)")
     return Check("unreachable_rows", subject, "0", str(n), str(n) if n else None, n == 0)
 
 

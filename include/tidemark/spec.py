@@ -164,7 +164,7 @@ class MovementsMatchLedger(BaseModel):
 class ReconcileSpec(BaseModel):
     """What reconciliation proves after each load, besides row counts and hash totals (always):
     control totals, required fields, accepted values, double entry, balance continuity, balances
-    against the ledger's movements, the watermark's freshness. Zero tolerance unless
+    against the ledger's movements, the watermark's freshness, rows no window holds. Zero tolerance unless
     ``tolerance`` is set, and then only with ``tolerance_reason`` (kept with every result)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -176,6 +176,9 @@ class ReconcileSpec(BaseModel):
     movements_match_ledger: MovementsMatchLedger | None = None
     # The committed watermark may lag the source's clock by at most this much (None: not checked).
     max_staleness: Annotated[timedelta, Field(gt=timedelta(0))] | None = None
+    # Source rows whose timestamp cursor is NULL or infinite lie in no window: counted and named unless
+    # the source means such rows to wait (e.g. a cursor set only when an entry is posted).
+    unreachable_rows: bool = True
     tolerance: Annotated[Decimal, Field(ge=0)] = Decimal(0)
     tolerance_reason: Annotated[str, Field(min_length=10, max_length=500)] | None = None
 
@@ -300,6 +303,12 @@ def quote(identifier: str) -> str:
     if not all(_is_ident(p) for p in parts):
         raise SpecError(f"refusing to quote unvalidated identifier {identifier!r}")
     return ".".join(f'"{p}"' for p in parts)
+
+
+def key_text(values) -> str:
+    """A row's primary key for a message: ``7``, or ``(7, 'EUR')`` for a key of several columns."""
+    shown = [repr(v) if isinstance(v, str) else str(v) for v in values]
+    return shown[0] if len(shown) == 1 else f"({', '.join(shown)})"
 
 
 def load_spec(path: Path) -> PipelineSpec:

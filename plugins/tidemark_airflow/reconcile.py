@@ -18,6 +18,19 @@ NEXT_MISMATCH = ("open the report, find why the target differs from the source (
                  "(the evidence keeps both verdicts)")
 
 
+NEXT_UNREACHABLE = ("set the cursor of those source rows to now() (any time after the committed watermark): the "
+                    "next batch loads them; if such rows are meant to wait, set reconcile.unreachable_rows: false "
+                    "in the spec")
+
+
+def failure(line: str, verdict, batch_id: str | None) -> str:
+    """A failed verdict's last words: what failed and the next step that works for it."""
+    failed = [c for c in verdict.checks if not c.passed]
+    if [c.check for c in failed] == ["unreachable_rows"]:  # nothing differs inside the window: no report
+        return f"{line}: {failed[0].subject}. Next: {NEXT_UNREACHABLE}"
+    return f"{line}. Next: " + NEXT_MISMATCH.format(batch=batch_id or "''")
+
+
 def batch_from_events(context: dict[str, Any]) -> str | None:
     """The batch id of the newest Asset event that scheduled this run (the nightly DAG's publish)."""
     events = context.get("triggering_asset_events") or {}
@@ -100,7 +113,7 @@ class ReconcileOperator(BaseOperator):
             if repairing and verdict.differences:
                 result[REPAIR_BATCH] = self._plan_repair(spec, outcome, what, context)
                 return result
-            raise AirflowFailException(f"{outcome.line}. Next: " + NEXT_MISMATCH.format(batch=batch_id or "''"))
+            raise AirflowFailException(failure(outcome.line, verdict, batch_id))
         self.log.info("%s: %s", what, outcome.line)
         return result
 

@@ -155,3 +155,10 @@ def test_quote_only_accepts_validated_identifiers():
     assert quote("Order") == '"Order"'
     with pytest.raises(SpecError):
         quote('x"; DROP TABLE y; --')
+
+
+def test_a_key_in_a_message_is_its_value_or_a_tuple_of_its_columns():
+    from tidemark.spec import key_text
+
+    assert key_text((7,)) == "7" and key_text(("EUR",)) == "'EUR'"
+    assert key_text((7, "a b")) == "(7, 'a b')"

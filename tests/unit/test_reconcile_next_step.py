@@ -1,0 +1,24 @@
+"""A failed reconciliation's last line names the next step that works for what failed."""
+
+from __future__ import annotations
+
+from tidemark.reconcile import Check, Verdict
+from tidemark_airflow.reconcile import failure
+
+
+def _verdict(*failed: str) -> Verdict:
+    checks = [Check("row_count", "", "3", "3", None, True)]
+    checks += [Check(name, f"{name} subject: key 7 NULL", "0", "1", "1", False) for name in failed]
+    return Verdict(checks, [], 3, 3)
+
+
+def test_rows_no_window_holds_get_their_keys_and_the_cursor_fix_not_the_report():
+    text = failure("t batch b: 1 of 2 checks failed (unreachable_rows)", _verdict("unreachable_rows"), "b")
+    assert text.startswith("t batch b: 1 of 2 checks failed (unreachable_rows): unreachable_rows subject: key 7 NULL")
+    assert "Next: set the cursor of those source rows to now()" in text and "open the report" not in text
+
+
+def test_any_other_failure_points_at_the_report_and_the_rerun():
+    for failed in (("hash_total",), ("unreachable_rows", "hash_total")):
+        text = failure("t batch b: checks failed", _verdict(*failed), "b")
+        assert "Next: open the report" in text and "batch_id=b" in text
