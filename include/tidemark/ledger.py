@@ -904,10 +904,18 @@ def ensure_target(source_cur, warehouse_cur, spec: PipelineSpec) -> bool:
         f"{quote(name)} {sql_type}{' NOT NULL' if not_null else ''}" for name, sql_type, not_null in columns
     )
     pk = ", ".join(quote(c) for c in spec.primary_key)
+    _take_ddl_turn(warehouse_cur)  # the nightly plan and the stream supervisor both create it on a first run
     if "." in spec.target_table:
         warehouse_cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(spec.target_table.split('.')[0])}")
     warehouse_cur.execute(f"CREATE TABLE IF NOT EXISTS {quote(spec.target_table)} (\n  {ddl},\n  PRIMARY KEY ({pk}))")
     return True
+
+
+def _take_ddl_turn(cur) -> None:
+    """Concurrent first runs creating one schema or table: IF NOT EXISTS alone still races on the
+    catalog's unique indexes (``pg_namespace_nspname_index``, seen in the demo), so they take turns
+    until the transaction ends; the second then finds what the first made."""
+    cur.execute("SELECT pg_advisory_xact_lock(%s)", (CONTROL_SCHEMA_LOCK,))
 
 
 STREAM_COLUMNS = ("_tm_partition", "_tm_offset", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")
@@ -946,9 +954,7 @@ def _ensure_schema(cur, spec: PipelineSpec, table: str, field: str) -> None:
         if not spec.create_target_schema:
             raise LookupError(f"pipeline {spec.name}: the warehouse has no schema {schema} for {field} {table}: "
                               "create it, or set create_target_schema: true in the spec")
-        # Concurrent first runs of two pipelines into one schema: IF NOT EXISTS alone still races on
-        # the catalog's unique index (seen in the demo), so they take turns.
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", (CONTROL_SCHEMA_LOCK,))
+        _take_ddl_turn(cur)
         cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
 
 

@@ -76,3 +76,51 @@ def test_a_target_in_a_missing_schema_fails_the_plan_unless_the_spec_says_to_cre
         assert pipe.query_wh("SELECT to_regclass(%s)", (f"{schema}.payments",))[0][0] is not None
     finally:
         pipe.query_wh(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_first_runs_creating_one_schema_and_table_at_once_take_turns(settings, tmp_path):
+    """The nightly plan and the stream supervisor create a target on a first run, and two pipelines
+    may share a new schema: CREATE ... IF NOT EXISTS alone raced on the catalog's unique index
+    (the demo's plan failed with pg_namespace_nspname_index)."""
+    import threading
+
+    from tidemark import ledger
+
+    schemas = [f"wh_race_{uuid.uuid4().hex[:8]}" for _ in range(8)]
+    specs = [make_pipeline(settings, tmp_path, DDL, target_table=f"{schema}.payments", create_target_schema=True).spec
+             for schema in schemas]
+    errors: list[BaseException] = []
+    try:
+        for spec in specs:
+            start = threading.Barrier(3)
+
+            def first_run(spec=spec, start=start):
+                src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+                try:
+                    with src, src.cursor() as s, wh, wh.cursor() as w:
+                        start.wait()
+                        ledger.ensure_target(s, w, spec)
+                except BaseException as exc:  # collected: a thread's exception would be lost
+                    errors.append(exc)
+                finally:
+                    src.close()
+                    wh.close()
+
+            runs = [threading.Thread(target=first_run) for _ in range(3)]
+            for t in runs:
+                t.start()
+            for t in runs:
+                t.join(60)
+        assert errors == [], errors
+        wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+        with wh, wh.cursor() as cur:
+            for spec in specs:
+                cur.execute("SELECT to_regclass(%s) IS NOT NULL", (spec.target_table,))
+                assert cur.fetchone() == (True,), spec.target_table
+        wh.close()
+    finally:
+        wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+        with wh, wh.cursor() as cur:
+            for schema in schemas:
+                cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        wh.close()
