@@ -65,9 +65,9 @@ def _pipeline_dag(path: Path, spec: PipelineSpec) -> DAG:
         # what will not heal fails at once (the operators raise AirflowFailException for it).
         default_args={"retries": spec.retries.count, "retry_delay": spec.retries.delay,
                       "retry_exponential_backoff": True, "max_retry_delay": spec.retries.max_delay, "owner": "tidemark"},
-        params={"repair_batch": Param("", type="string", description=(
+        params={"repair_batch": Param(None, type=["null", "string"], description=(
             "set by tidemark_reconcile_<name> with repair=true: the repair batch (its keys are in the ledger) "
-            "this run loads instead of the next window"))},
+            "this run loads instead of the next window; leave it empty for a nightly load or a backfill"))},
         tags=["tidemark", "batch", spec.name],
     ) as dag:
         batch_pipeline(path, source_conn_id=spec.source_conn_id, backpressure=spec.sink.max_lag is not None)

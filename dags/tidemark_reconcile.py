@@ -57,7 +57,7 @@ def _reconcile_dag(path: Path, spec: PipelineSpec) -> DAG:
         max_active_runs=1,
         default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "owner": "tidemark"},
         params={
-            "batch_id": Param("", type="string", description="a committed batch (default: the one that scheduled "
+            "batch_id": Param(None, type=["null", "string"], description="a committed batch (default: the one that scheduled "
                                                              "this run, else the newest)"),
             "scope": Param("batch", enum=["batch", "full"], description="full: the whole table up to the watermark"),
             "repair": Param(False, type="boolean", description="re-load the differing rows' keys as a repair batch, "

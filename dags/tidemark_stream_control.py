@@ -32,7 +32,7 @@ with DAG(
     params={
         "pipeline": Param("", type="string", description="a pipeline with sink.mode standing"),
         "action": Param("pause", enum=["pause", "resume", "stop", "clear"]),
-        "reason": Param("", type="string", description="why (kept with the change)"),
+        "reason": Param(None, type=["null", "string"], description="why (optional, kept with the change)"),
     },
     tags=["tidemark", "streams"],
 ):

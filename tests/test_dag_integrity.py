@@ -161,3 +161,25 @@ def test_the_batch_dag_follows_the_one_sequence_and_its_jobs_get_the_shared_spar
         assert after in dag.get_task(before).downstream_task_ids, (before, after)
     for task_id in ("extract", "sink"):
         assert dag.get_task(task_id).conf == SPARK_CONF
+
+
+# What a person must type before the Trigger button enables; every other param is optional.
+REQUIRED_PARAMS = {("tidemark_stream_control", "pipeline")}
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_the_trigger_form_needs_nothing_typed_but_what_must_be(parsed, path):
+    """The UI's trigger and backfill forms mark a param required unless its schema admits null, and
+    treat an empty string as missing: a default of "" greys the Trigger button out."""
+    bag, _ = parsed[path]
+    for dag_id, dag in bag.dags.items():
+        for name in dag.params:
+            param = dag.params.get_param(name)
+            kinds = param.schema.get("type")
+            nullable = "null" in (kinds if isinstance(kinds, list) else [kinds])
+            given = param.value not in (None, "")
+            if (dag_id, name) in REQUIRED_PARAMS:
+                assert not nullable and not given, f"{dag_id}: param {name} should be required"
+                continue
+            assert nullable or given, f"{dag_id}: param {name} (default {param.value!r}) greys out Trigger"
+            param.resolve(param.value, suppress_exception=False)  # the default passes its own schema
