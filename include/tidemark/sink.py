@@ -58,7 +58,7 @@ from tidemark.records import Checker, RecordRules, checked_upstream, target_colu
 from tidemark.repair import RepairError, key_filter, key_types
 from tidemark.spec import PipelineSpec, quote
 from tidemark.stage import LOAD, StageWriter, Target, copy_csv
-from tidemark.totals import arrow_totals
+from tidemark.totals import arrow_totals, staged_mismatch
 from tidemark.window import Window, covered, predicate
 
 log = logging.getLogger("tidemark.sink")
@@ -575,9 +575,9 @@ class BatchSink:
             log.info("pipeline=%s batch=%s attempt=%s p%s %s", msg.pipeline, msg.batch_id, msg.attempt, msg.partition, verb)
             return False
         assert msg.totals is not None
-        why = self._planned(cur, msg)
+        why = self._planned(cur, msg) or self._unsealed(cur, msg, state)
         if why is not None:
-            self._reject(report, rec, f"{why}: END rejected", msg)
+            self._reject(report, rec, f"{why}: END rejected, the attempt waits for the orchestrator's END", msg)
             return False
         earlier = ledger.record_end(cur, msg.batch_id, msg.attempt, msg.partition, msg.totals, msg.batch_rows,
                                     rec["offset"])
@@ -591,8 +591,29 @@ class BatchSink:
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition)
         return len(ledger.ends(cur, msg.batch_id, msg.attempt)[0]) == msg.partitions
 
+    @staticmethod
+    def _unsealed(cur, msg: ControlMessage, state: str) -> str | None:
+        """Why this END is not the orchestrator's (None: it is). The orchestrator seals an attempt in
+        the ledger with the extract's totals before it sends END, so an END that finds the attempt
+        still open, or carries other totals than the ledger's, came from some other producer."""
+        assert msg.totals is not None
+        head = f"END for batch {msg.batch_id} attempt {msg.attempt} partition {msg.partition}"
+        if state != "sealed":
+            return (f"{head} arrived while the ledger shows the attempt {state} (the orchestrator seals an attempt "
+                    "with the extract's totals before it sends END): not sent by the orchestrator")
+        sealed = ledger.extract_totals(cur, msg.batch_id, msg.attempt)
+        mine = sealed.get(msg.partition)
+        if mine is None or (mine.rows, mine.checksum) != (msg.totals.rows, msg.totals.checksum):
+            return (f"{head} says rows={msg.totals.rows} checksum={msg.totals.checksum}, the ledger sealed rows="
+                    f"{mine.rows if mine else '-'} checksum={mine.checksum if mine else '-'} for it: not the "
+                    "orchestrator's totals")
+        total = sum(t.rows for t in sealed.values())
+        if msg.batch_rows is not None and msg.batch_rows != total:
+            return f"{head} claims batch_rows={msg.batch_rows}, the ledger sealed {total} rows for the attempt"
+        return None
+
     def _refuse(self, cur, batch_id: str, attempt: int, report: MicroBatchReport, why: str,
-                next_step: str = "check the extract log for this attempt") -> None:
+                next_step: str = "act on the cause named here") -> None:
         message = (f"batch {batch_id} attempt {attempt} REFUSED: {why}. Nothing was applied. Next: {next_step}, "
                    "then clear the DAG run from its 'begin' task to load a new attempt.")
         ledger.transition(cur, batch_id, attempt, "refused", message=message)
@@ -619,20 +640,18 @@ class BatchSink:
                 f"target table {self.spec.target_table} (or the spec); where a record is malformed, fix the source "
                 "rows they name")
             return
-        expected, claimed = ledger.ends(cur, batch_id, attempt)
-        if claimed and claimed != {sum(r for r, _ in expected.values())}:
-            self._refuse(cur, batch_id, attempt, report,
-                         f"END messages claim batch_rows {sorted(claimed)}, their partitions sum to "
-                         f"{sum(r for r, _ in expected.values())}")
+        if state != "sealed":  # ENDs recorded before the orchestrator sealed it (an earlier version's sink)
+            log.warning("pipeline=%s batch=%s attempt=%s has END on every partition but the ledger shows it %s: "
+                        "it waits for the orchestrator to seal it", self.spec.name, batch_id, attempt, state)
             return
-        actual = ledger.staged(cur, batch_id, attempt)
-        wrong = [
-            f"partition {p}: END says rows={exp[0]} checksum={exp[1]}, staged rows={act[0]} checksum={act[1]}"
-            for p, exp in sorted(expected.items())
-            if (act := actual.get(p, (0, 0))) != exp
-        ]
+        # The ledger, written by the orchestrator alone, says what the batch is: the extract's totals
+        # sealed there, which every END accepted equals.
+        expected = {p: (t.rows, t.checksum) for p, t in ledger.extract_totals(cur, batch_id, attempt).items()}
+        wrong = staged_mismatch(expected, ledger.staged(cur, batch_id, attempt))
         if wrong:
-            self._refuse(cur, batch_id, attempt, report, "count/checksum mismatch: " + "; ".join(wrong))
+            self._refuse(cur, batch_id, attempt, report,
+                         "what the sink staged differs from the extract's totals sealed in the ledger: "
+                         + "; ".join(wrong.findings), wrong.next_step.format(topic=self.spec.topic))
             return
         planned = ledger.planned_batch(cur, batch_id)
         window, repair_keys = planned.window, planned.repair_keys
@@ -644,7 +663,9 @@ class BatchSink:
             (readable,) = cur.fetchone()
             if readable != rows:
                 self._refuse(cur, batch_id, attempt, report,
-                             f"the stage holds {readable} accepted record(s), the staged totals and END say {rows}")
+                             f"the stage holds {readable} accepted record(s), the staged totals and the ledger say "
+                             f"{rows}" + self._restart_since(cur, batch_id, attempt),
+                             "nothing of this attempt was applied and a new attempt stages its records afresh")
                 return
         cur.execute("SAVEPOINT merge")
         merge_started = time.monotonic()
@@ -683,6 +704,18 @@ class BatchSink:
             f"-> {window.hi}" if moved else "unchanged (backfill, repair or older window)",
             f"; {compacted} real-time row(s) it covers compacted away" if compacted is not None else "",
         )
+
+    @staticmethod
+    def _restart_since(cur, batch_id: str, attempt: int) -> str:
+        """The cause when the warehouse restarted after the attempt began: crash recovery empties
+        UNLOGGED tables, the stages among them, while the logged staged totals stay."""
+        cur.execute("SELECT pg_postmaster_start_time() > begun_at, pg_postmaster_start_time() FROM "
+                    "tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s", (batch_id, attempt))
+        row = cur.fetchone()
+        if not row or not row[0]:
+            return ""
+        return (f" (the warehouse restarted at {row[1]:%Y-%m-%dT%H:%M:%S%z}, after the attempt began: crash recovery "
+                "empties its UNLOGGED stage tables)")
 
     def _compact(self, cur, window: Window) -> int | None:
         """The real-time rows inside the committed window: the batch is the truth for it now."""

@@ -8,7 +8,7 @@ pyarrow: no database, no Spark.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 # {partition: {"rows": int, "checksum": int, "lo": cursor or None, "hi": cursor or None}}
 Totals = dict[int, dict[str, Any]]
@@ -53,3 +53,47 @@ def from_tally(text: str, timestamps: bool) -> Totals:
         cursor = (lambda v: _EPOCH + timedelta(microseconds=v)) if timestamps else (lambda v: v)
         out[p] = {"rows": rows, "checksum": (high << 32) + low, "lo": cursor(lo), "hi": cursor(hi)}
     return out
+
+
+class Mismatch(NamedTuple):
+    """Where what the sink staged differs from the extract's sealed totals, partition by partition,
+    each with its likely cause, and the one next step that fits them all."""
+    findings: list[str]
+    next_step: str
+
+    def __bool__(self) -> bool:
+        return bool(self.findings)
+
+
+# The extract checks that each partition's offsets moved by exactly the rows it wrote, so a record
+# more than it wrote was written by someone else; fewer means records vanished between them.
+_NEXT = {
+    "more": ("find the extra records on {topic} after the extract's offsets (a producer other than the extract "
+             "writes there, or a record was sent again); revoke that producer's rights"),
+    "fewer": ("check the topic {topic}'s retention and that nothing deleted records from it; a new attempt writes the "
+              "window again"),
+    "altered": "check who else writes to {topic}: a record of the batch was replaced with other content",
+}
+
+
+def staged_mismatch(expected: dict[int, tuple[int, int]], staged: dict[int, tuple[int, int]]) -> Mismatch:
+    """Compare (rows, checksum) per partition: the extract's sealed totals against the stage's."""
+    findings, kinds = [], []
+    for p in sorted(set(expected) | set(staged)):
+        (rows, checksum), (got_rows, got_checksum) = expected.get(p, (0, 0)), staged.get(p, (0, 0))
+        if (rows, checksum) == (got_rows, got_checksum):
+            continue
+        numbers = f"extract rows={rows} checksum={checksum}, staged rows={got_rows} checksum={got_checksum}"
+        if got_rows > rows:
+            kinds.append("more")
+            findings.append(f"partition {p}: {got_rows - rows} record(s) more than the extract wrote, a record "
+                            f"sent twice or by another producer ({numbers})")
+        elif got_rows < rows:
+            kinds.append("fewer")
+            findings.append(f"partition {p}: {rows - got_rows} record(s) the extract wrote never reached the stage "
+                            f"({numbers})")
+        else:
+            kinds.append("altered")
+            findings.append(f"partition {p}: as many records as the extract wrote, other content ({numbers})")
+    steps = [_NEXT[k] for k in ("more", "altered", "fewer") if k in kinds]
+    return Mismatch(findings, "; ".join(steps))
