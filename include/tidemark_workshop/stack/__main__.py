@@ -5,17 +5,20 @@
   status    one line per component, then one per pipeline (batch, watermark, lag, stream)
   logs [C]  last lines of a component's log (postgres, kafka, airflow-api-server, ...)
   env       the environment of the stack as shell exports (secrets included: do not log)
+  dsn       the libpq DSNs (source, source-owner, warehouse, airflow) and Kafka's bootstrap
+            servers, one per line after its label (passwords included: do not log)
   run CMD   run CMD with the stack's environment (connections, AIRFLOW_HOME, PATH)
   ui        start the Airflow services and print the UI address
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 import time
 
-from tidemark_workshop.settings import Settings
+from tidemark_workshop.settings import AIRFLOW_DB, SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark_workshop.stack import airflow, spark
 from tidemark_workshop.stack.kafka import Kafka
 from tidemark_workshop.stack.postgres import Postgres
@@ -80,6 +83,22 @@ def pipeline_lines(s: Settings) -> list[str]:
     return status_lines(report)
 
 
+def dsn_lines(s: Settings) -> list[str]:
+    """Where to connect, one line per endpoint: a label, then a libpq DSN (``psql "$DSN"``) or,
+    for Kafka, the bootstrap servers. ``source`` is the read-only role the pipelines read with;
+    ``source-owner`` is the owner role, to create and write source tables (the read-only role may
+    read every table the owner creates, by default privileges)."""
+    reader = dataclasses.replace(s, pg_user=s.source_user, pg_password=s.source_password)
+    endpoints = [
+        ("source", reader.dsn(SOURCE_DB)),
+        ("source-owner", s.dsn(SOURCE_DB)),
+        ("warehouse", s.dsn(WAREHOUSE_DB)),
+        ("airflow", s.dsn(AIRFLOW_DB)),
+        ("kafka", s.kafka_bootstrap),
+    ]
+    return [f"{label:<13} {value}" for label, value in endpoints]
+
+
 def logs(s: Settings, names: list[str]) -> None:
     files = sorted(s.logs_dir.glob("*.log"))
     chosen = [f for f in files if not names or f.stem in names]
@@ -108,6 +127,8 @@ def main(argv: list[str]) -> int:
         elif command == "env":
             for key, value in s.runtime_env().items():
                 print(f"export {key}={shlex.quote(value)}")
+        elif command == "dsn":
+            print("\n".join(dsn_lines(s)))
         elif command == "run":
             if rest[:1] == ["--"]:
                 rest = rest[1:]
