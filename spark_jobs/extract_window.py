@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     from tidemark.progress import Steps, Ticker
     import psycopg2
 
-    from tidemark.sparkjob import JSON_OPTIONS, JobError, TransientJobError, connect, password, session
+    from tidemark.sparkjob import JSON_OPTIONS, JobError, TransientJobError, password, session, side_queries
     from tidemark.spec import load_spec, quote
     from tidemark.summary import summary_line
     from tidemark.window import Window, split_predicates
@@ -73,29 +73,29 @@ def main(argv: list[str]) -> int:
             tag += f" repair of {len(keys['keys'])} key(s)"
         steps = Steps()
         with steps.step("span query"):  # straight to the source: a Spark job for one row cost seconds
-            source = connect(args.jdbc_url, args.user, secret)
-            try:
-                source.autocommit = True
-                with source.cursor() as cur:
-                    numerics, temporal = extract.kinds_of_columns(cur, spec)
-                    lo, hi, n, infinite = extract.read_span(cur, spec, window, table, temporal)
-                    if infinite:
-                        found = extract.unrepresentable(cur, spec, window, table, temporal, extract.INFINITE)
-                        if not found:  # corrected between the two queries: the next attempt reads them
-                            raise TransientJobError(f"{tag}: {infinite} row(s) with an infinite date or timestamp "
-                                                    "changed while being named; a new attempt reads the window again")
-                        raise JobError(extract.unrepresentable_error(tag, spec, found, temporal=True))
-                    try:
-                        histogram = extract.cursor_histogram(cur, spec)
-                    except psycopg2.Error as exc:  # statistics are advice: even cuts then
-                        print(f"{tag}: no cursor histogram from the source ({' '.join(str(exc).split())}); "
-                              "reads cut evenly", flush=True)
-                        histogram = None
-            finally:
-                source.close()
+            with side_queries(args.jdbc_url, args.user, secret, application=application_name(spec.name)) as source, \
+                    source.cursor() as cur:
+                numerics, temporal = extract.kinds_of_columns(cur, spec)
+                lo, hi, n, infinite = extract.read_span(cur, spec, window, table, temporal)
+                if infinite:
+                    found = extract.unrepresentable(cur, spec, window, table, temporal, extract.INFINITE)
+                    if not found:  # corrected between the two queries: the next attempt reads them
+                        raise TransientJobError(f"{tag}: {infinite} row(s) with an infinite date or timestamp "
+                                                "changed while being named; a new attempt reads the window again")
+                    raise JobError(extract.unrepresentable_error(tag, spec, found, temporal=True))
+                try:
+                    histogram = extract.cursor_histogram(cur, spec)
+                except psycopg2.Error as exc:  # statistics are advice: even cuts then
+                    print(f"{tag}: no cursor histogram from the source ({' '.join(str(exc).split())}); "
+                          "reads cut evenly", flush=True)
+                    histogram = None
         cuts = extract.balanced_edges(histogram, lo, hi, args.read_partitions)
         how = "even steps" if cuts == extract.edges(lo, hi, args.read_partitions) else "the source's histogram"
-        df = spark.read.jdbc(args.jdbc_url, table, predicates=split_predicates(spec, window, cuts), properties=props)
+        # Each parallel read is one cursor in one transaction (the driver streams rows only outside
+        # autocommit): `idle in transaction` between fetches while its rows go to Kafka, committed
+        # and closed when its task ends (Spark's JDBC reader). Named, so pg_stat_activity tells whose.
+        df = spark.read.jdbc(named_url(args.jdbc_url, application_name(spec.name)), table,
+                             predicates=split_predicates(spec, window, cuts), properties=props)
         missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in df.columns]
         if missing:
             raise JobError(f"{tag}: source table {spec.table} has no column(s) {missing}")
@@ -159,7 +159,11 @@ def main(argv: list[str]) -> int:
         except extract.ExtractError as exc:
             raise (TransientJobError if exc.transient else JobError)(str(exc)) from None
         rows = sum(t["rows"] for t in report.values())
-        args.report.write_text(json.dumps({"totals": report, "rows": rows, "seconds": round(time.monotonic() - started, 3)}))
+        # The offsets it wrote, per partition [first, next): exactly its records (check_offsets), so the
+        # sink can tell them from any record another producer sent with the attempt's headers.
+        offsets = {str(p): [before.get(p, 0), after.get(p, 0)] for p in range(spec.partitions)}
+        args.report.write_text(json.dumps({"totals": report, "offsets": offsets, "rows": rows,
+                                           "seconds": round(time.monotonic() - started, 3)}))
         print(summary_line("extract", pipeline=spec.name, batch_id=args.batch_id, attempt=args.attempt,
                            window=str(window), rows=rows, read_and_write_s=round(write_s, 1), steps_s=steps.rounded(),
                            partitions={p: t["rows"] for p, t in report.items()}), flush=True)
@@ -168,23 +172,30 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def application_name(pipeline: str) -> str:
+    """The extract's sessions on the source, as pg_stat_activity names them (its Spark app's name)."""
+    return f"tidemark-extract-{pipeline}"
+
+
+def named_url(jdbc_url: str, application: str) -> str:
+    """``jdbc_url`` naming its sessions ``application``: in the URL, as Spark hands the driver its
+    properties with their names lower-cased (and the driver knows ``ApplicationName`` only)."""
+    from urllib.parse import quote
+
+    return f"{jdbc_url}{'&' if '?' in jdbc_url else '?'}ApplicationName={quote(application, safe='')}"
+
+
 def _non_finite(args: argparse.Namespace, secret: str, spec, window, relation: str, numerics: list[str]) -> list[str]:
     """After a failed read: the window's NaN and infinite numerics (none if the source cannot say)."""
     from tidemark import extract
-    from tidemark.sparkjob import connect
+    from tidemark.sparkjob import side_queries
 
     try:
-        source = connect(args.jdbc_url, args.user, secret)
-    except Exception:
-        return []
-    try:
-        source.autocommit = True
-        with source.cursor() as cur:
+        with side_queries(args.jdbc_url, args.user, secret, application=application_name(spec.name)) as source, \
+                source.cursor() as cur:
             return extract.unrepresentable(cur, spec, window, relation, numerics, extract.NAN_OR_INFINITE)
     except Exception:  # the diagnosis must never hide the read's own error
         return []
-    finally:
-        source.close()
 
 
 if __name__ == "__main__":

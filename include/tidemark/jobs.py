@@ -8,6 +8,8 @@ is what the scheduler runs.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from tidemark.window import Window
@@ -19,14 +21,43 @@ PUBLISH, CLEANUP = "publish", "abort_unfinished"
 # Before plan, in the DAG only: backpressure from a standing sink that lags (the local runner
 # applies each batch itself, so nothing lags behind it).
 GATE = "wait_for_sink"
+TURN = "wait_turn"  # one run of a pipeline at a time, plan to commit
 
 EXTRACT_JOB = "extract_window.py"
 SINK_JOB = "batch_sink.py"
 PASSWORD_ENV = "TIDEMARK_JDBC_PASSWORD"  # the JDBC password reaches a job only through this variable
-SPARK_CONF = {  # every Tidemark job, in local mode and on a cluster alike
+# Every Spark JVM (driver, executors) runs in UTC, whatever the zone of the machine or of the
+# process that submits it (issue 29): the session zone alone is not enough, the PostgreSQL JDBC
+# driver reads a naive `timestamp` as a wall-clock time in the JVM's own zone (a worker in
+# Europe/Berlin loaded 22:00 as 20:00). Appended to any options already there, so it wins.
+UTC_JVM_OPTION = "-Duser.timezone=UTC"
+JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+_USER_TIMEZONE = re.compile(r"""(?:^|\s)["']?-Duser\.timezone=[^\s"']*["']?(?=\s|$)""")
+
+
+def utc_java_options(options: str | None = None) -> str:
+    """JVM ``options`` (a spark.*.extraJavaOptions value) with user.timezone UTC: every other
+    option kept as written (quoting included), any other -Duser.timezone dropped, ours last."""
+    kept = _USER_TIMEZONE.sub("", options or "").strip()
+    return f"{kept} {UTC_JVM_OPTION}".strip()
+
+
+def spark_conf(conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Tidemark's settings for a job merged with ``conf`` (a caller's own, which win) but for the
+    zone: both extraJavaOptions keep the caller's options plus UTC, and executors' processes
+    (Python workers included) get TZ=UTC, as the driver's Python sets for itself."""
+    merged = {**_BASE_CONF, **{str(k): str(v) for k, v in (conf or {}).items()}}
+    for key in JAVA_OPTIONS_KEYS:
+        merged[key] = utc_java_options(merged.get(key))
+    merged["spark.executorEnv.TZ"] = "UTC"
+    return merged
+
+
+_BASE_CONF = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
 }
+SPARK_CONF = spark_conf()  # every Tidemark job, in local mode and on a cluster alike
 READ_PARTITIONS = 4  # parallel JDBC range reads of the extract
 
 

@@ -10,7 +10,8 @@ import argparse
 import os
 import re
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 # Every record's JSON carries timestamps to the microsecond, in UTC, like PostgreSQL stores them.
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "ignoreNullFields": "true"}
@@ -57,20 +58,37 @@ def session(app: str, **conf: Any):
     return spark
 
 
-def connect(jdbc_url: str, user: str, secret: str):
-    """A psycopg2 connection to the database a JDBC URL names."""
+def connect(jdbc_url: str, user: str, secret: str, *, application: str | None = None):
+    """A psycopg2 connection to the database a JDBC URL names (``application``: its
+    application_name, what pg_stat_activity shows the database's administrator)."""
     import psycopg2
 
-    return psycopg2.connect(**connect_params(jdbc_url, user, secret))
+    return psycopg2.connect(**connect_params(jdbc_url, user, secret, application=application))
 
 
-def connect_params(jdbc_url: str, user: str, secret: str) -> dict[str, Any]:
+@contextmanager
+def side_queries(jdbc_url: str, user: str, secret: str, *, application: str | None = None) -> Iterator[Any]:
+    """A psycopg2 connection for a job's few queries beside Spark's reads of a source: in
+    autocommit, so no statement leaves a transaction open on the source (``idle in transaction``,
+    holding back its vacuum while the job runs on), and closed on leaving, whatever happened."""
+    conn = connect(jdbc_url, user, secret, application=application)
+    try:
+        conn.autocommit = True
+        yield conn
+    finally:
+        conn.close()
+
+
+def connect_params(jdbc_url: str, user: str, secret: str, *, application: str | None = None) -> dict[str, Any]:
     """psycopg2.connect keywords for the database a JDBC URL names (the password among them)."""
     match = re.fullmatch(r"jdbc:postgresql://([^:/]+)(?::(\d+))?/([^?]+)(?:\?.*)?", jdbc_url)
     if not match:
         raise JobError(f"not a PostgreSQL JDBC URL: {jdbc_url}")
     host, port, db = match.groups()
-    return {"host": host, "port": int(port or 5432), "dbname": db, "user": user, "password": secret}
+    params = {"host": host, "port": int(port or 5432), "dbname": db, "user": user, "password": secret}
+    if application:
+        params["application_name"] = application
+    return params
 
 
 # Where a job writes the one-line cause of its failure, for the task that submitted it.

@@ -258,6 +258,8 @@ SELECT clock_timestamp(),
             FROM pg_stat_activity
            WHERE datname = current_database() AND backend_type = 'client backend'
              AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+             -- a Tidemark extract's reads (named by it, never writing: no transaction id) commit no rows
+             AND NOT (application_name LIKE 'tidemark-extract-%%' AND backend_xid IS NULL)
            ORDER BY xact_start LIMIT 1) a),
        (SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND backend_type = 'client backend' AND state IS NULL),

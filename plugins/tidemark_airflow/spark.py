@@ -14,7 +14,7 @@ from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
 from tidemark.config import CONN_SPARK, SPARK_DRIVER_MEMORY, jdbc_url, spark_job
-from tidemark.jobs import PASSWORD_ENV, SPARK_CONF, jdbc_args
+from tidemark.jobs import PASSWORD_ENV, jdbc_args, spark_conf
 from tidemark.sparkjob import ERROR_FILE_ENV, EXIT_JOB_ERROR
 
 
@@ -34,7 +34,8 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
         kwargs.setdefault("conn_id", CONN_SPARK)
         kwargs.setdefault("driver_memory", SPARK_DRIVER_MEMORY)
         kwargs.setdefault("name", f"tidemark-{script.removesuffix('.py')}")
-        kwargs.setdefault("conf", dict(SPARK_CONF))
+        # a DAG's own conf is merged with Tidemark's, never instead of it: its JVMs still run in UTC
+        kwargs["conf"] = spark_conf(kwargs.get("conf"))
         super().__init__(application=str(spark_job(script)), **kwargs)
         self.jdbc_conn_id = jdbc_conn_id
         self.job_args = list(job_args)

@@ -1,10 +1,12 @@
 """How a Spark entry script fails: an exit code that says whether retrying can help, and one
-line of cause for the task that submitted it."""
+line of cause for the task that submitted it. What every job is submitted with: its JVMs in UTC.
+How the extract's side queries leave the source: no transaction open."""
 
 from __future__ import annotations
 
 import pytest
 
+from tidemark.jobs import JAVA_OPTIONS_KEYS, SPARK_CONF, UTC_JVM_OPTION, spark_conf, utc_java_options
 from tidemark.sparkjob import ERROR_FILE_ENV, JobError, TransientJobError, one_line, run
 
 
@@ -28,3 +30,92 @@ def test_exit_codes_and_the_cause_file(tmp_path, monkeypatch):
 def test_one_line_skips_jvm_frames():
     exc = RuntimeError("\n  at org.apache.spark.Foo(Foo.java:1)\nERROR: permission denied for table t\n  at bar")
     assert one_line(exc) == "RuntimeError: ERROR: permission denied for table t"
+
+
+# --- every Spark JVM in UTC (issue 29, item 6) -------------------------------------------------
+
+QUICK = "-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile=/s/spark/jvm-classes.jsa"
+
+
+def test_every_job_s_driver_and_executors_run_in_utc():
+    assert JAVA_OPTIONS_KEYS == ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+    for key in JAVA_OPTIONS_KEYS:
+        assert SPARK_CONF[key] == "-Duser.timezone=UTC" == UTC_JVM_OPTION
+    assert SPARK_CONF["spark.executorEnv.TZ"] == "UTC"
+    assert spark_conf() == SPARK_CONF and spark_conf() is not SPARK_CONF
+
+
+def test_a_caller_s_java_options_are_kept_and_its_zone_replaced():
+    conf = spark_conf({"spark.driver.extraJavaOptions": f"{QUICK} -Duser.timezone=Europe/Berlin -Dx=\"a  b\"",
+                       "spark.executor.extraJavaOptions": "-Duser.timezone=Europe/Berlin",
+                       "spark.executorEnv.TZ": "Europe/Berlin", "spark.task.maxFailures": 1})
+    assert conf["spark.driver.extraJavaOptions"] == f"{QUICK} -Dx=\"a  b\" -Duser.timezone=UTC"
+    assert conf["spark.executor.extraJavaOptions"] == "-Duser.timezone=UTC"
+    assert conf["spark.executorEnv.TZ"] == "UTC" and conf["spark.task.maxFailures"] == "1"
+    assert conf["spark.ui.enabled"] == "false"  # Tidemark's own settings stay
+    assert utc_java_options(f"{QUICK} -Duser.timezone=UTC") == f"{QUICK} -Duser.timezone=UTC"  # once
+
+
+def test_a_local_submission_carries_utc_and_keeps_the_quick_start(monkeypatch, tmp_path):
+    from tidemark_workshop.settings import QUICK_JIT, Settings
+    from tidemark_workshop.stack.spark import submit_command
+
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("TIDEMARK_SPARK_QUICK_START", raising=False)
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
+    monkeypatch.setenv("TZ", "Europe/Berlin")  # the worker's zone: it reaches the JVM, which must not use it
+    settings = Settings.from_env()
+    settings.spark_class_archive.parent.mkdir(parents=True)
+    settings.spark_class_archive.write_bytes(b"")
+    cmd, env = submit_command(settings, "extract_window.py", ["--x"], secret="s")
+    confs = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--conf"]
+    assert "spark.driver.extraJavaOptions=-Duser.timezone=UTC" in confs
+    assert "spark.executor.extraJavaOptions=-Duser.timezone=UTC" in confs
+    assert "spark.executorEnv.TZ=UTC" in confs
+    # the quick start travels as spark-submit's own JVM options; the launcher puts the driver's
+    # extraJavaOptions after them on the same JVM's command line (client mode), so UTC wins there too
+    assert env["SPARK_SUBMIT_OPTS"] == f"{QUICK_JIT} -XX:SharedArchiveFile={settings.spark_class_archive}"
+
+
+def test_the_airflow_operator_merges_a_dag_s_conf_with_utc():
+    from tidemark_airflow.spark import SparkJdbcSubmitOperator
+
+    plain = SparkJdbcSubmitOperator(task_id="plain", script="extract_window.py", jdbc_conn_id="c")
+    assert plain.conf == SPARK_CONF
+    own = SparkJdbcSubmitOperator(task_id="own", script="extract_window.py", jdbc_conn_id="c",
+                                  conf={"spark.driver.extraJavaOptions": QUICK, "spark.sql.shuffle.partitions": "8"})
+    assert own.conf["spark.driver.extraJavaOptions"] == f"{QUICK} -Duser.timezone=UTC"
+    assert own.conf["spark.executor.extraJavaOptions"] == "-Duser.timezone=UTC"
+    assert own.conf["spark.sql.shuffle.partitions"] == "8"
+
+
+# --- the extract's side queries end their transactions (issue 29, item 8) ----------------------
+
+def test_side_queries_run_in_autocommit_named_and_always_close(monkeypatch):
+    import psycopg2
+
+    from tidemark.sparkjob import connect_params, side_queries
+
+    made = []
+
+    class Conn:
+        autocommit, closed = False, False
+
+        def __init__(self, **params):
+            self.params = params
+            made.append(self)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(psycopg2, "connect", lambda **params: Conn(**params))
+    url = "jdbc:postgresql://db:5433/src?ssl=true"
+    with side_queries(url, "reader", "pw", application="tidemark-extract-p") as conn:
+        assert conn.autocommit and not conn.closed
+    assert conn.closed and conn.params == {"host": "db", "port": 5433, "dbname": "src", "user": "reader",
+                                           "password": "pw", "application_name": "tidemark-extract-p"}
+    with pytest.raises(JobError):
+        with side_queries(url, "reader", "pw") as conn:
+            raise JobError("refused")
+    assert made[-1].closed and "application_name" not in made[-1].params
+    assert "application_name" not in connect_params(url, "reader", "pw")
