@@ -38,7 +38,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from tidemark.config import pipelines_dir
 from tidemark.spec import PipelineSpec, load_specs
-from tidemark_airflow.batch import batch_pipeline
+from tidemark_airflow.batch import batch_pipeline, last_word
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -64,7 +64,8 @@ def _pipeline_dag(path: Path, spec: PipelineSpec) -> DAG:
         # Transient failures (broker, connections) retry with growing delays (the spec's retries);
         # what will not heal fails at once (the operators raise AirflowFailException for it).
         default_args={"retries": spec.retries.count, "retry_delay": spec.retries.delay,
-                      "retry_exponential_backoff": True, "max_retry_delay": spec.retries.max_delay, "owner": "tidemark"},
+                      "retry_exponential_backoff": True, "max_retry_delay": spec.retries.max_delay, "owner": "tidemark",
+                      "on_failure_callback": last_word, "on_retry_callback": last_word},
         params={"repair_batch": Param(None, type=["null", "string"], description=(
             "set by tidemark_reconcile_<name> with repair=true: the repair batch (its keys are in the ledger) "
             "this run loads instead of the next window; leave it empty for a nightly load or a backfill"))},

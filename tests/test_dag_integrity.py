@@ -127,12 +127,12 @@ def test_an_invalid_spec_is_an_import_error_naming_file_and_field_and_breaks_no_
     for dag_id in valid:
         gated = ["wait_for_sink"] if dag_id == "tidemark_batch_bank_ledger_entries" else []  # its spec has max_lag
         assert sorted(t.task_id for t in bag.dags[dag_id].tasks) == sorted([
-            *gated, "plan", "begin", "extract", "end", "sink", "wait_committed", "publish", "abort_unfinished"])
+            *gated, "wait_turn", "plan", "begin", "extract", "end", "sink", "wait_committed", "publish", "abort_unfinished"])
         assert bag.dags[dag_id].get_task("abort_unfinished").is_teardown
 
 
 def test_a_spec_with_max_lag_gets_the_backpressure_gate_before_plan(tmp_path, monkeypatch):
-    from tidemark.jobs import GATE, PLAN
+    from tidemark.jobs import GATE, TURN
 
     (tmp_path / "gated.yaml").write_text(
         "name: gated\ntable: bank.gated\nprimary_key: [id]\ncursor: {kind: timestamp, column: updated_at}\n"
@@ -140,7 +140,7 @@ def test_a_spec_with_max_lag_gets_the_backpressure_gate_before_plan(tmp_path, mo
     monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
     dag = _dagbag(DAGS_DIR / "tidemark_batch.py").dags["tidemark_batch_gated"]
     gate = dag.get_task(GATE)
-    assert gate.mode == "reschedule" and PLAN in gate.downstream_task_ids and not gate.upstream_task_ids
+    assert gate.mode == "reschedule" and TURN in gate.downstream_task_ids and not gate.upstream_task_ids
 
 
 def test_cron_schedules_give_runs_real_data_intervals():
@@ -152,11 +152,14 @@ def test_cron_schedules_give_runs_real_data_intervals():
 
 
 def test_the_batch_dag_follows_the_one_sequence_and_its_jobs_get_the_shared_spark_settings(parsed):
-    from tidemark.jobs import CLEANUP, PUBLISH, SPARK_CONF, STEPS
+    from tidemark.jobs import CLEANUP, GATE, PUBLISH, SPARK_CONF, STEPS, TURN
 
     bag, _ = parsed[DAGS_DIR / "tidemark_batch.py"]
     dag = bag.dags["tidemark_batch_bank_ledger_entries"]
-    order = [*STEPS, PUBLISH, CLEANUP]
+    order = [TURN, *STEPS, PUBLISH, CLEANUP]
+    turn = dag.get_task(TURN)
+    assert turn.mode == "reschedule" and turn.upstream_task_ids <= {GATE}  # first: a waiting run holds no slot
+    assert dag.get_task(CLEANUP).is_teardown and turn.is_setup  # whatever ends the run hands the turn on
     for before, after in zip(order, order[1:]):
         assert after in dag.get_task(before).downstream_task_ids, (before, after)
     for task_id in ("extract", "sink"):
@@ -183,3 +186,11 @@ def test_the_trigger_form_needs_nothing_typed_but_what_must_be(parsed, path):
                 continue
             assert nullable or given, f"{dag_id}: param {name} (default {param.value!r}) greys out Trigger"
             param.resolve(param.value, suppress_exception=False)  # the default passes its own schema
+
+
+def test_a_spec_with_a_full_schedule_gets_a_whole_table_reconciliation_on_it(parsed):
+    bag, _ = parsed[DAGS_DIR / "tidemark_reconcile_full.py"]
+    assert set(bag.dags) == {"tidemark_reconcile_full_bank_ledger_entries"}  # the one demo spec that asks
+    dag = bag.dags["tidemark_reconcile_full_bank_ledger_entries"]
+    assert getattr(dag.timetable, "expression", None) in ("@weekly", "0 0 * * 0"), vars(dag.timetable)
+    assert dag.params.get_param("scope").value == "full" and [t.task_id for t in dag.tasks] == ["reconcile"]

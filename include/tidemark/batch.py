@@ -17,7 +17,7 @@ from tidemark.avro import SchemaError, SourceColumn, fit
 from tidemark.control import PartitionTotals
 from tidemark.kafka_io import ensure_topic
 from tidemark.spec import PipelineSpec
-from tidemark.window import PlanError, Window, cap_rows, plan_window, read_source_clock
+from tidemark.window import Bound, PlanError, Window, cap_rows, plan_window, read_source_clock
 
 log = logging.getLogger("tidemark.batch")
 
@@ -68,8 +68,10 @@ def plan(
         if spec.max_batch_rows is not None:
             types = {name: type_ for name, type_, _ in ledger.source_columns(src, spec.table)}
             window = cap_rows(src, spec, window, types)
-        version = _register_schema(src, wh, spec) if spec.record_format == "avro" else None
+        version, fills = _register_schema(src, wh, spec, committed) if spec.record_format == "avro" else (None, {})
         planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window, version)
+        if fills and not planned.reused:
+            ledger.record_column_fills(wh, planned.batch_id, fills)
         writer = (ledger.record_schema(wh, spec.name, planned.schema_version)[1]
                   if planned.schema_version is not None else None)
     if bootstrap:
@@ -88,13 +90,15 @@ def plan(
                 writer_schema=writer)
 
 
-def _register_schema(src, wh, spec: PipelineSpec) -> int:
+def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tuple[int, dict[str, str | None]]:
     """Protocol version 2: the record schema version of the source's columns now (a new one when a
-    column was added), after checking the target holds every source column exactly."""
+    column was added), after checking the target holds every source column exactly; and for each
+    column the target lacks, what its rows loaded before must hold to equal the source's."""
     columns = [SourceColumn(*c) for c in ledger.source_columns(src, spec.table)]
     target = [SourceColumn(*c) for c in ledger.source_columns(wh, spec.target_table)]
     try:
         added = fit(columns, target, spec.target_table)
+        fills = {c.name: _fill(src, spec, c, committed) for c in added}
         version, _ = ledger.register_schema(wh, spec.name, columns, {*spec.primary_key, spec.cursor.column})
     except SchemaError as exc:
         # no "Next:" here: the plan task adds the one next step (fix, then clear the task)
@@ -103,7 +107,27 @@ def _register_schema(src, wh, spec: PipelineSpec) -> int:
         log.warning("pipeline=%s record schema version %s: source column(s) %s are new; the batch adds them to %s "
                     "when it commits", spec.name, version, ", ".join(f"{c.name} {c.sql_type}" for c in added),
                     spec.target_table)
-    return version
+    return version, {name: fill for name, fill in fills.items() if fill is not None}
+
+
+def _fill(src, spec: PipelineSpec, column: SourceColumn, committed: Bound | None) -> str | None:
+    """What the target's rows loaded before get in a column the source gained since: the one value
+    PostgreSQL keeps for the source's older rows (a constant default), or NULL when none of the
+    rows loaded holds a value; anything else (a volatile default evaluated row by row, values set
+    since) cannot be reproduced by adding a column: ``SchemaError``."""
+    kept_once, value, default = ledger.added_column_fill(src, spec.table, column.name)
+    if kept_once or committed is None:
+        return value
+    loaded = ledger.loaded_rows_with_values(src, spec, column.name, committed)
+    if not loaded:
+        return None
+    raise SchemaError(
+        f"source column {column.name} {column.sql_type} (default {default or 'none'}) is new to the target "
+        f"{spec.target_table}, and {loaded} source row(s) the batches loaded (up to the watermark {committed}) hold "
+        f"values in it that PostgreSQL wrote row by row (a volatile default, or values set since); adding the column "
+        f"to the target would leave them NULL there: refused. The way on: add the column to {spec.target_table} "
+        f"yourself (ALTER TABLE ... ADD COLUMN {column.name} {column.sql_type}), and once this batch is in, run "
+        f"tidemark_reconcile_{spec.name} with scope full and repair true: it reloads every row that differs")
 
 
 def _held(spec: PipelineSpec, clock, observed, id_high) -> str:
@@ -148,8 +172,10 @@ def record_extract(spec: PipelineSpec, warehouse_conn, batch: Plan, attempt: int
             f"pipeline={spec.name} batch={batch.batch_id} attempt={attempt}: extract report covers partitions "
             f"{sorted(totals)}, topic has {spec.partitions}"
         )
+    offsets = {int(p): (int(first), int(nxt)) for p, (first, nxt) in report["offsets"].items()} \
+        if "offsets" in report else None
     with warehouse_conn, warehouse_conn.cursor() as wh:
-        ledger.record_extract(wh, batch.batch_id, attempt, totals)
+        ledger.record_extract(wh, batch.batch_id, attempt, totals, offsets)
     return sum(t.rows for t in totals.values())
 
 

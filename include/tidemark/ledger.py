@@ -113,18 +113,19 @@ def record_schema(cur, pipeline: str, version: int) -> tuple[list[SourceColumn],
 
 
 def record_repair_plan(cur, spec: PipelineSpec, batch_id: str, window: Window, keys: list[list[str]],
-                       repair_of: str | None, repair_run: str) -> PlannedBatch:
+                       repair_of: str | None, repair_run: str, deletes: dict[str, Any] | None = None) -> PlannedBatch:
     """Store a repair batch: ``keys`` (text forms of the key columns) re-loaded from the source
-    within ``window`` (a backfill window: the watermark never moves)."""
+    within ``window`` (a backfill window: the watermark never moves). ``deletes`` (``repair.deletes``):
+    which of them its apply may delete where nothing is staged for them (None: every one)."""
     if not window.backfill:
         raise ValueError("a repair batch's window is a backfill window: it must never move the watermark")
     cur.execute(
         """INSERT INTO tidemark_control.batches
                (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, repair_keys, repair_of,
-                repair_run)
-           VALUES (%s, %s, NULL, %s, %s, true, %s, 'planned', %s, %s, %s)""",
+                repair_run, repair_deletes)
+           VALUES (%s, %s, NULL, %s, %s, true, %s, 'planned', %s, %s, %s, %s)""",
         (batch_id, spec.name, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()), spec.partitions,
-         json.dumps(keys), repair_of, repair_run),
+         json.dumps(keys), repair_of, repair_run, json.dumps(deletes) if deletes is not None else None),
     )
     return PlannedBatch(batch_id, window, reused=False)
 
@@ -138,22 +139,72 @@ class Repair:
     keys: list[list[str]]
     repair_of: str | None  # the repaired batch; None: the whole table
     repair_run: str  # the reconciliation run that found the keys
+    deletes: dict[str, Any] | None = None  # what its apply may delete (``repair.deletes``); None: every key
 
 
 def repair(cur, batch_id: str) -> Repair | None:
     """The repair batch ``batch_id`` (None: no such batch, or not a repair)."""
-    cur.execute("SELECT pipeline, state, window_lo, window_hi, repair_keys, repair_of, repair_run::text "
-                "FROM tidemark_control.batches WHERE batch_id = %s AND repair_keys IS NOT NULL", (batch_id,))
+    cur.execute("SELECT pipeline, state, window_lo, window_hi, repair_keys, repair_of, repair_run::text, "
+                "repair_deletes FROM tidemark_control.batches WHERE batch_id = %s AND repair_keys IS NOT NULL",
+                (batch_id,))
     row = cur.fetchone()
     if row is None:
         return None
-    pipeline, state, lo, hi, keys, repair_of, run = row
+    pipeline, state, lo, hi, keys, repair_of, run, deletes = row
     return Repair(batch_id, pipeline, state, Window(Bound.from_json(lo), Bound.from_json(hi), True), keys, repair_of,
-                  run)
+                  run, deletes)
+
+
+def repair_deletes(cur, batch_id: str) -> dict[str, Any] | None:
+    """What a repair batch's apply may delete where nothing is staged for a key:
+    ``{"apply_source_deletes": bool, "extra": [[key text]], "deleted_at_source": [[key text]]}``
+    (None: planned before deletions were told apart, every repair key)."""
+    cur.execute("SELECT repair_deletes FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+@dataclass(frozen=True)
+class RepairDeletion:
+    kind: str  # "deleted_at_source", "extra" or "unclassified" (a plan recorded before kinds were kept)
+    key: list[str]  # the key columns' text
+    old_values: dict[str, Any]  # the target row before the repair deleted it
+
+
+def repair_deletions(cur, batch_id: str) -> list[RepairDeletion]:
+    """The target rows the repair batch ``batch_id`` deleted without a staged replacement, with
+    their old values (tidemark_control.repair_deletions: the sink writes them with the delete)."""
+    cur.execute("SELECT kind, key, old_values FROM tidemark_control.repair_deletions WHERE batch_id = %s ORDER BY id",
+                (batch_id,))
+    return [RepairDeletion(kind, key, old) for kind, key, old in cur.fetchall()]
 
 
 class AlreadyCommitted(RuntimeError):
     """The batch is committed: nothing may reopen it (a cleared run, a replay)."""
+
+
+# --- turns: one run of a pipeline at a time from plan to commit ---------------------------------
+def take_turn(cur, pipeline: str, run_id: str, *, stale: str | None = None) -> tuple[str, Any] | None:
+    """Take the pipeline's turn for ``run_id`` (again, if it holds it already); None when taken,
+    else (the run holding it, since when). ``stale``: a holder the caller knows has ended, whose
+    turn is taken over."""
+    cur.execute(
+        """INSERT INTO tidemark_control.pipeline_turns AS t (pipeline, run_id) VALUES (%(p)s, %(run)s)
+           ON CONFLICT (pipeline) DO UPDATE SET run_id = EXCLUDED.run_id, taken_at = clock_timestamp()
+            WHERE t.run_id = EXCLUDED.run_id OR t.run_id = %(stale)s
+           RETURNING run_id""",
+        {"p": pipeline, "run": run_id, "stale": stale},
+    )
+    if cur.fetchone() is not None:
+        return None
+    cur.execute("SELECT run_id, taken_at FROM tidemark_control.pipeline_turns WHERE pipeline = %s", (pipeline,))
+    return cur.fetchone()
+
+
+def release_turn(cur, pipeline: str, run_id: str) -> bool:
+    """The run is done with the pipeline (committed, skipped or failed): the next run may go."""
+    cur.execute("DELETE FROM tidemark_control.pipeline_turns WHERE pipeline = %s AND run_id = %s", (pipeline, run_id))
+    return cur.rowcount == 1
 
 
 # --- the one state machine ---------------------------------------------------------------------
@@ -233,13 +284,16 @@ def open_attempt(cur, batch_id: str) -> int:
     return attempt
 
 
-def record_extract(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:
+def record_extract(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals],
+                   offsets: dict[int, tuple[int, int]] | None = None) -> None:
     """Keep what the extract counted, per partition, for the END step (never in XCom: the sums
-    pass 64 bits)."""
+    pass 64 bits), and the Kafka offsets it wrote, [first, next) per partition."""
     cur.execute(
-        """UPDATE tidemark_control.batch_attempts SET extract_totals = %s, rows = %s, checksum = %s
+        """UPDATE tidemark_control.batch_attempts SET extract_totals = %s, rows = %s, checksum = %s,
+                  extract_offsets = %s
             WHERE batch_id = %s AND attempt = %s AND state = 'open' RETURNING attempt""",
         (dumps_totals(totals), sum(t.rows for t in totals.values()), sum(t.checksum for t in totals.values()),
+         json.dumps({str(p): list(r) for p, r in sorted(offsets.items())}) if offsets is not None else None,
          batch_id, attempt),
     )
     if cur.fetchone() is None:
@@ -256,6 +310,17 @@ def extract_totals(cur, batch_id: str, attempt: int) -> dict[int, PartitionTotal
         raise LookupError(f"batch {batch_id} attempt {attempt}: no extract totals in the ledger (the extract did "
                           "not finish)")
     return loads_totals(row[0])
+
+
+def extract_offsets(cur, batch_id: str, attempt: int) -> dict[int, tuple[int, int]] | None:
+    """The Kafka offsets the attempt's extract wrote, [first, next) per partition (None: an extract
+    of an earlier version did not record them)."""
+    cur.execute("SELECT extract_offsets FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s",
+                (batch_id, attempt))
+    row = cur.fetchone()
+    if row is None or row[0] is None:
+        return None
+    return {int(p): (int(first), int(nxt)) for p, (first, nxt) in row[0].items()}
 
 
 def seal_attempt(cur, batch_id: str, attempt: int, totals: dict[int, PartitionTotals]) -> None:
@@ -609,12 +674,17 @@ def pending_reject_summary(cur, consumer: str) -> tuple[int, Any]:
     return count, oldest
 
 
-def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int) -> tuple[int, list[str]]:
-    """How many data records of the attempt were rejected, and the first reasons (offset order)."""
+def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int,
+                 written: dict[int, tuple[int, int]] | None = None) -> tuple[int, list[str]]:
+    """How many data records of the attempt were rejected, and the first reasons (offset order).
+    ``written``: the offsets the extract wrote ([first, next) per partition); a rejected record
+    outside them was not the extract's (a dead letter still, but no reason to refuse the batch)."""
+    inside = " OR ".join(f"(partition = {int(p)} AND kafka_offset >= {int(lo)} AND kafka_offset < {int(hi)})"
+                         for p, (lo, hi) in written.items()) or "false" if written is not None else "true"
     cur.execute(
-        """SELECT count(*), (array_agg(reason ORDER BY partition, kafka_offset))[1:%s]
+        f"""SELECT count(*), (array_agg(reason ORDER BY partition, kafka_offset))[1:%s]
              FROM tidemark_control.sink_rejects
-            WHERE consumer = %s AND batch_id = %s AND attempt = %s AND control IS NULL""",
+            WHERE consumer = %s AND batch_id = %s AND attempt = %s AND control IS NULL AND ({inside})""",
         (first, consumer, batch_id, attempt),
     )
     count, reasons = cur.fetchone()
@@ -867,6 +937,43 @@ def source_columns(cur, table: str) -> list[tuple[str, str, bool]]:
     return cur.fetchall()
 
 
+def added_column_fill(cur, table: str, column: str) -> tuple[bool, str | None, str | None]:
+    """How a source column added to a table with rows filled them: (whether PostgreSQL keeps one
+    value for every row older than the column, that value as text, the column's default now).
+    A constant default is kept once (``atthasmissing``); a volatile one, or a table rewritten
+    since, wrote each row its own value."""
+    cur.execute(
+        """SELECT a.atthasmissing, CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
+                  pg_get_expr(d.adbin, d.adrelid)
+             FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE a.attrelid = %s::regclass AND a.attname = %s""",
+        (quote(table), column),
+    )
+    row = cur.fetchone()
+    return (bool(row[0]), row[1], row[2]) if row else (False, None, None)
+
+
+def loaded_rows_with_values(cur, spec: PipelineSpec, column: str, watermark: Bound) -> int:
+    """Source rows the batches loaded (cursor up to the committed watermark) that hold a value in
+    ``column``: values the target, which lacks the column, never received."""
+    cur.execute(f"SELECT count(*) FROM {quote(spec.table)} WHERE {quote(column)} IS NOT NULL "
+                f"AND {quote(spec.cursor.column)} <= %s", (watermark.cursor,))
+    return cur.fetchone()[0]
+
+
+def record_column_fills(cur, batch_id: str, fills: dict[str, str | None]) -> None:
+    """What the target's rows loaded before get in each column this batch adds (the source's value
+    for its rows older than the column, as text; None: NULL)."""
+    cur.execute("UPDATE tidemark_control.batches SET column_fills = %s WHERE batch_id = %s",
+                (json.dumps(fills) if fills else None, batch_id))
+
+
+def column_fills(cur, batch_id: str) -> dict[str, str | None]:
+    cur.execute("SELECT column_fills FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    return dict(row[0]) if row and row[0] else {}
+
+
 def check_source_access(cur, spec: PipelineSpec) -> None:
     """The source connection's role can read the pipeline's table: if not, say which grant is missing."""
     schema = spec.table.split(".")[0] if "." in spec.table else "public"
@@ -1090,3 +1197,94 @@ def committed_batch(cur, batch_id: str) -> tuple[str, Window, int]:
     if state != "committed":
         raise LookupError(f"batch {batch_id} is {state}, not committed: only a committed batch can be reconciled")
     return pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), attempt
+
+
+# Read-only queries of the evidence page (tidemark.evidence): what each reconciliation run of a batch
+# found, and the repair batches planned from them.
+
+RESULT_COLUMNS = ("run_id", "pipeline", "batch_id", "attempt", "scope", "window_lo", "window_hi", "check_name",
+                  "subject", "expected", "actual", "difference", "verdict", "tolerance", "tolerance_reason",
+                  "checked_at", "code_version")
+
+
+def _subjects(subjects: list[tuple[str, str | None]]) -> dict[str, Any]:
+    """(pipeline, batch id or None: its full-table runs) pairs as query parameters."""
+    return {"pipelines": sorted({p for p, _ in subjects}), "batches": sorted({b for _, b in subjects if b}),
+            "full": sorted({p for p, b in subjects if b is None})}
+
+
+def reconciliation_evidence(cur, subjects: list[tuple[str, str | None]], *, runs: int = 50) -> list[dict[str, Any]]:
+    """Every result of the newest ``runs`` reconciliation runs of each (pipeline, batch id) in
+    ``subjects`` (batch id None: the pipeline's full-table runs): dicts of RESULT_COLUMNS, oldest run
+    first, each run's checks in the order recorded."""
+    if not subjects:
+        return []
+    cols = ", ".join(f"r.{c}" for c in RESULT_COLUMNS).replace("r.run_id", "r.run_id::text")
+    cur.execute(f"""
+        WITH runs AS (
+            SELECT run_id, max(id) AS last,
+                   row_number() OVER (PARTITION BY pipeline, batch_id ORDER BY max(id) DESC) AS nth
+              FROM tidemark_control.reconciliation_results
+             WHERE pipeline = ANY(%(pipelines)s)
+               AND (batch_id = ANY(%(batches)s) OR (batch_id IS NULL AND pipeline = ANY(%(full)s)))
+             GROUP BY run_id, pipeline, batch_id)
+        SELECT {cols} FROM tidemark_control.reconciliation_results r JOIN runs USING (run_id)
+         WHERE runs.nth <= %(runs)s ORDER BY runs.last, r.id""", {**_subjects(subjects), "runs": runs})
+    wanted = set(subjects)
+    found = [dict(zip(RESULT_COLUMNS, row)) for row in cur.fetchall()]
+    return [r for r in found if (r["pipeline"], r["batch_id"]) in wanted]
+
+
+def repair_batches(cur, subjects: list[tuple[str, str | None]]) -> list[dict[str, Any]]:
+    """The repair batches planned for each (pipeline, repaired batch id or None: the whole table) in
+    ``subjects``, oldest first: batch_id, pipeline, repair_of, repair_run (the reconciliation run
+    that found the keys), state, repair_keys, planned_at, committed_at, reconciliation."""
+    if not subjects:
+        return []
+    names = ("batch_id", "pipeline", "repair_of", "repair_run", "state", "repair_keys", "planned_at", "committed_at",
+             "reconciliation")
+    cur.execute("""SELECT batch_id, pipeline, repair_of, repair_run::text, state, repair_keys, planned_at, committed_at,
+                          reconciliation
+                     FROM tidemark_control.batches
+                    WHERE repair_keys IS NOT NULL AND pipeline = ANY(%(pipelines)s)
+                      AND (repair_of = ANY(%(batches)s) OR (repair_of IS NULL AND pipeline = ANY(%(full)s)))
+                    ORDER BY planned_at, batch_id""", _subjects(subjects))
+    wanted = set(subjects)
+    found = [dict(zip(names, row)) for row in cur.fetchall()]
+    return [r for r in found if (r["pipeline"], r["repair_of"]) in wanted]
+
+
+def batch_overview(cur, batch_id: str) -> dict[str, Any] | None:
+    """One batch as the evidence page shows it (None: not in the ledger): batch_id, pipeline, state,
+    window, rows, committed_at, reconciliation, reconciled_at, repair_of, is_repair."""
+    cur.execute("""SELECT batch_id, pipeline, state, window_lo, window_hi, backfill, rows, committed_at, reconciliation,
+                          reconciled_at, repair_of, repair_keys IS NOT NULL
+                     FROM tidemark_control.batches WHERE batch_id = %s""", (batch_id,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    batch, pipeline, state, lo, hi, backfill, rows, committed_at, verdict, reconciled_at, repair_of, is_repair = row
+    return {"batch_id": batch, "pipeline": pipeline, "state": state,
+            "window": Window(Bound.from_json(lo), Bound.from_json(hi), backfill), "rows": rows,
+            "committed_at": committed_at, "reconciliation": verdict, "reconciled_at": reconciled_at,
+            "repair_of": repair_of, "is_repair": is_repair}
+
+
+def latest_reconciliation(cur, pipeline: str) -> tuple[str | None, str] | None:
+    """(batch id or None, scope) of the pipeline's newest reconciliation run (None: never reconciled)."""
+    cur.execute("SELECT batch_id, scope FROM tidemark_control.reconciliation_results WHERE pipeline = %s "
+                "ORDER BY checked_at DESC, id DESC LIMIT 1", (pipeline,))
+    row = cur.fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def reconciliation_runs(cur, pipeline: str, *, limit: int = 20) -> list[dict[str, Any]]:
+    """The pipeline's newest reconciliation runs, one dict each: run_id, batch_id (None: full table),
+    scope, checked_at, checks, failed, rows_source, rows_target (the row_count check's figures)."""
+    names = ("run_id", "batch_id", "scope", "checked_at", "checks", "failed", "rows_source", "rows_target")
+    cur.execute("""SELECT run_id::text, batch_id, scope, max(checked_at), count(*), count(*) FILTER (WHERE verdict = 'fail'),
+                          max(expected) FILTER (WHERE check_name = 'row_count'),
+                          max(actual) FILTER (WHERE check_name = 'row_count')
+                     FROM tidemark_control.reconciliation_results WHERE pipeline = %s
+                    GROUP BY run_id, batch_id, scope ORDER BY max(id) DESC LIMIT %s""", (pipeline, limit))
+    return [dict(zip(names, row)) for row in cur.fetchall()]

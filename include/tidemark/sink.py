@@ -57,7 +57,7 @@ from tidemark.progress import Steps
 from tidemark.records import Checker, RecordRules, checked_upstream, target_columns
 from tidemark.repair import RepairError, key_filter, key_types
 from tidemark.spec import PipelineSpec, quote
-from tidemark.stage import LOAD, StageWriter, Target, copy_csv
+from tidemark.stage import LOAD, OFFSET, PARTITION, HASH, PROVENANCE, StageWriter, Target, copy_csv, provenance
 from tidemark.totals import arrow_totals, staged_mismatch
 from tidemark.window import Window, covered, predicate
 
@@ -145,6 +145,13 @@ class BatchSink:
                     cur.execute(f"ALTER TABLE {quote(stage)} ADD COLUMN {LOAD} bigint")
                     log.warning("pipeline=%s batch=%s attempt=%s: stage %s, from an earlier version, gained the "
                                 "load column", self.spec.name, batch_id, attempt, stage)
+            for batch_id, attempt in ledger.open_windows(cur, self.spec.name):
+                stage = stage_table(batch_id, attempt)
+                cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s",
+                            (stage, OFFSET.strip('"')))
+                if stage in present and cur.fetchone() is None:  # rows without: the apply keeps them all
+                    cur.execute(f"ALTER TABLE {quote(stage)} "
+                                + ", ".join(f"ADD COLUMN {c} {t}" for c, t in PROVENANCE))
             dead = [(b, a, st) for b, a, st in ledger.finished_attempts(cur, self.spec.name)
                     if stage_table(b, a) in present]
             for batch_id, attempt, state in dead:
@@ -547,17 +554,20 @@ class BatchSink:
 
         stage = self._ensure_stage(cur, batch_id, attempt)
         # checked UTF-8 already: Arrow's cast, not a Python loop
-        copy_csv(cur, stage, pa.table({"value": records["value"].cast(pa.string())}), ["value"])
+        columns = {"value": records["value"].cast(pa.string()),
+                   **{c: a for (c, _), a in zip(PROVENANCE, provenance(records))}}
+        copy_csv(cur, stage, pa.table(list(columns.values()), names=list(columns)), ["value", *(c for c, _ in PROVENANCE)])
         _add_staged(cur, batch_id, attempt, records)
 
     def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:
         stage = quote(stage_table(batch_id, attempt))
         fmt = self._format(cur, batch_id)
+        where = ", ".join(f"{c} {t}" for c, t in PROVENANCE)
         if fmt is None:
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text)")
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text, {where})")
         else:  # typed like the source; UNLOGGED: it lives only until its batch commits or is refused
             cols = ", ".join(f"{quote(c.name)} {sql_type(c.sql_type)}" for c in fmt[1])
-            cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols}, {LOAD} bigint)")
+            cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols}, {LOAD} bigint, {where})")
         return stage
 
     def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
@@ -629,7 +639,12 @@ class BatchSink:
             log.warning("pipeline=%s batch=%s attempt=%s is %s: not applied", self.spec.name, batch_id, attempt, state)
             self._drop_stage(cur, batch_id, attempt)
             return
-        bad, reasons = ledger.data_rejects(cur, self.consumer, batch_id, attempt, FIRST_REASONS)
+        if state != "sealed":  # ENDs recorded before the orchestrator sealed it (an earlier version's sink)
+            log.warning("pipeline=%s batch=%s attempt=%s has END on every partition but the ledger shows it %s: "
+                        "it waits for the orchestrator to seal it", self.spec.name, batch_id, attempt, state)
+            return
+        written = ledger.extract_offsets(cur, batch_id, attempt)
+        bad, reasons = ledger.data_rejects(cur, self.consumer, batch_id, attempt, FIRST_REASONS, written)
         if bad:
             self._refuse(
                 cur, batch_id, attempt, report,
@@ -640,14 +655,11 @@ class BatchSink:
                 f"target table {self.spec.target_table} (or the spec); where a record is malformed, fix the source "
                 "rows they name")
             return
-        if state != "sealed":  # ENDs recorded before the orchestrator sealed it (an earlier version's sink)
-            log.warning("pipeline=%s batch=%s attempt=%s has END on every partition but the ledger shows it %s: "
-                        "it waits for the orchestrator to seal it", self.spec.name, batch_id, attempt, state)
-            return
         # The ledger, written by the orchestrator alone, says what the batch is: the extract's totals
-        # sealed there, which every END accepted equals.
+        # sealed there, which every END accepted equals, and the offsets it wrote.
         expected = {p: (t.rows, t.checksum) for p, t in ledger.extract_totals(cur, batch_id, attempt).items()}
-        wrong = staged_mismatch(expected, ledger.staged(cur, batch_id, attempt))
+        kept = self._keep_written(cur, batch_id, attempt, written, report) if written is not None else None
+        wrong = staged_mismatch(expected, kept if kept is not None else ledger.staged(cur, batch_id, attempt))
         if wrong:
             self._refuse(cur, batch_id, attempt, report,
                          "what the sink staged differs from the extract's totals sealed in the ledger: "
@@ -705,6 +717,51 @@ class BatchSink:
             f"; {compacted} real-time row(s) it covers compacted away" if compacted is not None else "",
         )
 
+    def _keep_written(self, cur, batch_id: str, attempt: int, written: dict[int, tuple[int, int]],
+                      report: MicroBatchReport) -> dict[int, tuple[int, int]] | None:
+        """Keep in the stage only the records the extract wrote (its offsets [first, next) per
+        partition hold exactly its records): any other record of the attempt, sent again or by
+        another producer with its headers, is a dead letter naming partition, offset and key, and
+        the genuine batch still applies. Returns the kept rows' totals per partition (None: the
+        stage has rows an earlier version staged without their offsets; the running totals count)."""
+        stage = self._ensure_stage(cur, batch_id, attempt)
+        accepted, fmt = self._accepted(cur, batch_id, attempt), self._format(cur, batch_id)
+        inside = " OR ".join(f"({PARTITION} = {int(p)} AND {OFFSET} >= {int(lo)} AND {OFFSET} < {int(hi)})"
+                             for p, (lo, hi) in written.items()) or "false"
+        cur.execute(f"SELECT count(*) FILTER (WHERE {OFFSET} IS NULL), count(*) FILTER (WHERE NOT ({inside})) "
+                    f"FROM {stage} WHERE {accepted}")
+        unknown, strays = cur.fetchone()
+        if unknown:
+            return None
+        if strays:
+            pk = self.spec.primary_key
+            key = (", ".join(f"{quote(c)}::text" for c in pk) if fmt is not None
+                   else ", ".join(cur.mogrify("value::json->>%s", (c,)).decode() for c in pk))
+            payload = "NULL::bytea" if fmt is not None else "convert_to(value, 'UTF8')"
+            cur.execute(f"SELECT {PARTITION}, {OFFSET}, concat_ws(', ', {key}), {payload} FROM {stage} "
+                        f"WHERE ({accepted}) AND NOT ({inside}) ORDER BY 1, 2")
+            for p, offset, key_text, value in cur.fetchall():
+                lo, hi = written.get(p, (0, 0))
+                self._reject(report, {"topic": self.topic, "partition": p, "offset": offset, "key": None,
+                                      "value": bytes(value) if value is not None else None,
+                                      "batch_id": batch_id, "attempt": attempt},
+                             f"record of batch {batch_id} attempt {attempt} at {self.topic}/{p}@{offset}, key "
+                             f"({', '.join(pk)})=({key_text}), is not one the extract wrote (its offsets on partition "
+                             f"{p}: {lo}..{hi - 1}): sent again or by another producer; not applied")
+            cur.execute(f"DELETE FROM {stage} WHERE ({accepted}) AND NOT ({inside})")
+        cur.execute(f"SELECT {PARTITION}, count(*), coalesce(sum({HASH}::numeric), 0) FROM {stage} "
+                    f"WHERE {accepted} GROUP BY 1")
+        return {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
+
+    def _accepted(self, cur, batch_id: str, attempt: int) -> str:
+        """SQL condition on the attempt's stage rows that count: under version 2 those of accepted
+        loads only (``tidemark.stage``), under version 1 all."""
+        if self._format(cur, batch_id) is None:
+            return "true"
+        loads = cur.mogrify("SELECT load FROM tidemark_control.staged_loads WHERE batch_id = %s AND attempt = %s",
+                            (batch_id, attempt)).decode(psycopg2.extensions.encodings[self.conn.encoding])
+        return f"({LOAD} IS NULL OR {LOAD} IN ({loads}))"
+
     @staticmethod
     def _restart_since(cur, batch_id: str, attempt: int) -> str:
         """The cause when the warehouse restarted after the attempt began: crash recovery empties
@@ -734,11 +791,17 @@ class BatchSink:
         if fmt is None:
             return self.target_columns(cur)
         have = set(self.target_columns(cur))
+        fills = ledger.column_fills(cur, batch_id)  # the plan found what the source's older rows hold
         for c in fmt[1]:
             if c.name not in have:
-                cur.execute(f"ALTER TABLE {quote(self.spec.target_table)} ADD COLUMN {quote(c.name)} {sql_type(c.sql_type)}")
-                log.warning("pipeline=%s batch=%s: target %s gained column %s %s (record schema version %s)",
-                            self.spec.name, batch_id, self.spec.target_table, c.name, c.sql_type, fmt[0])
+                fill = fills.get(c.name)
+                default = cur.mogrify(f" DEFAULT %s::{sql_type(c.sql_type)}", (fill,)).decode() if fill is not None else ""
+                cur.execute(f"ALTER TABLE {quote(self.spec.target_table)} ADD COLUMN {quote(c.name)} "
+                            f"{sql_type(c.sql_type)}{default}")
+                log.warning("pipeline=%s batch=%s: target %s gained column %s %s%s (record schema version %s)",
+                            self.spec.name, batch_id, self.spec.target_table, c.name, c.sql_type,
+                            f", its rows loaded before hold {fill!r} as the source's do" if fill is not None else "",
+                            fmt[0])
                 self._rules = None  # the target's columns changed
         return [c.name for c in fmt[1]]
 
@@ -749,9 +812,7 @@ class BatchSink:
         fmt = self._format(cur, batch_id)
         if fmt is not None:  # typed already: nothing to parse. Only accepted loads count (tidemark.stage)
             cols = ", ".join(quote(c.name) for c in fmt[1])
-            accepted = cur.mogrify("SELECT load FROM tidemark_control.staged_loads WHERE batch_id = %s AND attempt = %s",
-                                   (batch_id, attempt)).decode(psycopg2.extensions.encodings[self.conn.encoding])
-            return f"SELECT {cols} FROM {stage} WHERE {LOAD} IS NULL OR {LOAD} IN ({accepted})"
+            return f"SELECT {cols} FROM {stage} WHERE {self._accepted(cur, batch_id, attempt)}"
         # json, not jsonb: parsing straight into the record is about twice as fast.
         return (f"SELECT r.* FROM {stage} s, "
                 f"LATERAL json_populate_record(NULL::{quote(self.spec.target_table)}, s.value::json) r")
@@ -791,26 +852,61 @@ class BatchSink:
     def _repair(self, cur, batch_id: str, attempt: int, keys: list[list[str]], window: Window,
                 records: str) -> tuple[int, int]:
         """A repair batch: the target's rows of its keys, as far as its window reaches, are replaced by
-        what was staged (a key the source no longer holds there stays deleted). A newer version that
-        a later batch loaded meanwhile (cursor past the window) is neither deleted nor replaced.
-        Returns (staged records whose key is not one of ``keys``, target rows written); the caller
-        refuses the batch if the first is not 0."""
+        what was staged. A key with nothing staged (the source holds no version of it there) is
+        deleted only where the plan allows it (``ledger.repair_deletes``): an extra row always, a row
+        deleted at the source after a batch loaded it only when the run set apply_source_deletes;
+        any other stays as it is, for the next reconciliation to report. Each row deleted without a
+        staged replacement goes, with its old values, into tidemark_control.repair_deletions in this
+        transaction. A plan recorded before (no ``repair_deletes``) deletes every key's rows, as it
+        did. A newer version that a later batch loaded meanwhile (cursor past the window) is neither
+        deleted nor replaced. Returns (staged records whose key is not one of ``keys``, target rows
+        written); the caller refuses the batch if the first is not 0."""
         spec = self.spec
         target = quote(spec.target_table)
         columns = self._batch_columns(cur, batch_id)
         cols = ", ".join(quote(c) for c in columns)
-        keyed = key_filter(list(spec.primary_key), key_types(cur, spec.target_table, list(spec.primary_key)), keys)
+        pk = list(spec.primary_key)
+        types = key_types(cur, spec.target_table, pk)
+        keyed = key_filter(pk, types, keys)
         cur.execute(f"SELECT count(*) FROM ({records}) batch WHERE NOT ({keyed})")
         (outside,) = cur.fetchone()
         if outside:
             return outside, 0
-        cur.execute(f"DELETE FROM {target} WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}")
-        deleted = cur.rowcount
+        plan = ledger.repair_deletes(cur, batch_id)
+        pks = ", ".join(quote(c) for c in pk)
+        staged = f"({pks}) IN (SELECT {pks} FROM ({records}) batch)"
+        if plan is None:  # planned before deletions were told apart: every key's rows, as before
+            allowed, kind = "true", "'unclassified'"
+        else:
+            at_source = plan.get("deleted_at_source") or []
+            may = list(plan.get("extra") or []) + (at_source if plan.get("apply_source_deletes") else [])
+            allowed = key_filter(pk, types, may) if may else "false"
+            kind = (f"CASE WHEN {key_filter(pk, types, at_source)} THEN 'deleted_at_source' ELSE 'extra' END"
+                    if at_source else "'extra'")
+        evidence = cur.mogrify("%s, %s, %s", (batch_id, spec.name, spec.target_table)).decode(
+            psycopg2.extensions.encodings[self.conn.encoding])
+        key_texts = ", ".join(f"{quote(c)}::text" for c in pk)
+        # one statement: the delete, and the evidence of every row it took without a replacement
+        cur.execute(
+            f"""WITH gone AS (DELETE FROM {target}
+                               WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}
+                                 AND ({staged} OR {allowed})
+                           RETURNING *),
+                     kept AS (INSERT INTO tidemark_control.repair_deletions
+                                     (batch_id, pipeline, target_table, kind, key, old_values)
+                              SELECT {evidence}, {kind}, jsonb_build_array({key_texts}), to_jsonb(gone)
+                                FROM gone WHERE NOT ({staged})
+                              RETURNING kind)
+                SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM kept),
+                       (SELECT count(*) FROM kept WHERE kind = 'deleted_at_source')""")
+        deleted, without, at_source_deleted = cur.fetchone()
         # a row still there is newer than the window (loaded since): the newest version stays
         conflict = self._newest_wins(cur, columns) if spec.write_mode != "append_window_replace" else ""
         cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch {conflict}")
-        log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s) up to %s: %s target row(s) deleted, %s written",
-                 spec.name, batch_id, attempt, len(keys), window.hi, deleted, cur.rowcount)
+        log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s) up to %s: %s target row(s) deleted (%s without a "
+                 "staged replacement, %s of them deleted at the source; kept in tidemark_control.repair_deletions), "
+                 "%s written", spec.name, batch_id, attempt, len(keys), window.hi, deleted, without, at_source_deleted,
+                 cur.rowcount)
         return 0, cur.rowcount
 
     def _record_rejects(self, cur, report: MicroBatchReport) -> None:

@@ -179,6 +179,9 @@ class ReconcileSpec(BaseModel):
     # Source rows whose timestamp cursor is NULL or infinite lie in no window: counted and named unless
     # the source means such rows to wait (e.g. a cursor set only when an entry is posted).
     unreachable_rows: bool = True
+    # Re-prove the whole table up to the watermark on this schedule (e.g. "@weekly"): a batch proven
+    # once can drift later (a column added with a default, a row changed in the warehouse).
+    full_schedule: Annotated[str, AfterValidator(_schedule)] | None = None
     tolerance: Annotated[Decimal, Field(ge=0)] = Decimal(0)
     tolerance_reason: Annotated[str, Field(min_length=10, max_length=500)] | None = None
 

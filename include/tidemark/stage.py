@@ -29,6 +29,10 @@ from tidemark.totals import arrow_totals
 # The stage tables' column naming the load each row came with (quoted): a dot, so no source column
 # (a valid Avro field name under protocol version 2) can ever have its name.
 LOAD = '"tidemark.load"'
+# Where each staged row came from (partition, offset) and its row hash: the apply keeps only the rows
+# inside the offsets the extract wrote, dead-letters the others, and totals what it keeps.
+PARTITION, OFFSET, HASH = '"tidemark.partition"', '"tidemark.offset"', '"tidemark.hash"'
+PROVENANCE = ((PARTITION, "integer"), (OFFSET, "bigint"), (HASH, "bigint"))
 
 
 def load_schema():
@@ -125,8 +129,11 @@ class StageWriter:
                     rows = records[target.row].combine_chunks().flatten()
                     cur.execute("SAVEPOINT stage")
                     try:  # binary: the server stores each value as sent, nothing to parse
-                        copy_binary(cur, target.stage, [*rows, pa.array([load] * records.num_rows, pa.int64())],
-                                    [*target.types, "bigint"], [*target.columns, LOAD])
+                        copy_binary(cur, target.stage,
+                                    [*rows, pa.array([load] * records.num_rows, pa.int64()),
+                                     *provenance(records)],
+                                    [*target.types, "bigint", *(t for _, t in PROVENANCE)],
+                                    [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
                     except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:  # dead letters, never a crash loop
                         cur.execute("ROLLBACK TO SAVEPOINT stage")
                         why = (f"the typed stage refused the records of batch {key[0]} attempt {key[1]} this task "
@@ -141,6 +148,14 @@ class StageWriter:
                     yield _load_rows(records, key, load, seconds)
         finally:
             conn.close()
+
+
+def provenance(records) -> list[Any]:
+    """The records' partition, offset and row hash, typed as PROVENANCE declares them."""
+    import pyarrow as pa
+
+    return [records[c].combine_chunks().cast(t) for c, t in
+            (("partition", pa.int32()), ("offset", pa.int64()), ("row_hash", pa.int64()))]
 
 
 def _of(batch, key: tuple[str, int]):

@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark import jobs
 from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
-from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS
+from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
 
 # What to do next, per step, once Airflow has given up (or at once, for what will not heal).
@@ -76,6 +76,22 @@ def on_call(log, tag: str, next_step: str, *, clear_from: str = "begin") -> Iter
         then = NEXT_TRANSIENT.format(task=clear_from)
         log.error("%s FAILED: %s. Next: %s", tag, _one_line(exc), then)
         raise BatchTaskError(f"{tag}: {_one_line(exc)}. Next: {then}") from exc
+
+
+def last_word(context) -> None:
+    """on_failure_callback / on_retry_callback: a failed task's log ends with Tidemark's one line
+    (pipeline, batch, attempt, window, cause, next step), after Airflow's own traceback, so the
+    person on call reads it last whatever failed."""
+    exc = context.get("exception")
+    if exc is None:
+        return
+    text = str(exc) if isinstance(exc, (AirflowFailException, BatchTaskError)) else _one_line(exc)
+    if "pipeline=" not in text:  # a failure outside on_call (a sensor's timeout, a killed worker)
+        pipeline = context["dag"].dag_id.removeprefix("tidemark_batch_")
+        text = (f"pipeline={pipeline} run={context['dag_run'].run_id} task {context['ti'].task_id}: {text}. Next: "
+                + NEXT_TRANSIENT.format(task=BEGIN))
+    retried = str(getattr(context["ti"], "state", "")).lower().endswith("up_for_retry")
+    context["task"].log.error("TIDEMARK %s: %s", "FAILED, Airflow retries it" if retried else "FAILED", text)
 
 
 def pg_connect(conn_id: str, *, application_name: str = "tidemark-airflow"):
@@ -143,10 +159,13 @@ class PlanWindowOperator(_PipelineOperator):
         repair_batch = (context.get("params") or {}).get("repair_batch")
         if repair_batch:
             return self._repair(spec, run, repair_batch)
+        from tidemark.ledger import batch_id_for
+
         interval = None
         if str(getattr(run, "run_type", "")).lower().endswith("backfill"):
             interval = (context["data_interval_start"], context["data_interval_end"])
-        tag = f"pipeline={spec.name} run={run.run_id}" + (f" backfill interval={interval}" if interval else "")
+        tag = (f"pipeline={spec.name} batch={batch_id_for(spec.name, run.run_id)} run={run.run_id} window="
+               + (f"backfill [{interval[0]}, {interval[1]})" if interval else "not planned yet"))
         with on_call(self.log, tag, "fix the cause named here (spec, source table or grants), then clear this task",
                      clear_from=PLAN):
             source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
@@ -354,6 +373,57 @@ class SinkBackpressureSensor(BaseSensorOperator):
         return False
 
 
+class PipelineTurnSensor(BaseSensorOperator):
+    """One run of a pipeline at a time from plan to commit, whatever started it (the schedule,
+    Trigger, a backfill, a repair): Airflow's ``max_active_runs`` does not count backfill runs with
+    the others, and two runs loading at once collide on the topic and plan windows over each other.
+
+    The run takes the pipeline's turn in the ledger or waits for it, in reschedule mode (no worker
+    slot), each poke naming the run that holds it; the teardown hands the turn on. A turn held by a
+    run that has ended without its teardown (marked failed by hand, deleted) is taken over."""
+
+    template_fields = ("spec_path",)
+
+    def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE, **kwargs: Any):
+        kwargs.setdefault("mode", "reschedule")
+        kwargs.setdefault("poke_interval", 10)
+        kwargs.setdefault("timeout", timedelta(hours=12).total_seconds())
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+        self.warehouse_conn_id = warehouse_conn_id
+
+    def poke(self, context) -> bool:
+        from tidemark import ledger
+        from tidemark.spec import load_spec
+
+        name, run_id = load_spec(Path(self.spec_path)).name, context["dag_run"].run_id
+        warehouse = pg_connect(self.warehouse_conn_id)
+        try:
+            with warehouse, warehouse.cursor() as cur:
+                ledger.ensure_control_schema(cur)
+                held = ledger.take_turn(cur, name, run_id)
+                if held is not None and self._ended(context, held[0]):
+                    self.log.warning("pipeline=%s run=%s: run %s held the pipeline's turn since %s but has ended "
+                                     "without handing it on; taken over", name, run_id, *held)
+                    held = ledger.take_turn(cur, name, run_id, stale=held[0])
+        finally:
+            warehouse.close()
+        if held is None:
+            self.log.info("pipeline=%s run=%s: this run's turn; other runs of the pipeline wait until it ends",
+                          name, run_id)
+            return True
+        self.log.warning("pipeline=%s run=%s WAITS: run %s holds the pipeline's turn since %s (one run at a time from "
+                         "plan to commit); this run goes on when that one ends", name, run_id, *held)
+        return False
+
+    def _ended(self, context, holder: str) -> bool:
+        try:
+            state = context["ti"].get_dagrun_state(dag_id=context["dag"].dag_id, run_id=holder)
+        except Exception as exc:  # a run deleted from the UI is gone for good; anything else: ask again later
+            return "not found" in str(exc).lower() or "not_found" in str(exc).lower()
+        return str(getattr(state, "value", state)).lower() in ("success", "failed")
+
+
 class BatchCommittedSensor(BaseSensorOperator):
     """Wait until the sink has committed this run's attempt; fail at once if it was refused.
 
@@ -392,12 +462,29 @@ class BatchCommittedSensor(BaseSensorOperator):
 
 class AbortUnfinishedOperator(_PipelineOperator):
     """Teardown: whatever ended this run (a failed task, a killed worker, a timeout), its batch's
-    latest attempt must not stay open. Aborts it in the ledger, then sends ABORT."""
+    latest attempt must not stay open. Aborts it in the ledger, then sends ABORT, then hands the
+    pipeline's turn on to the next run."""
 
     def execute(self, context) -> None:
+        from tidemark import ledger
+
+        spec = self.spec
+        self._abort(context, spec)
+        # Then the next run of the pipeline may go: nothing of this one stays open. (If the abort keeps
+        # failing, the turn goes when this run has ended: wait_turn takes over an ended run's turn.)
+        warehouse = pg_connect(self.warehouse_conn_id)
+        try:
+            with warehouse, warehouse.cursor() as cur:
+                if ledger.release_turn(cur, spec.name, context["dag_run"].run_id):
+                    self.log.info("pipeline=%s run=%s: the pipeline's turn is handed on to the next run", spec.name,
+                                  context["dag_run"].run_id)
+        finally:
+            warehouse.close()
+
+    def _abort(self, context, spec) -> None:
         from tidemark import batch
 
-        spec, plan = self.spec, _plan(context, required=False)
+        plan = _plan(context, required=False)
         if plan is None:
             self.log.info("pipeline=%s: nothing was planned in this run; nothing to clean up", spec.name)
             return
@@ -424,9 +511,9 @@ class AbortUnfinishedOperator(_PipelineOperator):
 
 
 def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: bool = False) -> BaseOperator:
-    """Wire plan >> begin >> extract >> end >> sink >> wait_committed >> publish in the current DAG,
-    after ``wait_for_sink`` with ``backpressure`` (the spec sets ``sink.max_lag``),
-    with ``abort_unfinished`` as the teardown of the whole chain (plan is its setup).
+    """Wire wait_turn >> plan >> begin >> extract >> end >> sink >> wait_committed >> publish in the
+    current DAG, after ``wait_for_sink`` with ``backpressure`` (the spec sets ``sink.max_lag``),
+    with ``abort_unfinished`` as the teardown of the whole chain (wait_turn and plan its setups).
 
     Returns the publish task, whose outlet is the pipeline's Asset, so callers can chain more work.
     """
@@ -435,6 +522,7 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: 
     path, name = str(spec_path), Path(spec_path).stem
     asset = batch_asset(name)
     gate = [SinkBackpressureSensor(task_id=GATE, spec_path=path)] if backpressure else []
+    turn = PipelineTurnSensor(task_id=TURN, spec_path=path)
     plan = PlanWindowOperator(task_id=PLAN, spec_path=path)
     begin = BeginBatchOperator(task_id=BEGIN, spec_path=path)
     extract = ExtractWindowOperator(task_id=EXTRACT, spec_path=path, source_conn_id=source_conn_id)
@@ -458,5 +546,5 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: 
 
     last = publish()
     steps = {PLAN: plan, BEGIN: begin, EXTRACT: extract, END: end, SINK: sink, COMMITTED: committed}
-    chain(*gate, *(steps[name] for name in STEPS), last, cleanup.as_teardown(setups=plan))
+    chain(*gate, turn, *(steps[name] for name in STEPS), last, cleanup.as_teardown(setups=[turn, plan]))
     return last

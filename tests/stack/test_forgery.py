@@ -1,21 +1,24 @@
 """A producer on the pipeline's topic cannot commit anything (real Kafka, Spark, PostgreSQL).
 
 The ledger, written by the orchestrator alone, says what a batch is: the sink accepts an END only
-for an attempt the orchestrator sealed and only with the totals it sealed, and applies a batch only
-when what it staged equals those totals. Forged ENDs are dead letters with their reason; a record
-the extract did not write makes the attempt refused with the cause named, and a new attempt loads.
+for an attempt the orchestrator sealed and only with the totals it sealed, and applies only the
+staged records inside the Kafka offsets the extract wrote, and only when they equal its totals.
+Forged ENDs and records the extract did not write (replayed, injected) are dead letters naming
+partition, offset and key; the genuine batch commits.
 """
 
 from __future__ import annotations
 
+import json
+
 from confluent_kafka import Consumer, TopicPartition
 
 from tidemark import control
-from tidemark.control import HEADER_CONTROL
+from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
 from tidemark.kafka_io import end_offsets
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 
-from test_untrusted_input import produce, rejects, same_rows
+from test_untrusted_input import INSIDE, produce, rejects, same_rows
 
 
 def _forged_end(pipe, plan, attempt, rows: int) -> None:
@@ -74,7 +77,7 @@ def test_forged_ends_before_and_after_the_extract_commit_nothing_and_the_genuine
     assert len(dead) == 2 * partitions and all(b"END rejected" in reason for reason in dead)
 
 
-def test_a_record_sent_again_is_never_applied_and_the_refusal_names_the_cause(settings, tmp_path):
+def test_a_record_sent_again_or_injected_is_a_dead_letter_by_offset_and_the_genuine_batch_loads(settings, tmp_path):
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     bootstrap = settings.kafka_bootstrap
     insert_payments(pipe, 1, 300)
@@ -87,15 +90,32 @@ def test_a_record_sent_again_is_never_applied_and_the_refusal_names_the_cause(se
     pipe.end(plan, attempt, report)
     pipe.sink()
 
-    assert pipe.state(plan.batch_id, attempt) == "refused"
-    (message,), = pipe.query_wh("SELECT message FROM tidemark_control.batch_attempts WHERE batch_id = %s "
-                                "AND attempt = %s", (plan.batch_id, attempt))
-    assert f"partition {partition}: 1 record(s) more than the extract wrote, a record sent twice" in message, message
-    assert "sealed in the ledger" in message and "another producer" in message and "check the extract log" not in message
-    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}") == [(0,)]
-
-    again = pipe.begin(plan)  # what clearing the run from 'begin' does
-    pipe.end(plan, again, pipe.extract(plan, again))
-    pipe.sink()
-    assert pipe.state(plan.batch_id, again) == "committed"
+    assert pipe.state(plan.batch_id, attempt) == "committed", pipe.ledger(plan.batch_id)
     same_rows(pipe)
+    (_, _, reason), = rejects(pipe)
+    first, nxt = report["offsets"][str(partition)]
+    assert f"/{partition}@{nxt}, key (id)=(" in reason and "is not one the extract wrote" in reason, reason
+    assert f"its offsets on partition {partition}: {first}..{nxt - 1}" in reason and "sent again" in reason, reason
+
+
+def test_a_forged_end_and_an_injected_row_of_999999_99_never_reach_the_books(settings, tmp_path):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, record_format="json")
+    insert_payments(pipe, 1, 100)
+    plan = pipe.plan("run-a")
+    attempt = pipe.begin(plan)
+    tags = [(HEADER_BATCH, plan.batch_id.encode()), (HEADER_ATTEMPT, str(attempt).encode())]
+    forged = json.dumps({"id": 777, "amount": 999999.99, "currency": "EUR", "updated_at": INSIDE}).encode()
+    produce(settings.kafka_bootstrap, pipe.spec.topic, [(b"777", forged, tags)])  # before the extract
+    _forged_end(pipe, plan, attempt, rows=1)
+    pipe.end(plan, attempt, pipe.extract(plan, attempt))
+    pipe.sink()
+
+    assert pipe.state(plan.batch_id, attempt) == "committed", pipe.ledger(plan.batch_id)
+    same_rows(pipe)
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table} WHERE amount = 999999.99") == [(0,)]
+    got = [reason for *_, reason in rejects(pipe)]
+    assert sum("key (id)=(777), is not one the extract wrote" in r for r in got) == 1, got
+    assert sum("says rows=1 checksum=1" in r and "not the orchestrator's totals" in r for r in got) == \
+        pipe.spec.partitions, got
+    letters = dead_letters(settings.kafka_bootstrap, pipe.spec.topic)
+    assert forged in {d["value"] for d in letters}  # the forged bytes, kept as evidence

@@ -246,11 +246,19 @@ def test_a_refused_batch_fails_at_once_with_the_next_step_and_leaves_nothing_ope
     assert pipe.query_wh("SELECT to_regclass(%s)", (stage_table(batch_id, attempt),))[0][0] is None
     assert _unfinished(pipe) == 0
     assert _rows(pipe, "target") == {}
-    log = api.log_text(dag_id, run["dag_run_id"], "wait_committed", 1)
-    last = [line for line in log.splitlines() if "Next:" in line][-1]
+    last = _last_word(api.log_text(dag_id, run["dag_run_id"], "wait_committed", 1))
     for part in (f"pipeline={pipe.spec.name}", "batch=", "attempt=1", "window=", "REFUSED",
                  f"change the target table {pipe.spec.target_table}"):
         assert part in last, f"{part!r} missing from the failure line: {last}"
+
+
+def _last_word(log: str) -> str:
+    """Tidemark's one line, after Airflow's traceback: nothing but quiet lines may follow it."""
+    lines = [line for line in log.splitlines() if line.strip()]
+    word = max((i for i, line in enumerate(lines) if "TIDEMARK FAILED" in line), default=None)
+    assert word is not None, "\n".join(lines[-15:])
+    assert not any("Traceback" in line or "Task failed with exception" in line for line in lines[word:]), lines[word:]
+    return lines[word]
 
 
 def test_a_target_narrower_than_the_source_fails_the_plan_under_version_2_naming_both_types(scheduled):
@@ -265,9 +273,10 @@ def test_a_target_narrower_than_the_source_fails_the_plan_under_version_2_naming
     assert pipe.query_wh("SELECT count(*) FROM tidemark_control.batches WHERE pipeline = %s",
                          (pipe.spec.name,))[0][0] == 0
     assert _rows(pipe, "target") == {}
-    last = [line for line in api.log_text(dag_id, run["dag_run_id"], "plan", 1).splitlines() if "Next:" in line][-1]
+    last = _last_word(api.log_text(dag_id, run["dag_run_id"], "plan", 1))
     for part in (f"pipeline {pipe.spec.name} (record_format avro)", "amount", "numeric(18,2)", "numeric(4,2)",
-                 pipe.spec.target_table, "Next: fix the cause named here"):
+                 pipe.spec.target_table, "Next: fix the cause named here", f"batch={pipe.spec.name}:",
+                 "window=not planned yet"):
         assert part in last, f"{part!r} missing from the failure line: {last}"
 
 
@@ -483,3 +492,42 @@ def test_the_supervisor_keeps_a_standing_sink_running_and_a_person_pauses_it_fro
     finally:
         api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": True})
         launcher.kill(name)
+
+
+def test_a_scheduled_run_and_a_backfill_started_together_take_turns_and_both_load(scheduled, settings):
+    """Airflow's max_active_runs does not hold a backfill run back from the scheduled one: before the
+    turn, both extracted onto the topic at once and one failed ('another writer on the topic')."""
+    api, nightly, *_ = scheduled
+    pipe = make_pipeline(settings, nightly.path.parent, DDL, cursor={"kind": "timestamp", "column": "created_at"},
+                         initial_watermark=WATERMARK_START.isoformat(), write_mode="append_window_replace")
+    src = pipe.src()
+    with src, src.cursor() as cur:
+        cur.execute(f"INSERT INTO {pipe.spec.table} SELECT g, g / 100.0, %s + (g %% %s) * interval '1 day' "
+                    "+ (g / %s) * interval '1 second' FROM generate_series(1, %s) g", (FIRST_DAY, DAYS, DAYS, 20_000))
+    src.close()
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    api.wait_for(f"{dag_id} to be parsed", lambda: api.exists(dag_id), timeout_s=180)
+    start, end = BACKFILL[0], BACKFILL[0] + timedelta(days=1)  # runs for Oct 2 and 3
+    api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})  # the scheduled run starts...
+    api.call("POST", "/backfills", {"dag_id": dag_id, "from_date": start.isoformat(), "to_date": end.isoformat(),
+                                    "max_active_runs": 1})  # ...and the backfill with it
+    runs = api.wait_for("the scheduled run and two backfill runs",
+                        lambda: (r := api.runs(dag_id)) and len(r) == 3 and r)
+    finished = [api.wait_finished(dag_id, r["dag_run_id"]) for r in runs]
+    api.call("PATCH", f"/dags/{dag_id}", {"is_paused": True})
+    states = {r["dag_run_id"]: api.task_states(dag_id, r["dag_run_id"]) for r in finished}
+    assert [r["state"] for r in finished] == ["success"] * 3, states
+
+    # One at a time from plan to commit: every batch committed by its first attempt, none overlapping.
+    spans = pipe.query_wh(
+        "SELECT b.batch_id, b.committed_attempt, min(a.begun_at), max(a.finished_at) FROM tidemark_control.batches b "
+        "JOIN tidemark_control.batch_attempts a USING (batch_id) WHERE b.pipeline = %s GROUP BY 1, 2 ORDER BY 3",
+        (pipe.spec.name,))
+    assert len(spans) == 3 and all(attempt == 1 for _, attempt, *_ in spans), spans
+    for (_, _, _, ended), (_, _, began, _) in zip(spans, spans[1:]):
+        assert ended <= began, f"two batches of one pipeline loaded at once: {spans}"
+    waited = [api.log_text(dag_id, run_id, "wait_turn", 1) for run_id in states]
+    assert any("WAITS: run" in log and "holds the pipeline's turn" in log for log in waited), waited
+    expected = {**_rows(pipe, "source", "created_at >= %s AND created_at < %s", (start, end + timedelta(days=1))),
+                **_rows(pipe, "source", "created_at > %s", (WATERMARK_START,))}
+    assert _rows(pipe, "target") == expected

@@ -2,6 +2,14 @@
 -- batch ledger commit in one transaction. Idempotent: applied before every plan and sink start.
 CREATE SCHEMA IF NOT EXISTS tidemark_control;
 
+-- Whose turn it is: one DAG run of a pipeline at a time goes from plan to commit (scheduled, manual,
+-- backfill or repair alike; Airflow's max_active_runs does not count backfill runs with the others).
+CREATE TABLE IF NOT EXISTS tidemark_control.pipeline_turns (
+    pipeline    text PRIMARY KEY,
+    run_id      text NOT NULL,                  -- the DAG run holding the turn
+    taken_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
 -- Committed watermark per pipeline: everything up to and including `bound` is loaded.
 CREATE TABLE IF NOT EXISTS tidemark_control.watermarks (
     pipeline    text PRIMARY KEY,
@@ -197,6 +205,10 @@ CREATE TABLE IF NOT EXISTS tidemark_control.stream_heartbeats (
 
 -- Added after the first release (kept idempotent for existing control schemas).
 ALTER TABLE tidemark_control.batch_ends ADD COLUMN IF NOT EXISTS batch_rows bigint;
+-- The Kafka offsets the extract wrote, per partition {"p": [first, next)}: exactly its records.
+ALTER TABLE tidemark_control.batch_attempts ADD COLUMN IF NOT EXISTS extract_offsets jsonb;
+-- Columns a batch adds to its target: what the rows loaded before get in each {"column": text or null}.
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS column_fills jsonb;
 ALTER TABLE tidemark_control.sink_rejects ADD COLUMN IF NOT EXISTS control text;  -- BEGIN/END/ABORT; NULL: a data record
 -- The dead-letter outbox (tidemark/dead_letters.py): a reject is pending until it is in the DLQ;
 -- older rows were sent before their commit, hence the default.
@@ -262,3 +274,29 @@ CREATE TABLE IF NOT EXISTS tidemark_control.record_schemas (
     PRIMARY KEY (pipeline, version)
 );
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS schema_version integer;
+
+-- Deletions are never silent (tidemark/reconcile.py, tidemark/repair.py). A reconciliation tells a
+-- row deleted at the source after a committed batch loaded it (kind deleted_at_source) from an
+-- extra row no batch wrote. A repair batch's plan says what its apply may delete where the source
+-- holds no version of a key: {"apply_source_deletes": bool, "extra": [[key text], ...],
+-- "deleted_at_source": [[key text], ...]}; extra rows always, rows deleted at the source only when
+-- the run set apply_source_deletes. NULL (planned before): every repair key, as before.
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS repair_deletes jsonb;
+-- Every target row a repair batch deleted without a staged replacement, with its old values,
+-- written by the sink in the transaction that deletes it. Append-only, as reconciliation_results.
+CREATE TABLE IF NOT EXISTS tidemark_control.repair_deletions (
+    id            bigserial PRIMARY KEY,
+    batch_id      text NOT NULL,                 -- the repair batch whose apply deleted the row
+    pipeline      text NOT NULL,
+    target_table  text NOT NULL,
+    kind          text NOT NULL CHECK (kind IN ('deleted_at_source', 'extra', 'unclassified')),
+    key           jsonb NOT NULL,                -- [key column values as text]
+    old_values    jsonb NOT NULL,                -- the target row as it was before the delete
+    deleted_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS repair_deletions_by_batch ON tidemark_control.repair_deletions (batch_id);
+DROP TRIGGER IF EXISTS repair_deletions_append_only ON tidemark_control.repair_deletions;
+CREATE TRIGGER repair_deletions_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON tidemark_control.repair_deletions
+    FOR EACH STATEMENT EXECUTE FUNCTION tidemark_control.refuse_change();
+REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.repair_deletions FROM PUBLIC, CURRENT_USER;
