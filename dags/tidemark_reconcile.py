@@ -20,7 +20,9 @@ Zero tolerance unless the spec sets `reconcile.tolerance` with a `tolerance_reas
 goes into the append-only `tidemark_control.reconciliation_results`; the batch ledger shows
 `reconciled` or `reconciliation_failed`. When the sides differ, only the key ranges whose totals
 differ are read again, down to the rows: the task fails with one line (how many rows, which
-kind) and the path of a CSV and HTML report of the missing, extra and changed rows.
+kind) and the path of a CSV and HTML report of the missing, extra and changed rows, and of the
+rows **deleted at the source** after a committed batch loaded them (kind `deleted_at_source`,
+with the target's old values: a finding, never "reconciled"; a target row no batch wrote is `extra`).
 
 Run it by hand (**Trigger**) for any past batch with `batch_id`, or with `scope: full` for the
 whole table up to the committed watermark.
@@ -29,7 +31,10 @@ whole table up to the committed watermark.
 `tidemark_batch_<name>` with it and waits (deferred, no worker slot): that run re-extracts only those
 keys through BEGIN/END as a new batch, and the sink replaces the target's rows of those keys in one
 transaction (the watermark stays). `reconcile_again` then gives the second verdict; the evidence
-keeps both.
+keeps both. Rows deleted at the source stay in the target (the second verdict still reports them)
+unless the run sets **`apply_source_deletes: true`**: then the repair deletes them too, keeps each
+with its old values in `tidemark_control.repair_deletions`, and the second verdict says
+"reconciled after applying N source deletions".
 """
 
 from __future__ import annotations
@@ -62,6 +67,11 @@ def _reconcile_dag(path: Path, spec: PipelineSpec) -> DAG:
             "scope": Param("batch", enum=["batch", "full"], description="full: the whole table up to the watermark"),
             "repair": Param(False, type="boolean", description="re-load the differing rows' keys as a repair batch, "
                                                                 "then reconcile again"),
+            "apply_source_deletes": Param(False, type="boolean",
+                                          description="with repair: also delete from the target the rows deleted at "
+                                                      "the source after a batch loaded them (each kept, with its old "
+                                                      "values, in tidemark_control.repair_deletions); without it they "
+                                                      "stay and the verdict reports them"),
         },
         tags=["tidemark", "reconcile", spec.name],
     ) as dag:

@@ -12,7 +12,9 @@ over the same rows.
 
 When the sides differ, only the key ranges whose count or hash total differ are read again,
 split further while they hold more than ``leaf_rows`` rows, down to the rows: the report lists
-missing, extra and changed keys, with both versions and the columns that differ. The rows read
+missing, extra and changed keys, with both versions and the columns that differ. A key the target
+holds and the source does not is *deleted at the source* when Tidemark loaded it (the target row
+was written by the transaction that committed a batch of the pipeline), else *extra*. The rows read
 while localising are counted, so a report can say what fraction of the batch it had to read.
 
 Pure SQL over psycopg2 cursors: no Spark, no Airflow. Both sessions run in UTC so that every
@@ -22,6 +24,7 @@ same on both sides.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,10 +55,18 @@ class Check:
 @dataclass
 class Difference:
     key: tuple
-    kind: str  # "missing" (in the source, not in the target), "extra", "changed"
+    # "missing" (in the source, not in the target), "changed", "deleted_at_source" (in the target, not
+    # in the source, and a committed batch of the pipeline wrote the target row: the source deleted it
+    # after the load) or "extra" (in the target, not in the source, and no batch wrote it)
+    kind: str
     source: dict[str, str | None] | None
     target: dict[str, str | None] | None
     columns: list[str] = field(default_factory=list)  # the columns that differ (changed only)
+    loaded_by: str | None = None  # deleted_at_source: the batch whose commit wrote the target row
+
+
+DELETED_AT_SOURCE = "deleted_at_source"
+KIND_LABELS = {DELETED_AT_SOURCE: "deleted at the source after loading"}  # the summary's words for a kind
 
 
 @dataclass
@@ -72,6 +83,9 @@ class Verdict:
     seconds: float = 0.0  # the checks (both passes and the target's own queries)
     seconds_localising: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # seconds per step, for the log and the benchmark
+    # after a repair batch: the rows it deleted because the source had deleted them (the run asked
+    # for it, apply_source_deletes), one passing result each, kept in the evidence beside the checks
+    deletions_applied: list[Check] = field(default_factory=list)
 
     @property
     def read_fraction(self) -> float:
@@ -82,17 +96,26 @@ class Verdict:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    @property
+    def deleted_at_source(self) -> list[Difference]:
+        return [d for d in self.differences if d.kind == DELETED_AT_SOURCE]
+
     def summary(self, spec: PipelineSpec, batch_id: str) -> str:
         """One line an analyst understands."""
         moved = (f" ({self.moved_keys} keys changed at the source after the window left out: the next batch "
                  "carries them)") if self.moved_keys else ""
         if self.passed:
-            return (f"{spec.target_table} batch {batch_id}: reconciled, {self.rows_target} rows{moved}, "
+            n = len(self.deletions_applied)
+            applied = f" after applying {n} source deletion{'s' if n != 1 else ''}" if n else ""
+            if self.rows_source == self.rows_target == 0 and not n:  # every check holds over no rows: not a proof
+                return (f"{spec.target_table} batch {batch_id}: nothing to compare yet, 0 rows in the window{moved}, "
+                        f"{len(self.checks)} checks passed")
+            return (f"{spec.target_table} batch {batch_id}: reconciled{applied}, {self.rows_target} rows{moved}, "
                     f"{len(self.checks)} checks passed")
         failed = [c for c in self.checks if not c.passed]
         kinds: dict[str, int] = {}
         for d in self.differences:
-            label = d.kind if d.kind != "changed" else f"{', '.join(d.columns)} changed"
+            label = f"{', '.join(d.columns)} changed" if d.kind == "changed" else KIND_LABELS.get(d.kind, d.kind)
             kinds[label] = kinds.get(label, 0) + 1
         parts = ", ".join(f"{n} {label}" for label, n in sorted(kinds.items()))
         more = "" if self.complete else " (localisation stopped there: more differ)"
@@ -301,8 +324,59 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
             if len(verdict.differences) >= localise_limit:
                 verdict.complete = False
                 break
+        tell_deletions_apart(target_cur, spec, where, verdict)
         verdict.seconds_localising = time.perf_counter() - started - verdict.seconds
     return verdict
+
+
+def tell_deletions_apart(cur, spec: PipelineSpec, where: str, verdict: Verdict) -> None:  # ``where``: %% for %
+    """Of the keys the target holds and the source does not, those Tidemark loaded become
+    ``deleted_at_source``, each with a failing result (its key and the target's old values) for the
+    evidence; the others stay ``extra``."""
+    extra = [d for d in verdict.differences if d.kind == "extra"]
+    if not extra:
+        return
+    loaded = loaded_by_batches(cur, spec, where, [d.key for d in extra])
+    for d in extra:
+        if d.key in loaded:
+            d.kind, d.loaded_by = DELETED_AT_SOURCE, loaded[d.key]
+            verdict.checks.append(deletion_check(d))
+
+
+def deletion_check(d: Difference) -> Check:
+    """A row deleted at the source after a committed batch loaded it, as the evidence keeps it."""
+    return Check(DELETED_AT_SOURCE, f"key {key_text(d.key)}, loaded by batch {d.loaded_by}", "no row at the source",
+                 json.dumps(d.target, default=str), "deleted at the source after it was loaded", False)
+
+
+def loaded_by_batches(cur, spec: PipelineSpec, where: str, keys: list[tuple]) -> dict[tuple, str]:
+    """Of ``keys`` (target rows inside ``where``), those whose target row was written by the
+    transaction that committed a batch of this pipeline (the row's ``xmin`` is the committed
+    attempt's ledger row's: the sink writes both in one transaction), with that batch's id.
+
+    Nothing else marks a row as Tidemark's: a row inserted or updated in the warehouse by hand has
+    another writer, and stays ``extra``. PostgreSQL keeps a row's ``xmin`` when it freezes it; a
+    dump and restore (or a tool that rewrites rows) gives every row a new one, and such rows are
+    then reported ``extra``, as before deletions were told apart."""
+    from tidemark.repair import RepairError, key_filter, key_types
+
+    if not keys:
+        return {}
+    try:
+        names = list(spec.primary_key)
+        keyed = key_filter(names, key_types(cur, spec.target_table, names), [[str(v) for v in k] for k in keys])
+    except RepairError:  # a key type no filter can cast to: they stay extra
+        return {}
+    cols = ", ".join(quote(c) for c in names)
+    cur.execute(f"""SELECT {', '.join(f't.{quote(c)}' for c in names)}, w._tm_batch
+                      FROM (SELECT {cols}, xmin AS _tm_writer FROM {quote(spec.target_table)}
+                             WHERE ({where}) AND {keyed.replace('%', '%%')}) t
+                      JOIN (SELECT a.xmin AS _tm_writer, a.batch_id AS _tm_batch
+                              FROM tidemark_control.batch_attempts a JOIN tidemark_control.batches b USING (batch_id)
+                             WHERE b.pipeline = %(pipeline)s AND a.state = 'committed') w USING (_tm_writer)""",
+                {"pipeline": spec.name})
+    n = len(names)
+    return {tuple(row[:n]): row[n] for row in cur.fetchall()}
 
 
 def invariant_checks(cur, spec: PipelineSpec, where: str, timings: dict[str, float]) -> list[Check]:
@@ -591,12 +665,13 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     from tidemark import ledger
     from tidemark.window import Bound
 
-    after_repair = None
+    after_repair, deleted = None, []
     with warehouse_conn, warehouse_conn.cursor() as cur:
         mark = ledger.committed_watermark(cur, spec.name)
         repaired = ledger.repair(cur, batch_id) if batch_id is not None else None
         if repaired is not None:  # a repair batch: reconcile what it repaired (a batch, or the whole table)
             after_repair, batch_id = batch_id, repaired.repair_of
+            deleted = [d for d in ledger.repair_deletions(cur, after_repair) if d.kind == DELETED_AT_SOURCE]
         if batch_id is not None:
             pipeline, window, attempt = ledger.committed_batch(cur, batch_id)
             if pipeline != spec.name:
@@ -619,6 +694,9 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
                 verdict.checks.append(fresh)
     except LookupError as exc:
         raise ReconcileError(str(exc)) from None
+    verdict.deletions_applied = [
+        Check("source_deletion_applied", f"key {_joined(d.key)}, deleted by repair batch {after_repair}",
+              "no row at the source", json.dumps(d.old_values, default=str), None, True) for d in deleted]
     run_id = str(uuid.uuid4())
     docs = None
     if warehouse_url is not None:
@@ -639,10 +717,15 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
         line += f"; Data Docs: {docs}"
     with warehouse_conn, warehouse_conn.cursor() as cur:
         ledger.record_reconciliation(cur, run_id=run_id, pipeline=spec.name, batch_id=batch_id, attempt=attempt,
-                                     window=window, checks=verdict.checks, tolerance=spec.reconcile.tolerance,
+                                     window=window, checks=verdict.checks + verdict.deletions_applied,
+                                     tolerance=spec.reconcile.tolerance,
                                      tolerance_reason=spec.reconcile.tolerance_reason, code_version=code_version,
                                      repair_batch=after_repair)
     return Outcome(run_id, batch_id, window, verdict, line, report, docs, after_repair)
+
+
+def _joined(key: list[str]) -> str:
+    return key[0] if len(key) == 1 else f"({', '.join(key)})"
 
 
 def write_report(folder: Path, spec: PipelineSpec, subject: str, verdict: Verdict) -> Path:
@@ -660,17 +743,23 @@ def write_report(folder: Path, spec: PipelineSpec, subject: str, verdict: Verdic
                 continue
             tds = "".join(f'<td class="{"differs" if c in d.columns else ""}">{html.escape(str(row.get(c)))}</td>'
                           for c in columns)
-            cells.append(f"<tr><td>{html.escape(' '.join(map(str, d.key)))}</td><td>{d.kind}</td><td>{side}</td>{tds}</tr>")
+            kind = d.kind if d.loaded_by is None else f"{d.kind} (loaded by batch {html.escape(d.loaded_by)})"
+            cells.append(f"<tr><td>{html.escape(' '.join(map(str, d.key)))}</td><td>{kind}</td><td>{side}</td>{tds}</tr>")
     failed = "".join(f"<tr><td>{html.escape(c.check)}</td><td>{html.escape(c.subject)}</td>"
                      f"<td>{html.escape(str(c.expected))}</td><td>{html.escape(str(c.actual))}</td>"
                      f"<td>{html.escape(str(c.difference))}</td></tr>" for c in verdict.checks if not c.passed)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    gone = verdict.deleted_at_source
+    deletions = (f"""<p><b>{len(gone)} rows deleted at the source after a committed batch loaded them</b> (kind
+deleted_at_source; their old values are the target rows below). A repair deletes them from the target only when its
+run sets apply_source_deletes, and keeps each one in tidemark_control.repair_deletions; otherwise they stay and
+every reconciliation reports them.</p>""" if gone else "")
     (folder / "differences.html").write_text(f"""<!doctype html><meta charset="utf-8">
 <title>Tidemark reconciliation: {html.escape(spec.name)}</title>
 <style>body{{font-family:sans-serif}} td,th{{border:1px solid #ccc;padding:2px 6px}} .differs{{background:#fdd}}</style>
 <h1>{html.escape(spec.target_table)}: {html.escape(subject)}</h1>
 <p>{len(verdict.differences)} rows differ ({verdict.rows_source} source rows, {verdict.rows_target} target rows;
-{verdict.rows_read_localising} rows read to localise them). CSV: differences.csv</p>
+{verdict.rows_read_localising} rows read to localise them). CSV: differences.csv</p>{deletions}
 <h2>Failed checks</h2><table><tr><th>check</th><th>subject</th><th>expected (source)</th><th>actual (target)</th>
 <th>difference</th></tr>{failed}</table>
 <h2>Rows</h2><table><tr><th>key</th><th>kind</th><th>side</th>{head}</tr>{''.join(cells)}</table>

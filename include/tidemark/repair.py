@@ -1,14 +1,18 @@
 """Repair: re-load only the keys a reconciliation found differing, through the same BEGIN/END path.
 
-A repair batch is planned from a reconciliation's differences (missing, extra and changed rows).
-Its keys are kept in the ledger; its window reaches from the pipeline's start to the end of the
-repaired window, so the extract finds each key's current source version even where the row's
-cursor moved back; like a backfill it never moves the watermark. It then runs as any batch: a new
-batch id, BEGIN, the extract of those keys only, END with their counts and checksums, the sink. In
-the apply transaction the sink deletes the target's rows of those keys and inserts what was
-staged, so a key the source does not hold (an extra row) is gone afterwards; a staged record whose
-key is not one of them refuses the batch. The reconciliation that follows checks the repaired
-scope again, and the evidence keeps both verdicts.
+A repair batch is planned from a reconciliation's differences (missing, extra and changed rows,
+and rows deleted at the source after a batch loaded them). Its keys are kept in the ledger; its
+window reaches from the pipeline's start to the end of the repaired window, so the extract finds
+each key's current source version even where the row's cursor moved back; like a backfill it never
+moves the watermark. It then runs as any batch: a new batch id, BEGIN, the extract of those keys
+only, END with their counts and checksums, the sink. In the apply transaction the sink replaces the
+target's rows of the keys it staged; a key with nothing staged is deleted only where the plan
+allows it (``deletes``): an extra row always, a row deleted at the source only when the run asked
+for it (``apply_source_deletes``), each deleted row kept with its old values in
+``tidemark_control.repair_deletions``. Without that flag a row deleted at the source is not even
+re-extracted: it stays, and every later reconciliation reports it. A staged record whose key is
+not one of the keys refuses the batch. The reconciliation that follows checks the repaired scope
+again, and the evidence keeps both verdicts.
 
 Keys travel as the text forms of their columns and are cast back to the columns' own types (read
 from the catalog) inside the database, so an integer, a uuid or a ``char(3)`` compares as itself.
@@ -47,6 +51,26 @@ def keys_of(differences: Iterable[Any]) -> list[list[str]]:
     return [list(k) for k in seen]
 
 
+DELETED_AT_SOURCE = "deleted_at_source"  # reconcile.DELETED_AT_SOURCE
+
+
+def deletes(differences: Iterable[Any], apply_source_deletes: bool = False) -> dict[str, Any]:
+    """What a repair of ``differences`` may delete from the target where the source holds no
+    version of a key (the ledger's ``batches.repair_deletes``): the extra rows' keys always; the
+    keys of rows deleted at the source after a batch loaded them only with ``apply_source_deletes``
+    (they are listed either way, for the record)."""
+    differences = list(differences)
+    return {"apply_source_deletes": bool(apply_source_deletes),
+            "extra": keys_of(d for d in differences if getattr(d, "kind", None) == "extra"),
+            "deleted_at_source": keys_of(d for d in differences if getattr(d, "kind", None) == DELETED_AT_SOURCE)}
+
+
+def repair_keys(differences: Iterable[Any], apply_source_deletes: bool = False) -> list[list[str]]:
+    """The keys a repair re-extracts: every differing row's, except those deleted at the source
+    unless ``apply_source_deletes`` (without it the repair leaves them where they are)."""
+    return keys_of(d for d in differences if apply_source_deletes or getattr(d, "kind", None) != DELETED_AT_SOURCE)
+
+
 def window_for(spec: PipelineSpec, repaired: Window) -> Window:
     """From the pipeline's start to the repaired window's end, as a backfill (the watermark stays)."""
     return Window(Bound(spec.start), repaired.hi, backfill=True)
@@ -80,25 +104,34 @@ def key_filter(columns: list[str], types: list[str], keys: list[list[str]]) -> s
 
 
 def plan(spec: PipelineSpec, warehouse_conn, *, reconcile_run: str, repaired_batch: str | None, repaired: Window,
-         differences: list[Any], complete: bool = True):
+         differences: list[Any], complete: bool = True, apply_source_deletes: bool = False):
     """Record the repair batch for a reconciliation's ``differences`` (``complete``: the
-    localisation found every differing row); returns its ``batch.Plan``."""
+    localisation found every differing row; ``apply_source_deletes``: rows deleted at the source
+    after a batch loaded them are deleted from the target too); returns its ``batch.Plan``."""
     from tidemark import ledger
     from tidemark.batch import Plan
 
-    keys = keys_of(differences)
     if not complete:
-        raise RepairError(f"pipeline {spec.name}: the reconciliation stopped localising at {len(keys)} rows and more "
-                          "differ: a repair of some of them is not one; load the window again with a backfill run")
-    if not keys:
+        raise RepairError(f"pipeline {spec.name}: the reconciliation stopped localising at {len(keys_of(differences))} "
+                          "rows and more differ: a repair of some of them is not one; load the window again with a "
+                          "backfill run")
+    if not differences:
         raise RepairError(f"pipeline {spec.name}: the reconciliation found no differing rows: nothing to repair")
+    keys = repair_keys(differences, apply_source_deletes)
+    if not keys:
+        raise RepairError(f"pipeline {spec.name}: the {len(keys_of(differences))} differing row(s) were deleted at the "
+                          "source after a committed batch loaded them, and a repair deletes such rows only when asked. "
+                          "Next: if the deletion is legitimate, run the reconciliation again with repair=true and "
+                          "apply_source_deletes=true (each row is kept with its old values in "
+                          "tidemark_control.repair_deletions); if not, restore the rows at the source")
     if len(keys) > MAX_KEYS:
         raise RepairError(f"pipeline {spec.name}: {len(keys)} rows differ, more than a repair re-loads "
                           f"({MAX_KEYS}): load the window again with a backfill run instead")
     window = window_for(spec, repaired)
     batch_id = batch_id_for(spec.name, reconcile_run)
     with warehouse_conn, warehouse_conn.cursor() as cur:
-        ledger.record_repair_plan(cur, spec, batch_id, window, keys, repaired_batch, reconcile_run)
+        ledger.record_repair_plan(cur, spec, batch_id, window, keys, repaired_batch, reconcile_run,
+                                  deletes(differences, apply_source_deletes))
     return Plan(batch_id, window, reused=False, repair=True)
 
 

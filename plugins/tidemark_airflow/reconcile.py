@@ -23,11 +23,25 @@ NEXT_UNREACHABLE = ("set the cursor of those source rows to now() (any time afte
                     "in the spec")
 
 
-def failure(line: str, verdict, batch_id: str | None) -> str:
-    """A failed verdict's last words: what failed and the next step that works for it."""
+NEXT_SOURCE_DELETES = ("{n} row(s) were deleted at the source after a committed batch loaded them (the report "
+                       "lists each with its old values): if the deletion is legitimate, run {dag} with "
+                       "{which}, repair=true and apply_source_deletes=true (the repair batch deletes them and keeps "
+                       "each row in tidemark_control.repair_deletions); if not, restore them at the source")
+
+
+def failure(line: str, verdict, batch_id: str | None, pipeline: str | None = None) -> str:
+    """A failed verdict's last words: what failed and the next step that works for it (``pipeline``:
+    to name the DAG that repairs)."""
     failed = [c for c in verdict.checks if not c.passed]
     if [c.check for c in failed] == ["unreachable_rows"]:  # nothing differs inside the window: no report
         return f"{line}: {failed[0].subject}. Next: {NEXT_UNREACHABLE}"
+    deleted = [d for d in verdict.differences if d.kind == "deleted_at_source"]
+    if deleted:
+        which = f"batch_id={batch_id}" if batch_id else "scope=full"
+        rest = len(verdict.differences) - len(deleted)
+        others = (f"; for the other {rest} row(s): " + NEXT_MISMATCH.format(batch=batch_id or "''")) if rest else ""
+        dag = f"tidemark_reconcile_{pipeline}" if pipeline else "the reconciliation DAG"
+        return f"{line}. Next: " + NEXT_SOURCE_DELETES.format(n=len(deleted), dag=dag, which=which) + others
     return f"{line}. Next: " + NEXT_MISMATCH.format(batch=batch_id or "''")
 
 
@@ -49,8 +63,9 @@ class ReconcileOperator(BaseOperator):
     """Reconcile a committed batch of the pipeline (or the whole table: param ``scope: full``).
 
     With param ``repair: true`` differing rows do not fail the task: their keys become a repair
-    batch (pushed as XCom ``repair_batch``) for the nightly DAG to load. ``again_after``: reconcile
-    what that task reconciled (the second verdict, after the repair)."""
+    batch (pushed as XCom ``repair_batch``) for the nightly DAG to load; rows deleted at the source
+    after a batch loaded them are part of it only with ``apply_source_deletes: true``. ``again_after``:
+    reconcile what that task reconciled (the second verdict, after the repair)."""
 
     template_fields = ("spec_path",)
 
@@ -113,7 +128,7 @@ class ReconcileOperator(BaseOperator):
             if repairing and verdict.differences:
                 result[REPAIR_BATCH] = self._plan_repair(spec, outcome, what, context)
                 return result
-            raise AirflowFailException(failure(outcome.line, verdict, batch_id))
+            raise AirflowFailException(failure(outcome.line, verdict, outcome.batch_id, spec.name))
         self.log.info("%s: %s", what, outcome.line)
         return result
 
@@ -121,16 +136,26 @@ class ReconcileOperator(BaseOperator):
         from tidemark import repair
 
         warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
+        apply_deletes = bool(context["params"].get("apply_source_deletes"))
+        differences = outcome.verdict.differences
         try:
             plan = repair.plan(spec, warehouse, reconcile_run=outcome.run_id, repaired_batch=outcome.batch_id,
-                               repaired=outcome.window, differences=outcome.verdict.differences,
-                               complete=outcome.verdict.complete)
+                               repaired=outcome.window, differences=differences,
+                               complete=outcome.verdict.complete, apply_source_deletes=apply_deletes)
         except repair.RepairError as exc:
             raise AirflowFailException(f"{outcome.line}. {exc}") from None
         finally:
             warehouse.close()
         self.log.warning("%s: repair batch %s planned for %s differing key(s); tidemark_batch_%s loads it next "
                          "(BEGIN/END, a new batch that never moves the watermark), then this run reconciles again",
-                         what, plan.batch_id, len(repair.keys_of(outcome.verdict.differences)), spec.name)
+                         what, plan.batch_id, len(repair.repair_keys(differences, apply_deletes)), spec.name)
+        deleted = repair.deletes(differences, apply_deletes)["deleted_at_source"]
+        if deleted and apply_deletes:
+            self.log.warning("%s: apply_source_deletes=true: the repair deletes %s row(s) deleted at the source from "
+                             "the target, each kept with its old values in tidemark_control.repair_deletions",
+                             what, len(deleted))
+        elif deleted:
+            self.log.warning("%s: %s row(s) deleted at the source after a batch loaded them stay in the target "
+                             "(apply_source_deletes is false): the second verdict reports them", what, len(deleted))
         context["ti"].xcom_push(key=REPAIR_BATCH, value=plan.batch_id)
         return plan.batch_id

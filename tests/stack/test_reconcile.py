@@ -112,6 +112,37 @@ def test_each_fault_is_detected_and_localised_to_exactly_its_rows(loaded, fault,
     assert verdict.rows_read_localising <= 0.2 * (verdict.rows_source + verdict.rows_target)
 
 
+def test_rows_deleted_at_the_source_after_the_load_are_told_from_rows_no_batch_wrote(loaded):
+    """Loaded rows the source has deleted since are deleted_at_source (the transaction that committed
+    the batch wrote them), each a failing result with the target's old values; a row inserted in the
+    warehouse by hand is extra, and so is a loaded row edited by hand that the source then deleted
+    (that version is no batch's)."""
+    pipe, plan, _ = loaded
+    src, wh = pipe.src(), pipe.wh()
+    try:
+        with src.cursor() as s, wh.cursor() as t:  # both rolled back after
+            s.execute(f"DELETE FROM {pipe.spec.table} WHERE entry_id IN (1, 2, 3)")
+            t.execute(f"INSERT INTO {pipe.spec.target_table} SELECT 900001, txn_id, amount, currency, memo, created_at "
+                      f"FROM {pipe.spec.target_table} WHERE entry_id = 7")
+            t.execute(f"UPDATE {pipe.spec.target_table} SET memo = 'entry 3 (edited)' WHERE entry_id = 3")
+            verdict = reconcile.reconcile(pipe.spec, plan.window, s, t)
+    finally:
+        for conn in (src, wh):
+            conn.rollback()
+            conn.close()
+    assert [(d.key[0], d.kind, d.loaded_by) for d in verdict.differences] == [
+        (1, "deleted_at_source", plan.batch_id), (2, "deleted_at_source", plan.batch_id), (3, "extra", None),
+        (900001, "extra", None)]
+    found = [(c.subject, json.loads(c.actual)["memo"], c.difference, c.passed) for c in verdict.checks
+             if c.check == "deleted_at_source"]
+    assert found == [(f"key 1, loaded by batch {plan.batch_id}", "entry 1", "deleted at the source after it was loaded",
+                      False),
+                     (f"key 2, loaded by batch {plan.batch_id}", "entry 2", "deleted at the source after it was loaded",
+                      False)]
+    line = verdict.summary(pipe.spec, plan.batch_id)
+    assert "4 rows differ: 2 deleted at the source after loading, 2 extra;" in line and "deleted_at_source" in line
+
+
 def test_invariants_beside_the_passes_give_the_same_verdict_on_the_same_snapshot(loaded):
     """As the DAG runs them: the double entry on a second warehouse connection, at the same time as
     the passes, on the target's exported snapshot (a committed fault, then undone)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import psycopg2
+import psycopg2.errors
 import pytest
 
 from tidemark import jobs, reconcile, repair
@@ -134,3 +136,110 @@ def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(setting
     assert pipe.query_wh(f"SELECT amount::text FROM {pipe.spec.target_table} WHERE id = 8") == [("888.88",)]
     again = _reconcile(pipe, tmp_path, batch_id=fixed.batch_id)
     assert again.verdict.passed and again.batch_id is None and again.after_repair == fixed.batch_id
+
+
+def _repair_with(pipe, outcome, *, apply_source_deletes: bool):
+    """The repair batch of ``outcome`` planned as the DAG plans it with that param, then loaded."""
+    wh = pipe.wh()
+    try:
+        planned = repair.plan(pipe.spec, wh, reconcile_run=outcome.run_id, repaired_batch=outcome.batch_id,
+                              repaired=outcome.window, differences=outcome.verdict.differences,
+                              complete=outcome.verdict.complete, apply_source_deletes=apply_source_deletes)
+    finally:
+        wh.close()
+    return pipe.load(planned)
+
+
+def _freeze(pipe, *tables):
+    """VACUUM FREEZE: a row's xmin, what tells a loaded row from a forged one, survives it."""
+    wh = pipe.wh()
+    wh.autocommit = True
+    try:
+        with wh.cursor() as cur:
+            for table in tables:
+                cur.execute(f"VACUUM (FREEZE) {table}")
+    finally:
+        wh.close()
+
+
+def test_rows_deleted_at_the_source_after_their_load_are_a_finding_and_leave_only_when_asked(settings, tmp_path):
+    """Two loaded rows deleted at the source: reported as deleted at the source (not extra) with
+    their old values, in the line, the report and the evidence; a row forged in the target stays
+    extra. A repair without apply_source_deletes re-loads the others and leaves them, and the
+    second verdict still reports them; with it they are deleted, each kept with its old values,
+    and the verdict says so."""
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, reconcile=RECONCILE)  # upserts
+    insert_payments(pipe, 1, 100)
+    plan, _ = pipe.run("run-1")
+    target = pipe.spec.target_table
+    src = pipe.src()
+    with src, src.cursor() as cur:
+        cur.execute(f"DELETE FROM {pipe.spec.table} WHERE id IN (30, 31)")
+    src.close()
+    wh = pipe.wh()
+    with wh, wh.cursor() as cur:  # a forged row (its cursor inside the window) and a changed one
+        cur.execute(f"INSERT INTO {target} (id, amount, currency, updated_at) "
+                    f"SELECT 9999, 1.00, 'EUR', updated_at FROM {target} WHERE id = 1")
+        cur.execute(f"UPDATE {target} SET amount = amount + 0.01 WHERE id = 10")
+    wh.close()
+    _freeze(pipe, target, "tidemark_control.batch_attempts")
+
+    first = _reconcile(pipe, tmp_path, batch_id=plan.batch_id)
+    assert not first.verdict.passed
+    assert sorted((d.key[0], d.kind, d.loaded_by) for d in first.verdict.differences) == [
+        (10, "changed", None), (30, "deleted_at_source", plan.batch_id), (31, "deleted_at_source", plan.batch_id),
+        (9999, "extra", None)]
+    assert "4 rows differ: 1 amount changed, 2 deleted at the source after loading, 1 extra;" in first.line, first.line
+    assert ": reconciled" not in first.line
+    csv = (first.report.parent / "differences.csv").read_text()
+    assert "30,deleted_at_source,target,,30,11.10," in csv and "9999,extra,target" in csv, csv
+    assert "2 rows deleted at the source after a committed batch loaded them" in first.report.read_text()
+    evidence = pipe.query_wh("SELECT subject, expected, actual, verdict FROM tidemark_control.reconciliation_results "
+                             "WHERE run_id = %s AND check_name = 'deleted_at_source' ORDER BY id", (first.run_id,))
+    assert [(s, e, json.loads(a)["amount"], v) for s, e, a, v in evidence] == [
+        (f"key 30, loaded by batch {plan.batch_id}", "no row at the source", "11.10", "fail"),
+        (f"key 31, loaded by batch {plan.batch_id}", "no row at the source", "11.47", "fail")]
+
+    # without apply_source_deletes: the changed and the extra row are repaired, the deletions stay
+    fixed, attempt = _repair_with(pipe, first, apply_source_deletes=False)
+    (keys, deletes), = pipe.query_wh("SELECT repair_keys, repair_deletes FROM tidemark_control.batches "
+                                     "WHERE batch_id = %s", (fixed.batch_id,))
+    assert keys == [["10"], ["9999"]] and deletes == {
+        "apply_source_deletes": False, "extra": [["9999"]], "deleted_at_source": [["30"], ["31"]]}
+    assert pipe.ledger(fixed.batch_id) == [(attempt, "committed", 1, None)]
+    assert pipe.query_wh(f"SELECT id FROM {target} WHERE id IN (10, 30, 31, 9999) ORDER BY id") == [
+        (10,), (30,), (31,)]
+    assert pipe.query_wh("SELECT kind, key, old_values->>'amount' FROM tidemark_control.repair_deletions "
+                         "WHERE batch_id = %s", (fixed.batch_id,)) == [("extra", ["9999"], "1.00")]
+    second = _reconcile(pipe, tmp_path, batch_id=fixed.batch_id)
+    assert not second.verdict.passed and second.after_repair == fixed.batch_id
+    assert [(d.key[0], d.kind) for d in second.verdict.differences] == [
+        (30, "deleted_at_source"), (31, "deleted_at_source")]
+    assert "2 rows differ: 2 deleted at the source after loading;" in second.line and ": reconciled" not in second.line
+    with pytest.raises(repair.RepairError, match="apply_source_deletes=true"):  # nothing else to repair
+        _repair_with(pipe, second, apply_source_deletes=False)
+
+    # with apply_source_deletes: the repair deletes them and keeps each one with its old values
+    applied, attempt = _repair_with(pipe, second, apply_source_deletes=True)
+    assert pipe.ledger(applied.batch_id) == [(attempt, "committed", 0, None)]
+    assert pipe.query_wh("SELECT repair_of, repair_keys, repair_deletes->'apply_source_deletes' "
+                         "FROM tidemark_control.batches WHERE batch_id = %s", (applied.batch_id,)) == [
+        (plan.batch_id, [["30"], ["31"]], True)]
+    assert pipe.rows("source", "amount, currency, updated_at") == pipe.rows("target", "amount, currency, updated_at")
+    kept = pipe.query_wh("SELECT kind, key, old_values FROM tidemark_control.repair_deletions WHERE batch_id = %s "
+                         "ORDER BY id", (applied.batch_id,))
+    assert [(k, key, old["id"], old["amount"], old["currency"]) for k, key, old in kept] == [
+        ("deleted_at_source", ["30"], 30, 11.10, "EUR"), ("deleted_at_source", ["31"], 31, 11.47, "EUR")]
+    third = _reconcile(pipe, tmp_path, batch_id=applied.batch_id)
+    assert third.verdict.passed, [c for c in third.verdict.checks if not c.passed]
+    assert f"batch {plan.batch_id}: reconciled after applying 2 source deletions, 98 rows" in third.line, third.line
+    assert pipe.query_wh("SELECT subject, verdict FROM tidemark_control.reconciliation_results WHERE run_id = %s "
+                         "AND check_name = 'source_deletion_applied' ORDER BY id", (third.run_id,)) == [
+        (f"key 30, deleted by repair batch {applied.batch_id}", "pass"),
+        (f"key 31, deleted by repair batch {applied.batch_id}", "pass")]
+    assert _verdicts(pipe, plan.batch_id) == [(first.run_id, False), (second.run_id, False), (third.run_id, True)]
+
+    for change in ("UPDATE tidemark_control.repair_deletions SET kind = 'extra' WHERE batch_id = %s",
+                   "DELETE FROM tidemark_control.repair_deletions WHERE batch_id = %s"):
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege, match="append-only evidence"):
+            pipe.query_wh(change, (applied.batch_id,))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidemark.reconcile import Check, Verdict
+from tidemark.reconcile import Check, Difference, Verdict
 from tidemark_airflow.reconcile import failure
 
 
@@ -22,3 +22,23 @@ def test_any_other_failure_points_at_the_report_and_the_rerun():
     for failed in (("hash_total",), ("unreachable_rows", "hash_total")):
         text = failure("t batch b: checks failed", _verdict(*failed), "b")
         assert "Next: open the report" in text and "batch_id=b" in text
+
+
+def _with_deletions(*kinds: str) -> Verdict:
+    verdict = _verdict("row_count")
+    verdict.differences = [Difference((i,), kind, None, {}) for i, kind in enumerate(kinds)]
+    return verdict
+
+
+def test_rows_deleted_at_the_source_point_at_apply_source_deletes_or_restoring_them():
+    text = failure("t batch b: 2 rows differ", _with_deletions("deleted_at_source", "deleted_at_source"), "b", "p")
+    assert ("Next: 2 row(s) were deleted at the source after a committed batch loaded them" in text
+            and "run tidemark_reconcile_p with batch_id=b, repair=true and apply_source_deletes=true" in text and "restore them at the source" in text)
+    assert "open the report, find why" not in text
+    full = failure("t batch (full table): 1 rows differ", _with_deletions("deleted_at_source"), None)
+    assert "scope=full, repair=true and apply_source_deletes=true" in full
+
+
+def test_deletions_beside_other_differences_name_both_next_steps():
+    text = failure("t batch b: 2 rows differ", _with_deletions("deleted_at_source", "changed"), "b")
+    assert "Next: 1 row(s) were deleted at the source" in text and "for the other 1 row(s): open the report" in text

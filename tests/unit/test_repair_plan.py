@@ -65,3 +65,27 @@ def test_nothing_to_repair_or_too_much_is_said_before_anything_is_planned():
     many = [SimpleNamespace(key=(i, "d")) for i in range(repair.MAX_KEYS + 1)]
     with pytest.raises(repair.RepairError, match="backfill run instead"):
         repair.plan(spec, None, reconcile_run="r", repaired_batch=None, repaired=window, differences=many)
+
+
+def _diff(key, kind):
+    return SimpleNamespace(key=(key,), kind=kind)
+
+
+DIFFS = [_diff(10, "changed"), _diff(5, "missing"), _diff(9999, "extra"), _diff(30, "deleted_at_source"),
+         _diff(31, "deleted_at_source")]
+
+
+def test_rows_deleted_at_the_source_are_re_extracted_and_deletable_only_when_the_run_asks():
+    assert repair.repair_keys(DIFFS) == [["10"], ["5"], ["9999"]]
+    assert repair.deletes(DIFFS) == {"apply_source_deletes": False, "extra": [["9999"]],
+                                     "deleted_at_source": [["30"], ["31"]]}
+    assert repair.repair_keys(DIFFS, apply_source_deletes=True) == [["10"], ["5"], ["9999"], ["30"], ["31"]]
+    assert repair.deletes(DIFFS, True)["apply_source_deletes"] is True
+
+
+def test_a_repair_of_deletions_alone_without_the_flag_is_refused_with_the_next_step():
+    spec = PipelineSpec.model_validate(SPEC)
+    window = repair.window_for(spec, Window(Bound(spec.start), Bound(spec.start)))
+    with pytest.raises(repair.RepairError, match="2 differing row.s. were deleted at the source.*"
+                                                 "repair=true and apply_source_deletes=true"):
+        repair.plan(spec, None, reconcile_run="r", repaired_batch=None, repaired=window, differences=DIFFS[3:])
