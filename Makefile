@@ -26,7 +26,7 @@ SEED ?=
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
 bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down status logs ui demo test bench bench-stream bench-reconcile bench-flood campaign kill-trials profile-sink clean
+.PHONY: help bootstrap up down start stop status logs ui demo test bench bench-stream bench-reconcile bench-flood campaign kill-trials profile-sink clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -39,6 +39,13 @@ up: bootstrap
 
 down:
 	@if [ -x $(PY) ]; then $(STACK) down; fi
+
+# one component, the rest stays up: C=postgres, kafka, airflow, or one Airflow service (scheduler, ...)
+start:
+	@$(STACK) start $(C)
+
+stop:
+	@if [ -x $(PY) ]; then $(STACK) stop $(C); fi
 
 status:
 	@$(STACK) status

@@ -8,7 +8,8 @@ and the checkpoint renders Data Docs into ``<root>/gx/uncommitted/data_docs/loca
 The GX context is a file context under ``root``, built at run time (never at DAG parse time: the
 import alone takes seconds). The warehouse connection string reaches GX through an environment
 variable that the context's config names (``${TIDEMARK_GX_WAREHOUSE}``), so no password is written
-to its files.
+to its files. Its progress bars are off (``quiet_progress_bars``): nothing of GX's progress reaches
+a task log, where stderr counts as an error.
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ def sqlalchemy_url(host: str, port: int | None, database: str, user: str, passwo
     return f"postgresql+psycopg2://{escape(user, safe='')}:{escape(password, safe='')}@{host}:{port or 5432}/{database}"
 
 
+def quiet_progress_bars(context) -> None:
+    """No "Calculating Metrics" progress bars: GX draws them with tqdm on stderr, which an Airflow
+    task's log records at ERROR level, one line per refresh. Off in the context's config (the only
+    switch GX reads: it passes ``disable=`` to tqdm itself, so ``TQDM_DISABLE`` cannot turn them off),
+    and saved, so a context reopened from the same folder stays quiet too."""
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    current = context.variables.progress_bars
+    if current is not None and current.get("globally") is False and current.get("metric_calculations") is False:
+        return
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    context.variables.save()
+
+
 def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: str, run_name: str
              ) -> tuple[list[Expected], Path]:
     """Run the pipeline's suite over ``SELECT * FROM target WHERE where``; the results, and the Data
@@ -50,6 +65,7 @@ def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: 
 
     os.environ[URL_ENV] = url
     context = gx.get_context(mode="file", project_root_dir=str(root))
+    quiet_progress_bars(context)
     source = context.data_sources.add_or_update_postgres(name="tidemark_warehouse",
                                                          connection_string="${" + URL_ENV + "}")
     # One asset, validation definition and checkpoint per pipeline, replaced at each run: the
@@ -92,4 +108,21 @@ def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: 
                 found.append(Expected(f"gx:{config.type}", subject, f"every value in {values}",
                                       f"{outcome.get('unexpected_count', 0)} rows outside", bool(item.success)))
     index = root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+    offline_data_docs(index.parent, run_name)
     return found, index
+
+
+def offline_data_docs(site: Path, run_name: str) -> None:
+    """Data Docs that render with no internet: GX's pages load jQuery, Bootstrap, bootstrap-table and
+    Font Awesome from CDNs (offline the index is blank: bootstrap-table draws its tables). The pages
+    this run rendered or changed (index, suites, its validation page) are pointed at small local
+    equivalents written into the site (``tidemark.evidence.offline_site``); the evidence page serves
+    the site the same way. A failure here costs only the offline view, never the verdict."""
+    import logging
+
+    from tidemark.evidence import offline_site
+
+    try:
+        offline_site(site, run_name)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("Data Docs in %s left as GX wrote them (CDN assets): %s", site, exc)

@@ -5,6 +5,14 @@ unfinished attempts, recent failures and dead letters not yet in the dead-letter
 every window back (the planner's clamp) and any prepared transaction. In the warehouse: stage
 tables nobody will apply or drop any more.
 
+Health: whether the Kafka broker, the warehouse and each source answer, each check bounded by a
+couple of seconds (``CHECK_TIMEOUT_S``), and since when one does not: the first failed check of an
+outage is kept in a small JSON file (``health_file``, under the state directory), not in the
+control schema, because the page never writes to a database and the warehouse is one of the
+things that may be down. Per pipeline, what holds it (a component down, a crash-looping or silent
+standing sink, a stream paused by a person, a source transaction holding the window) and the next
+step that works (``Hold``).
+
 Read-only by construction: every connection is switched to a read-only session in autocommit, so
 each query is its own short transaction. The page therefore never holds a lock between queries
 (the sink's DROP of a stage table never waits on it) and never keeps a transaction open on the
@@ -14,14 +22,19 @@ Airflow import.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from tidemark import ledger
-from tidemark.config import CONN_SOURCE
+from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
 from tidemark.sink import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark.window import SourceClock, read_source_clock
@@ -30,6 +43,8 @@ FAILURE_WINDOW = timedelta(days=7)
 APPLICATION_NAME = "tidemark-status"  # how the page's own sessions show in pg_stat_activity
 UNFINISHED = ("open", "sealed")
 FAILED = ("refused", "aborted")
+CHECK_TIMEOUT_S = 2.0  # each health check: a connect (libpq's minimum is 2 s) or a broker's metadata
+log = logging.getLogger(__name__)
 
 
 # --- pipeline specs ---------------------------------------------------------------------------
@@ -155,6 +170,32 @@ class StageTable:
 
 
 @dataclass(frozen=True)
+class Health:
+    """One component's check: the Kafka broker, the warehouse, or a source database."""
+
+    component: str  # "kafka", "warehouse" or "source <conn_id>": the key in the health file
+    kind: str  # broker, warehouse, source
+    conn_id: str
+    address: str | None  # bootstrap servers, or host:port/database (never a password)
+    reachable: bool
+    checked_at: datetime
+    since: datetime | None = None  # unreachable: the first failed check of this outage
+    last_ok: datetime | None = None  # the last check that found it reachable
+    error: str | None = None
+    next_step: str | None = None  # unreachable: what to do
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Something that keeps a pipeline from moving, and the next step that works."""
+
+    by: str  # warehouse, source, broker, sink, person, transaction
+    what: str
+    since: datetime | None
+    next: str
+
+
+@dataclass(frozen=True)
 class PipelineStatus:
     name: str
     spec_path: str
@@ -163,6 +204,7 @@ class PipelineStatus:
     cursor_kind: str | None = None
     ledger: PipelineLedger = field(default_factory=PipelineLedger)
     lag: Lag | None = None
+    held_by: list[Hold] = field(default_factory=list)  # what keeps it from moving, root causes first
 
 
 @dataclass(frozen=True)
@@ -197,6 +239,11 @@ class StatusReport:
     sources: list[SourceStatus]
     orphan_stage_tables: list[StageTable]
     streams: list[StreamStatus] = field(default_factory=list)
+    health: list[Health] = field(default_factory=list)  # broker, warehouse, sources (what was checked)
+    warehouse_error: str | None = None  # the warehouse did not answer: no ledger to show
+
+    def broker_down(self) -> bool:
+        return any(h.kind == "broker" and not h.reachable for h in self.health)
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(self)
@@ -357,6 +404,211 @@ def watermark_lag(cur, spec: PipelineSpec, watermark: Watermark | None, source: 
     return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=clock.holds_back(spec.safe_lag))
 
 
+# --- health: broker and databases, and since when one is down ----------------------------------
+
+@dataclass(frozen=True)
+class Probe:
+    """One check's raw outcome, before the health file says since when."""
+
+    component: str
+    kind: str
+    conn_id: str
+    address: str | None
+    error: str | None  # None: reachable
+
+
+def probe_broker(bootstrap: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
+    """None when a broker answers a metadata request, else why not. A TCP connect to the bootstrap
+    servers first (a stopped broker refuses at once, and librdkafka would log every refusal), then
+    the metadata request: at most about twice ``timeout_s`` in all, never longer."""
+    import socket
+
+    servers = [h.strip().split("://")[-1] for h in (bootstrap or "").split(",") if h.strip()]
+    if not servers:
+        return "no bootstrap servers configured"
+    deadline = time.monotonic() + timeout_s
+    refused = []
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]") or "localhost", int(port)),
+                                     timeout=max(0.2, deadline - time.monotonic())).close()
+            break
+        except (OSError, ValueError) as exc:
+            refused.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
+    else:
+        return "no bootstrap server accepts a connection (" + "; ".join(refused) + ")"
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000),
+                         "socket.connection.setup.timeout.ms": int(timeout_s * 1000), "log_level": 0})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except Exception as exc:  # KafkaException: the port is open but no broker answers (starting, stopping)
+        return f"the broker accepts connections but does not answer: {error_text(exc)}"
+    if not metadata.brokers:
+        return "the cluster's metadata lists no broker"
+    return None
+
+
+def pg_address(conn) -> str | None:
+    """host:port/database of a psycopg2 connection (its DSN parameters, never the password)."""
+    try:
+        p = conn.get_dsn_parameters()
+    except Exception:
+        return None
+    return f"{p.get('host')}:{p.get('port')}/{p.get('dbname')}"
+
+
+def _cannot_connect(error: str | None) -> bool:
+    text = (error or "").lower()
+    return any(t in text for t in ("connection refused", "could not connect", "timeout expired", "timed out",
+                                   "no route to host", "is the server running", "server closed the connection",
+                                   "name or service not known", "could not translate host name"))
+
+
+def next_step(kind: str, conn_id: str, error: str | None) -> str:
+    """The next step for a component that does not answer. The commands are the local stack's
+    (README, "Troubleshooting"); elsewhere, the same service is started the deployment's way."""
+    if kind == "broker":
+        if error and error.startswith(("no bootstrap servers", "connection ")):
+            return f"set bootstrap.servers in the Airflow connection {conn_id}"
+        return ("start the broker: `make start C=kafka` (or `python -m tidemark_workshop.stack start kafka`); "
+                "why it stopped: `make logs C=kafka`")
+    if error and "statement timeout" in error:
+        return "it answers too slowly: see what it is busy with (pg_stat_activity, `make logs C=postgres`)"
+    if error and not _cannot_connect(error):  # it answers, but refuses this login or database
+        return f"fix the Airflow connection {conn_id} (the error says what)"
+    return ("start PostgreSQL: `make start C=postgres` (or `python -m tidemark_workshop.stack start postgres`); "
+            "why it stopped: `make logs C=postgres`")
+
+
+def _parse_time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value) if value else None
+    except (TypeError, ValueError):
+        return None
+
+
+def track_health(probes: Iterable[Probe], state: Mapping[str, Any], now: datetime) -> tuple[list[Health], dict]:
+    """The checks with since when each component is down, and the health file's next content.
+
+    ``state`` is the file's content (``{"components": {name: {"down_since", "last_ok"}}}``): a
+    component down keeps the first failed check of its outage; one that answers clears it. The
+    components not checked this time keep their entry (another caller checks other sources)."""
+    known = dict((state or {}).get("components") or {})
+    healths = []
+    for probe in probes:
+        was = known.get(probe.component) or {}
+        last_ok = _parse_time(was.get("last_ok"))
+        if probe.error is None:
+            known[probe.component] = {"down_since": None, "last_ok": now.isoformat()}
+            healths.append(Health(probe.component, probe.kind, probe.conn_id, probe.address, True, now,
+                                  last_ok=now))
+            continue
+        since = _parse_time(was.get("down_since")) or now
+        known[probe.component] = {"down_since": since.isoformat(), "last_ok": last_ok.isoformat() if last_ok else None}
+        healths.append(Health(probe.component, probe.kind, probe.conn_id, probe.address, False, now, since, last_ok,
+                              probe.error, next_step(probe.kind, probe.conn_id, probe.error)))
+    return healths, {"components": known}
+
+
+def health_file() -> Path:
+    """Where the first failed check of each outage is kept: ``$TIDEMARK_STATE_DIR/status/health.json``
+    (the local stack sets it for every process), else a folder in the system's temporary directory."""
+    import tempfile
+
+    root = os.environ.get("TIDEMARK_STATE_DIR")
+    return (Path(root) / "status" if root else Path(tempfile.gettempdir()) / "tidemark-status") / "health.json"
+
+
+def remember_health(probes: Iterable[Probe], path: Path | None, now: datetime | None = None) -> list[Health]:
+    """``track_health`` against the file at ``path``: read, merged and replaced under an exclusive
+    lock (the page's threads and `make status` may check at the same moment). A file that cannot be
+    read or written costs only the "since": the outage then dates from this check."""
+    import fcntl
+
+    now = now or datetime.now(timezone.utc)
+    probes = list(probes)
+    if path is None:
+        return track_health(probes, {}, now)[0]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state = json.loads(path.read_text())
+            except (FileNotFoundError, ValueError):
+                state = {}
+            healths, state = track_health(probes, state, now)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+            return healths
+    except OSError as exc:
+        log.warning("health file %s not usable (%s): outages date from this check", path, exc)
+        return track_health(probes, {}, now)[0]
+
+
+# --- what holds a pipeline --------------------------------------------------------------------
+
+def pipeline_holds(p: PipelineStatus, *, health: Iterable[Health], source: SourceStatus | None,
+                   stream: StreamStatus | None, now: datetime, lease: timedelta | None = None) -> list[Hold]:
+    """What keeps the pipeline from moving, root causes first: the warehouse, its source or the
+    broker down; its standing sink crash-looping, silent (no heartbeat within its lease) or not
+    running; its stream paused or stopped by a person; a source transaction holding its window."""
+    if p.error:
+        return []
+    holds = []
+    for h in sorted(health, key=lambda h: ("warehouse", "source", "broker").index(h.kind)):
+        if h.reachable or not (h.kind in ("warehouse", "broker")
+                               or (h.kind == "source" and h.conn_id == p.source_conn_id)):
+            continue
+        name = {"warehouse": "warehouse", "broker": "Kafka broker"}.get(h.kind, f"source {h.conn_id}")
+        holds.append(Hold(h.kind, f"{name} unreachable ({h.address or h.conn_id})", h.since, h.next_step or ""))
+    control = f"trigger the DAG tidemark_stream_control with pipeline={p.name}"
+    if stream is not None:
+        if stream.crash_looping_since is not None:
+            holds.append(Hold("sink", "standing sink crash-looping", stream.crash_looping_since,
+                              "fix the cause (the tidemark_supervisor task log names the sink's last error), "
+                              f"then {control} action=clear"))
+        elif stream.desired != "running":
+            who = f" by {stream.changed_by}" if stream.changed_by else ""
+            why = f": {stream.reason}" if stream.reason else ""
+            holds.append(Hold("person", f"stream {stream.desired}{who}{why}", stream.changed_at,
+                              f"{control} action=resume"))
+        elif stream.heartbeat_at is not None and stream.ended_at is not None:
+            holds.append(Hold("sink", "standing sink not running", stream.ended_at,
+                              "the supervisor starts it within a minute while tidemark_supervisor runs "
+                              "(unpaused, scheduler up: `make ui`)"))
+        elif stream.heartbeat_at is not None and lease is not None and now - stream.heartbeat_at > lease:
+            holds.append(Hold("sink", f"standing sink silent: no heartbeat for {format_duration(now - stream.heartbeat_at)} "
+                                      f"(lease {format_duration(lease)})", stream.heartbeat_at,
+                              "the supervisor restarts a hung sink while tidemark_supervisor runs (unpaused, scheduler "
+                              "up: `make ui`); its log is in the streams directory"))
+    if p.lag is not None and p.lag.held_back and source is not None and source.error is None:
+        x, t = source.oldest_open_xact, source.oldest_prepared
+        if t is not None:
+            holds.append(Hold("transaction", f"prepared transaction {t.gid!r} on {source.conn_id} (owner {t.owner})",
+                              t.prepared, f"COMMIT PREPARED '{t.gid}' or ROLLBACK PREPARED '{t.gid}' on the source"))
+        if x is not None:
+            holds.append(Hold("transaction", f"open transaction on {source.conn_id}: pid {x.pid}, user {x.usename}, "
+                                             f"application {x.application_name!r}, {x.state}", x.xact_start,
+                              f"end it (commit or roll back in that session), or SELECT pg_terminate_backend({x.pid}) "
+                              "on the source"))
+    return holds
+
+
+def hold_text(hold: Hold, now: datetime | None = None) -> str:
+    """held by: <what> since <time> (<how long>), next: <step>"""
+    since = ""
+    if hold.since is not None:
+        since = f" since {utc_iso(hold.since)}"
+        if now is not None:
+            since += f" ({format_duration(now - hold.since)})"
+    return f"held by: {hold.what}{since}, next: {hold.next}"
+
+
 # --- the whole page ---------------------------------------------------------------------------
 
 def error_text(exc: BaseException) -> str:
@@ -371,18 +623,53 @@ def collect(
     *,
     pipelines_directory: Path | None = None,
     failure_window: timedelta = FAILURE_WINDOW,
+    open_warehouse: Callable[[], Any] | None = None,
+    kafka_bootstrap: str | BaseException | None = None,
+    kafka_conn_id: str = CONN_KAFKA,
+    health_path: Path | None = None,
+    broker_probe: Callable[[str], str | None] = probe_broker,
 ) -> StatusReport:
-    """The status of every pipeline. ``warehouse_conn`` is the caller's; ``open_source(conn_id)``
-    opens a connection to a source, closed here. A source that fails shows its error."""
+    """The status of every pipeline. ``warehouse_conn`` is the caller's, or None: then
+    ``open_warehouse()`` opens one (closed here), and a warehouse that does not answer is shown as
+    unreachable instead of failing the report. ``open_source(conn_id)`` opens a connection to a
+    source, closed here; a source that fails shows its error. ``kafka_bootstrap``: the broker to
+    check (an exception: its connection could not be resolved; None: no broker check). Each
+    outage's first failed check is kept in ``health_path`` (None: the outage dates from this check)."""
+    import psycopg2
+
     entries = list(entries)
-    read_only_session(warehouse_conn)
-    with warehouse_conn.cursor() as wh:
-        has_control = ledger.control_schema_exists(wh)
-        ledgers = {e.name: pipeline_ledger(wh, e.name, failure_window) if has_control else PipelineLedger()
-                   for e in entries if e.spec}
-        orphans = orphan_stage_tables(wh, control_schema=has_control)
-        streams = [stream_status(wh, e.spec) for e in entries if e.spec and e.spec.sink.mode == "standing"] \
-            if has_control and ledger.stream_tables_exist(wh) else []
+    probes: list[Probe] = []
+    own_warehouse = warehouse_conn is None
+    warehouse_error = None
+    has_control, orphans, streams = False, [], []
+    ledgers = {e.name: PipelineLedger() for e in entries if e.spec}
+    if own_warehouse:
+        try:
+            warehouse_conn = open_warehouse()
+        except Exception as exc:
+            warehouse_error = error_text(exc)
+    try:
+        if warehouse_conn is not None:
+            try:
+                read_only_session(warehouse_conn)
+                with warehouse_conn.cursor() as wh:
+                    has_control = ledger.control_schema_exists(wh)
+                    ledgers = {e.name: pipeline_ledger(wh, e.name, failure_window) if has_control else PipelineLedger()
+                               for e in entries if e.spec}
+                    orphans = orphan_stage_tables(wh, control_schema=has_control)
+                    streams = [stream_status(wh, e.spec) for e in entries if e.spec and e.spec.sink.mode == "standing"] \
+                        if has_control and ledger.stream_tables_exist(wh) else []
+            except psycopg2.OperationalError as exc:  # the connection broke or a query timed out
+                if not own_warehouse or isinstance(exc, psycopg2.errors.LockNotAvailable):
+                    raise
+                warehouse_error = error_text(exc)
+                has_control, orphans, streams = False, [], []
+                ledgers = {e.name: PipelineLedger() for e in entries if e.spec}
+        probes.append(Probe("warehouse", "warehouse", CONN_WAREHOUSE,
+                            pg_address(warehouse_conn) if warehouse_conn is not None else None, warehouse_error))
+    finally:
+        if own_warehouse and warehouse_conn is not None:
+            warehouse_conn.close()
 
     specs = [e.spec for e in entries if e.spec]
     conn_ids = sorted({CONN_SOURCE, *(s.source_conn_id for s in specs)})
@@ -393,7 +680,9 @@ def collect(
             conn = open_source(conn_id)
         except Exception as exc:
             sources[conn_id] = SourceStatus(conn_id, error=error_text(exc))
+            probes.append(Probe(f"source {conn_id}", "source", conn_id, None, error_text(exc)))
             continue
+        unreachable = None
         try:
             read_only_session(conn)
             with conn.cursor() as src:
@@ -405,9 +694,25 @@ def collect(
                         lags[spec.name] = Lag(error=error_text(exc))
         except Exception as exc:
             sources[conn_id] = SourceStatus(conn_id, error=error_text(exc))
+            if isinstance(exc, psycopg2.OperationalError):
+                unreachable = error_text(exc)
         finally:
+            probes.append(Probe(f"source {conn_id}", "source", conn_id, pg_address(conn), unreachable))
             conn.close()
 
+    if isinstance(kafka_bootstrap, BaseException):
+        probes.append(Probe("kafka", "broker", kafka_conn_id, None, f"connection {kafka_conn_id}: "
+                                                                    f"{error_text(kafka_bootstrap)}"))
+    elif kafka_bootstrap is not None:
+        try:
+            broken = broker_probe(kafka_bootstrap)
+        except Exception as exc:  # the probe itself failed (e.g. no Kafka client here): say so, never fail the page
+            broken = error_text(exc)
+        probes.append(Probe("kafka", "broker", kafka_conn_id, kafka_bootstrap, broken))
+
+    now = datetime.now(timezone.utc)
+    health = remember_health(probes, health_path, now)
+    stream_of = {t.pipeline: t for t in streams}
     pipelines = []
     for e in entries:
         if e.spec is None:
@@ -415,26 +720,48 @@ def collect(
             continue
         source = sources[e.spec.source_conn_id]
         lag = lags.get(e.name) if source.error is None else Lag(error=f"source {source.conn_id}: {source.error}")
-        pipelines.append(PipelineStatus(e.name, str(e.path), None, e.spec.source_conn_id, e.spec.cursor.kind,
-                                        ledgers[e.name], lag))
+        row = PipelineStatus(e.name, str(e.path), None, e.spec.source_conn_id, e.spec.cursor.kind, ledgers[e.name], lag)
+        held = pipeline_holds(row, health=health, source=source, stream=stream_of.get(e.name), now=now,
+                              lease=e.spec.sink.lease if e.spec.sink.mode == "standing" else None)
+        pipelines.append(dataclasses.replace(row, held_by=held))
     return StatusReport(
-        generated_at=datetime.now(timezone.utc),
+        generated_at=now,
         pipelines_dir=str(pipelines_directory) if pipelines_directory else "",
         control_schema=has_control,
         pipelines=pipelines,
         sources=[sources[c] for c in conn_ids],
         orphan_stage_tables=orphans,
         streams=streams,
+        health=health,
+        warehouse_error=warehouse_error,
     )
 
 
 # --- text, for `make status` and logs ---------------------------------------------------------
 
+def health_lines(report: StatusReport) -> list[str]:
+    """One line per component checked: reachable, or since when not and the next step."""
+    lines = []
+    for h in report.health:
+        where = f" {h.address}" if h.address else ""
+        if h.reachable:
+            lines.append(f"{h.component}:{where} reachable")
+            continue
+        since = f" since {utc_iso(h.since)} ({format_duration(report.generated_at - h.since)})" if h.since else ""
+        seen = f", last reachable {utc_iso(h.last_ok)}" if h.last_ok else ""
+        lines.append(f"{h.component}:{where} UNREACHABLE{since}{seen}: {h.error}; next: {h.next_step}")
+    return lines
+
+
 def status_lines(report: StatusReport) -> list[str]:
     """One line per pipeline: last committed batch, watermark, how far behind the source it is,
-    and for a standing sink its desired state, instance, lag and restarts."""
+    and for a standing sink its desired state, instance, lag and restarts; then one line per thing
+    that holds it ("  held by: ..., next: ...")."""
     streams = {t.pipeline: t for t in report.streams}
+    broker_down = report.broker_down()
     lines = []
+    if report.warehouse_error:
+        lines.append(f"warehouse unreachable, no ledger to show: {report.warehouse_error}")
     for p in report.pipelines:
         if p.error:
             lines.append(f"{p.name}: invalid spec: {p.error}")
@@ -451,11 +778,15 @@ def status_lines(report: StatusReport) -> list[str]:
                      f"{utc_iso(p.ledger.oldest_pending_reject)}")
         t = streams.get(p.name)
         if t is not None:
-            line += f"; stream desired={t.desired} {_instance(t, report.generated_at)} lag " \
-                    f"{sum((t.lag or {}).values())} records, restarts {t.restarts}/{t.restart_budget}"
+            lag = f"{sum((t.lag or {}).values())} records"
+            if broker_down:  # the sink's last beat still says what it saw before the broker went away
+                lag = f"unknown (broker unreachable; {lag} at its last beat)"
+            line += f"; stream desired={t.desired} {_instance(t, report.generated_at)} lag {lag}, " \
+                    f"restarts {t.restarts}/{t.restart_budget}"
             if t.serving_view:
                 line += f"; {t.serving_view} complete up to {utc_iso(t.complete_up_to) if t.complete_up_to else '-'}"
         lines.append(line)
+        lines.extend(f"  {hold_text(h, report.generated_at)}" for h in p.held_by)
     return lines
 
 

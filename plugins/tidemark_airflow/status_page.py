@@ -26,24 +26,36 @@ log = logging.getLogger(__name__)
 
 def connect(conn_id: str):
     """A psycopg2 connection for an Airflow connection id, resolved per request (``collect`` makes
-    its session read-only)."""
-    from tidemark.status import APPLICATION_NAME
-    from tidemark_airflow.batch import pg_connect
+    its session read-only). It gives up after ``CHECK_TIMEOUT_S``: a database that does not answer
+    is shown as unreachable, it never holds the page."""
+    import psycopg2
+    from airflow.sdk import Connection
 
-    return pg_connect(conn_id, application_name=APPLICATION_NAME)
+    from tidemark.status import APPLICATION_NAME, CHECK_TIMEOUT_S
+
+    c = Connection.get(conn_id)
+    return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password,
+                            connect_timeout=max(2, int(CHECK_TIMEOUT_S)), application_name=APPLICATION_NAME)
+
+
+def broker_bootstrap() -> str | BaseException:
+    """The broker the pipelines use (the Kafka connection's bootstrap servers), or why it cannot be read."""
+    from tidemark_airflow.batch import kafka_bootstrap
+
+    try:
+        return kafka_bootstrap()
+    except Exception as exc:  # a missing connection or extra: shown as the broker's health, not a failed page
+        return exc
 
 
 def current_status():
     from tidemark.config import pipelines_dir
-    from tidemark.status import collect, load_pipelines
+    from tidemark.status import collect, health_file, load_pipelines
 
     directory = pipelines_dir()
     entries = load_pipelines(directory)
-    warehouse = connect(CONN_WAREHOUSE)
-    try:
-        return collect(entries, warehouse, connect, pipelines_directory=directory)
-    finally:
-        warehouse.close()
+    return collect(entries, None, connect, open_warehouse=lambda: connect(CONN_WAREHOUSE),
+                   kafka_bootstrap=broker_bootstrap(), health_path=health_file(), pipelines_directory=directory)
 
 
 # --- HTML -------------------------------------------------------------------------------------
@@ -80,8 +92,10 @@ def _lag(p) -> str:
     return text + (" <span class=warn>held back by an open or prepared source transaction</span>" if p.lag.held_back else "")
 
 
-def _pipeline_row(p) -> str:
+def _pipeline_row(p, now=None, verdict=None) -> str:
     from tidemark.status import utc_iso
+    from tidemark.evidence import verdict_link
+    from tidemark_airflow.evidence_page import evidence_href
 
     name = f"<td title='{_e(p.spec_path)}'><b>{_e(p.name)}</b></td>"
     if p.error:
@@ -93,8 +107,7 @@ def _pipeline_row(p) -> str:
     else:
         batch = (f"<td>{_e(c.batch_id)} #{_e(c.attempt)}</td><td>{_e(c.window)}</td>"
                  f"<td class=num>{_e(c.rows)}</td><td>{_e(utc_iso(c.committed_at))}<br>"
-                 f"<small class={'bad' if c.reconciliation == 'reconciliation_failed' else 'ok'}>"
-                 f"{_e(c.reconciliation or 'not reconciled yet')}</small></td>")
+                 f"{verdict_link(evidence_href(p.name, c.batch_id, URL_PREFIX), verdict, c.reconciliation)}</td>")
     w = led.watermark
     watermark = f"{_e(w.bound)}<br><small>by {_e(w.batch_id)}</small>" if w else "no batch yet"
     failures = _attempts(led.recent_failures, with_message=True) or "none"
@@ -105,7 +118,44 @@ def _pipeline_row(p) -> str:
                f"{_e(utc_iso(led.oldest_pending_reject))}</small>") if led.dead_letters_pending else "none"
     return (f"<tr>{name}{batch}<td>{watermark}</td><td>{_lag(p)}</td>"
             f"<td>{_attempts(led.unfinished, with_message=False) or 'none'}</td>"
-            f"<td>{failures}</td><td>{last_failure}</td><td class=num>{pending}</td></tr>")
+            f"<td>{failures}</td><td>{last_failure}</td><td class=num>{pending}</td></tr>"
+            + _held_rows(p, now))
+
+
+def _held_rows(p, now) -> str:
+    """One row under the pipeline's per thing that holds it: what, since when, and the next step."""
+    from tidemark.status import format_duration, utc_iso
+
+    rows = []
+    for h in p.held_by:
+        since = f" since {_e(utc_iso(h.since))}" if h.since else ""
+        if h.since and now:
+            since += f" ({_e(format_duration(now - h.since))})"
+        rows.append(f"<tr class=held><td></td><td colspan=10><span class=bad>held by: {_e(h.what)}</span>{since}, "
+                    f"next: {_e(h.next)}</td></tr>")
+    return "".join(rows)
+
+
+def _health(report) -> str:
+    """The broker and the databases: reachable, or since when not (the first failed check) and what to do."""
+    from tidemark.status import format_duration, utc_iso
+
+    if not report.health:
+        return ""
+    rows = []
+    for h in report.health:
+        if h.reachable:
+            state, since, step = "<span class=ok>reachable</span>", "", ""
+        else:
+            state = "<span class=bad>unreachable</span>"
+            since = (f"{_e(utc_iso(h.since))}<br><small>{_e(format_duration(report.generated_at - h.since))} ago"
+                     f"{', last reachable ' + _e(utc_iso(h.last_ok)) if h.last_ok else ''}</small>") if h.since else ""
+            step = f"<span class=msg>{_e(h.error)}</span><br>next: {_e(h.next_step)}"
+        rows.append(f"<tr class={'up' if h.reachable else 'down'}><td><b>{_e(h.component)}</b></td>"
+                    f"<td><code>{_e(h.address or h.conn_id)}</code></td><td>{state}</td><td>{since}</td>"
+                    f"<td>{step}</td></tr>")
+    return ("<table id=health><tr><th>component</th><th>address</th><th>state</th><th>unreachable since (UTC)</th>"
+            "<th>error and next step</th></tr>" + "".join(rows) + "</table>")
 
 
 def _source_section(s) -> str:
@@ -155,7 +205,7 @@ STYLE = """
 body{font-family:system-ui,sans-serif;font-size:14px;margin:1em;color:#222}
 table{border-collapse:collapse;margin-bottom:1em}th,td{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}
 th{background:#f3f3f3}td.num{text-align:right}ul{margin:0;padding-left:1.1em}.msg{color:#555;font-size:12px}
-.bad{color:#b00020}.warn{color:#a05a00}small{color:#666}
+.bad{color:#b00020}.warn{color:#a05a00}small{color:#666}.ok{color:#1b5e20}tr.held td{border-top:none;background:#fff4f4}
 """
 
 LEGEND = """<p><small>
@@ -166,8 +216,9 @@ refused or aborted in the last 7 days. Orphaned stage tables belong to finished 
 pipeline's next sink start drops those it knows. All times UTC.</small></p>"""
 
 
-def _streams(streams) -> str:
-    """Standing sinks: desired state (who, when, why), the instance's beat and progress, restarts."""
+def _streams(streams, *, broker_down: bool = False) -> str:
+    """Standing sinks: desired state (who, when, why), the instance's beat and progress, restarts.
+    With the broker down, the lag of the last beat is no news: it says so."""
     from tidemark.status import format_duration, utc_iso
 
     if not streams:
@@ -189,8 +240,11 @@ def _streams(streams) -> str:
                         for p, n in sorted((t.lag or {}).items())) or "-"
         serving = (f"<code>{_e(t.serving_view)}</code> complete up to {_e(utc_iso(t.complete_up_to)) or '-'}"
                    if t.serving_view else "-")
+        lag = _e(lag)
+        if broker_down:
+            lag = f"<span class=bad>unknown: broker unreachable</span><br><small>at its last beat: {lag}</small>"
         rows.append(f"<tr><td><b>{_e(t.pipeline)}</b></td><td>{_e(t.desired)}{who}</td><td>{state}</td>"
-                    f"<td>{_e(utc_iso(t.progress_at)) or '-'}</td><td class=num>{_e(t.records)}</td><td>{_e(lag)}</td>"
+                    f"<td>{_e(utc_iso(t.progress_at)) or '-'}</td><td class=num>{_e(t.records)}</td><td>{lag}</td>"
                     f"<td class=num>{t.restarts}/{t.restart_budget}</td><td>{serving}</td></tr>")
     return ("<h3>Standing sinks</h3><table id=streams><tr><th>pipeline</th><th>desired</th><th>instance</th>"
             "<th>last progress (UTC)</th><th>records read</th><th>lag (records)</th><th>restarts</th>"
@@ -198,23 +252,28 @@ def _streams(streams) -> str:
             + "".join(rows) + "</table>")
 
 
-def render_html(report) -> str:
+def render_html(report, verdicts=None) -> str:
     from tidemark.status import utc_iso
 
     head = ("<tr><th>pipeline</th><th>last committed batch</th><th>window</th><th>rows</th><th>committed at (UTC)</th>"
             "<th>watermark</th><th>lag</th><th>unfinished attempts</th><th>failures (7 days)</th><th>last failure</th>"
             "<th title='rejects committed, not yet in the dead-letter topic: the sink sends them at its next flush'>"
             "dead letters waiting</th></tr>")
-    rows = "".join(_pipeline_row(p) for p in report.pipelines)
+    rows = "".join(_pipeline_row(p, report.generated_at, (verdicts or {}).get(p.name)) for p in report.pipelines)
     if not report.pipelines:
         rows = "<tr><td colspan=11>no pipeline specs</td></tr>"
-    note = "" if report.control_schema else "<p>no batch yet: the warehouse has no control schema</p>"
+    if report.warehouse_error:
+        note = (f"<p class=bad>status unavailable: the warehouse does not answer ({_e(report.warehouse_error)}): "
+                "no ledger to show</p>")
+    else:
+        note = "" if report.control_schema else "<p>no batch yet: the warehouse has no control schema</p>"
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{_e(NAME)}</title><style>{STYLE}</style></head><body>"
         f"<h2>{_e(NAME)}</h2><p><small>{_e(utc_iso(report.generated_at))}, specs in "
         f"<code>{_e(report.pipelines_dir)}</code></small></p>{note}"
-        f"<table id=pipelines>{head}{rows}</table>"
-        + _streams(report.streams)
+        + _health(report)
+        + f"<table id=pipelines>{head}{rows}</table>"
+        + _streams(report.streams, broker_down=report.broker_down())
         + "".join(_source_section(s) for s in report.sources)
         + f"<h3>Orphaned stage tables</h3>{_orphans(report)}{LEGEND}</body></html>"
     )
@@ -236,24 +295,34 @@ def build_app():
     from airflow.api_fastapi.core_api.security import get_user
 
     from tidemark.status import error_text
+    from tidemark_airflow.evidence_page import add_routes as add_evidence_routes, verdicts_for
 
     app = FastAPI(title=NAME, dependencies=[Depends(get_user)], docs_url=None, redoc_url=None, openapi_url=None)
 
+    # The warehouse down: the page still answers, with the health of each component, as a 503 (the
+    # ledger cannot be read); the JSON then also carries "error", as any failure of the page does.
     @app.get("/", response_class=HTMLResponse)
     def page():  # sync: runs in the thread pool, the queries block
         try:
-            return HTMLResponse(render_html(current_status()))
-        except Exception as exc:  # e.g. the warehouse is down: say so rather than a bare 500
+            report = current_status()
+            return HTMLResponse(render_html(report, verdicts_for(report)),
+                                status_code=503 if report.warehouse_error else 200)
+        except Exception as exc:  # anything else: say so rather than a bare 500
             log.warning("Tidemark status unavailable: %s", error_text(exc))
             return HTMLResponse(render_error(exc), status_code=503)
 
     @app.get("/api/status")
     def api_status():
         try:
-            return current_status().to_json()
+            report = current_status()
         except Exception as exc:
             return JSONResponse({"error": error_text(exc)}, status_code=503)
+        if report.warehouse_error:
+            return JSONResponse({**report.to_json(), "error": f"warehouse unreachable: {report.warehouse_error}"},
+                                status_code=503)
+        return report.to_json()
 
+    add_evidence_routes(app)  # /tidemark/evidence/...: the verdicts' evidence, behind the same login
     return app
 
 

@@ -33,3 +33,30 @@ def test_unknown_command_fails_with_usage():
     proc = _stack("launch")
     assert proc.returncode == 1
     assert "unknown command 'launch'" in proc.stderr
+
+
+def test_start_and_stop_name_one_component():
+    for command in ("start", "stop"):
+        proc = _stack(command)
+        assert proc.returncode == 1 and f"usage: python -m tidemark_workshop.stack {command} COMPONENT" in proc.stderr
+        proc = _stack(command, "zookeeper")
+        assert proc.returncode == 1
+        assert "name one component: postgres, kafka, airflow, api-server, scheduler, dag-processor, triggerer" in proc.stderr
+    proc = _stack("start", "kafka")  # running: nothing to do
+    assert proc.returncode == 0, proc.stderr
+    assert "kafka: already running" in proc.stdout
+
+
+def test_component_names_as_logs_spells_them():
+    from tidemark_workshop.stack.__main__ import component
+
+    assert [component(n) for n in ("kafka", "postgres", "airflow", "scheduler", "airflow-api-server")] == [
+        "kafka", "postgres", "airflow", "scheduler", "api-server"]
+
+
+def test_status_shows_the_health_of_the_broker_and_the_databases():
+    proc = _stack("status")
+    assert proc.returncode == 0, proc.stderr
+    health = [line for line in proc.stdout.splitlines() if line.startswith("health ")]
+    assert [line.split()[1] for line in health] == ["warehouse:", "source", "kafka:"], health
+    assert all(line.endswith(" reachable") for line in health), health

@@ -141,6 +141,10 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
     clamp = source["oldest_open_xact"]
     assert clamp["pid"] == holder_pid and clamp["application_name"].startswith("status-test-")
     assert clamp["state"] == "idle in transaction" and clamp["age"] >= 0
+    # the open transaction is what holds this pipeline, with the next step that ends it
+    held = [h for h in rows[pipe.spec.name]["held_by"] if h["by"] == "transaction"]
+    assert held and f"pid {holder_pid}" in held[0]["what"] and f"pg_terminate_backend({holder_pid})" in held[0]["next"]
+    assert held[0]["since"] == clamp["xact_start"] and rows[idle.spec.name]["held_by"] == []
 
     orphans = {t["table"]: t for t in data["orphan_stage_tables"]}
     assert in_use not in orphans
@@ -170,6 +174,7 @@ def test_page_is_read_only_and_copes_without_a_control_schema(settings, tmp_path
         conn = json.loads(settings.airflow_connections()["AIRFLOW_CONN_TIDEMARK_WAREHOUSE"])
         monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_WAREHOUSE", json.dumps({**conn, "schema": name}))
         monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
+        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "state"))  # its outage in its own health file
         page, data = fetch(airflow_api)
         assert data["control_schema"] is False and data["orphan_stage_tables"] == []
         assert [(p["name"], p["ledger"]["last_committed"], p["lag"]) for p in data["pipelines"]] == [
@@ -189,8 +194,16 @@ def test_page_is_read_only_and_copes_without_a_control_schema(settings, tmp_path
         broken = airflow_api.get("/tidemark/api/status")
         assert broken.status_code == 503 and f"{name}_missing" in broken.json()["error"]
         assert settings.pg_password not in broken.text
+        # ... and still shows what it can: the warehouse unreachable since its first failed check, the
+        # other components' health, and each pipeline held by it with the next step
+        down = {h["component"]: h for h in broken.json()["health"]}
+        assert down["warehouse"]["reachable"] is False and down["warehouse"]["since"].endswith("+00:00")
+        assert "fix the Airflow connection tidemark_warehouse" in down["warehouse"]["next_step"]  # it answers: not a start
+        assert down["kafka"]["reachable"] and down[f"source {pipe.spec.source_conn_id}"]["reachable"]
+        assert [h["by"] for h in broken.json()["pipelines"][0]["held_by"]] == ["warehouse"]
         html_page = airflow_api.get("/tidemark/")
         assert html_page.status_code == 503 and "status unavailable" in html_page.text
+        assert "<tr class=down><td><b>warehouse</b></td>" in html_page.text
     finally:
         admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
@@ -204,3 +217,110 @@ def test_collect_leaves_its_connections_read_only(settings, tmp_path, warehouse_
     with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction):
         with warehouse_conn.cursor() as cur:
             cur.execute("CREATE TABLE tidemark_control.status_must_not_write (x int)")
+
+
+def test_broker_down_shows_since_when_and_the_next_step_then_reachable_again(settings, tmp_path, monkeypatch,
+                                                                              airflow_api, bootstrap):
+    """The broker stopped with the stack's own `stop kafka` (and always started again, within seconds:
+    other tests share it): the JSON, the HTML and `make status` say it is unreachable since the first
+    failed check and what holds each pipeline, with the next step; once started, reachable again."""
+    from tidemark_workshop.stack.__main__ import start_one, status_report_lines, stop_one
+    from tidemark_workshop.stack.kafka import Kafka
+
+    pipe = make_pipeline(settings, tmp_path, DDL)
+    monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "state"))  # the page's health file: this test's own
+    cli_health = tmp_path / "cli-health.json"
+    _, before = fetch(airflow_api)
+    health = {h["component"]: h for h in before["health"]}
+    assert health["kafka"]["reachable"] is True and health["kafka"]["address"] == settings.kafka_bootstrap
+    assert health["warehouse"]["reachable"] and health[f"source {pipe.spec.source_conn_id}"]["reachable"]
+    assert [p["held_by"] for p in before["pipelines"]] == [[]]
+
+    kafka = Kafka(settings)
+    assert kafka.answers()
+    t0 = time.monotonic()
+    try:
+        stop_one(settings, "kafka")
+        checked, stopped_at = time.monotonic(), datetime.now(timezone.utc)
+        page, down = fetch(airflow_api)  # two checks: the HTML's, then the JSON's
+        check_s, checked_at = time.monotonic() - checked, datetime.now(timezone.utc)
+        cli = status_report_lines(settings, cli_health)
+    finally:
+        restart = time.monotonic()
+        start_one(settings, "kafka")  # waits until the broker answers again
+        outage_s, start_s = time.monotonic() - t0, time.monotonic() - restart
+    # (no timing asserted: a loaded machine stretches both; the checks' own timeouts are unit-tested)
+    assert kafka.answers(), f"the broker did not come back (outage {outage_s:.1f}s, start {start_s:.1f}s)"
+    print(f"broker outage {outage_s:.1f}s (start {start_s:.1f}s); the page's two checks took {check_s:.1f}s")
+
+    kafka_down = next(h for h in down["health"] if h["component"] == "kafka")
+    since = datetime.fromisoformat(kafka_down["since"])
+    assert kafka_down["reachable"] is False and stopped_at <= since <= checked_at
+    assert "Connection refused" in kafka_down["error"] and "make start C=kafka" in kafka_down["next_step"]
+    # since: the first failed check (the HTML's), kept in the health file for the JSON's check after it
+    assert datetime.fromisoformat(kafka_down["checked_at"]) > since and kafka_down["since"] in page
+    assert all(h["reachable"] for h in down["health"] if h["component"] != "kafka")
+    [row] = down["pipelines"]
+    assert row["held_by"] == [{"by": "broker", "what": f"Kafka broker unreachable ({settings.kafka_bootstrap})",
+                               "since": kafka_down["since"], "next": kafka_down["next_step"]}]
+    assert "<tr class=down><td><b>kafka</b></td>" in page and "held by: Kafka broker unreachable" in page
+
+    health_lines, lines = cli
+    assert any(line.startswith(f"kafka: {settings.kafka_bootstrap} UNREACHABLE since ") for line in health_lines), health_lines
+    assert lines[0].startswith(f"{pipe.spec.name}: no batch yet")
+    assert lines[1].startswith(f"  held by: Kafka broker unreachable ({settings.kafka_bootstrap}) since ")
+    assert lines[1].endswith("next: start the broker: `make start C=kafka` (or `python -m tidemark_workshop.stack "
+                             "start kafka`); why it stopped: `make logs C=kafka`")
+
+    _, back = fetch(airflow_api)
+    kafka_up = next(h for h in back["health"] if h["component"] == "kafka")
+    assert kafka_up["reachable"] is True and kafka_up["since"] is None and kafka_up["error"] is None
+    assert datetime.fromisoformat(kafka_up["last_ok"]) > since and back["pipelines"][0]["held_by"] == []
+    assert status_report_lines(settings, cli_health)[1] == lines[:1]
+    assert status_sessions(settings) == []
+
+
+def test_great_expectations_progress_never_reaches_stderr_or_an_error_log(settings, tmp_path, capfd, caplog):
+    """An Airflow task's stderr is logged at ERROR: GX's tqdm bars ("Calculating Metrics") must not
+    be written at all. Run the suite as a reconciliation runs it, with the progress bars left on
+    (they show), then as it is (nothing on stderr, no log record at ERROR)."""
+    import logging
+
+    from tidemark import expectations
+    from tidemark.expectations import sqlalchemy_url
+
+    pipe = make_pipeline(settings, tmp_path, DDL)
+    url = sqlalchemy_url(settings.pg_host, settings.pg_port, WAREHOUSE_DB, settings.pg_user, settings.pg_password)
+    wh = pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:
+            cur.execute(f"CREATE TABLE {pipe.spec.target_table} (id bigint PRIMARY KEY, amount numeric(18,2), "
+                        "updated_at timestamptz)")
+            cur.execute(f"INSERT INTO {pipe.spec.target_table} SELECT g, g, now() FROM generate_series(1, 50) g")
+
+        def run(root):
+            capfd.readouterr()
+            caplog.clear()
+            with caplog.at_level(logging.INFO):
+                found, _ = expectations.validate(pipe.spec, "true", 50, root, url, f"run-{uuid.uuid4().hex[:6]}")
+            assert found and all(e.passed for e in found), found
+            errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+            return capfd.readouterr().err, errors
+
+        with pytest.MonkeyPatch.context() as mp:  # as before the fix: GX's default, bars on
+            mp.setattr(expectations, "quiet_progress_bars", lambda context: None)
+            loud, _ = run(tmp_path / "loud")
+        assert "Calculating Metrics" in loud  # the test sees them when they are there
+
+        quiet, errors = run(tmp_path / "quiet")
+        assert "Calculating Metrics" not in quiet and "it/s" not in quiet, quiet[-2000:]
+        assert not [e for e in errors if "Calculating Metrics" in e or "%|" in e], errors
+        config = (tmp_path / "quiet" / "gx" / "great_expectations.yml").read_text()
+        assert "progress_bars:\n  globally: false\n  metric_calculations: false" in config  # saved: reopened, still off
+        again, _ = run(tmp_path / "quiet")
+        assert "Calculating Metrics" not in again
+    finally:
+        with wh, wh.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {pipe.spec.target_table}")
+        wh.close()

@@ -154,3 +154,230 @@ def test_text_lines_name_each_pipeline_its_batch_lag_and_stream():
     assert "behind the source 3m 05s (held back by a source transaction)" in lines[2]
     assert "; 3 dead letter(s) not yet in the DLQ, oldest from 2026-11-22T07:58:00+00:00; stream" in lines[2]
     assert lines[2].endswith("; stream desired=paused stopped at 2026-11-22T08:00:00+00:00 lag 5 records, restarts 1/3")
+
+
+# --- health: broker and databases, since when one is down, and what holds each pipeline -------------
+
+def _probe(component="kafka", error=None):
+    from tidemark.status import Probe
+
+    kind = {"kafka": "broker", "warehouse": "warehouse"}.get(component, "source")
+    conn_id = {"kafka": "tidemark_kafka", "warehouse": "tidemark_warehouse"}.get(component, component.split()[-1])
+    return Probe(component, kind, conn_id, "127.0.0.1:29092" if kind == "broker" else "127.0.0.1:25432/db", error)
+
+
+def test_an_outage_dates_from_its_first_failed_check_and_ends_when_it_answers():
+    from tidemark.status import track_health
+
+    refused = "no bootstrap server accepts a connection (127.0.0.1:29092: Connection refused)"
+    [up], state = track_health([_probe()], {}, T0)
+    assert up.reachable and up.since is None and up.last_ok == T0 and up.next_step is None
+    [down], state = track_health([_probe(error=refused)], state, T0 + timedelta(minutes=1))
+    assert not down.reachable and down.since == T0 + timedelta(minutes=1) and down.last_ok == T0
+    assert down.error == refused and "make start C=kafka" in down.next_step
+    [still], state = track_health([_probe(error=refused)], state, T0 + timedelta(minutes=5))
+    assert still.since == T0 + timedelta(minutes=1) and still.checked_at == T0 + timedelta(minutes=5)  # the first failure
+    healths, state = track_health([_probe("warehouse")], state, T0 + timedelta(minutes=6))  # another check
+    assert state["components"]["kafka"]["down_since"] == (T0 + timedelta(minutes=1)).isoformat()  # kept
+    [back], state = track_health([_probe()], state, T0 + timedelta(minutes=7))
+    assert back.reachable and back.since is None and state["components"]["kafka"]["down_since"] is None
+    [again], _ = track_health([_probe(error=refused)], state, T0 + timedelta(minutes=9))
+    assert again.since == T0 + timedelta(minutes=9) and again.last_ok == T0 + timedelta(minutes=7)  # a new outage
+
+
+def test_the_health_file_keeps_the_since_across_checks_and_a_broken_one_costs_only_the_since(tmp_path):
+    from tidemark.status import remember_health
+
+    path = tmp_path / "status" / "health.json"
+    [first] = remember_health([_probe("source tidemark_source", "Connection refused")], path, T0)
+    [later] = remember_health([_probe("source tidemark_source", "Connection refused")], path, T0 + timedelta(seconds=30))
+    assert first.since == later.since == T0 and json.loads(path.read_text())["components"]["source tidemark_source"]
+    assert "start C=postgres" in later.next_step
+    path.write_text("{not json")
+    [fresh] = remember_health([_probe("source tidemark_source", "Connection refused")], path, T0 + timedelta(minutes=1))
+    assert fresh.since == T0 + timedelta(minutes=1)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    [unwritable] = remember_health([_probe(error="refused")], blocked / "health.json", T0)  # parent is a file
+    assert unwritable.since == T0 and not unwritable.reachable
+    assert remember_health([_probe(error="refused")], None, T0)[0].since == T0
+
+
+@pytest.mark.parametrize("kind, error, step", [
+    ("broker", "no bootstrap server accepts a connection (x: Connection refused)", "make start C=kafka"),
+    ("broker", "no bootstrap servers configured", "bootstrap.servers in the Airflow connection tidemark_kafka"),
+    ("warehouse", 'OperationalError: connection to server at "127.0.0.1", port 25432 failed: Connection refused',
+     "make start C=postgres"),
+    ("source", "OperationalError: timeout expired", "make start C=postgres"),
+    ("source", 'OperationalError: FATAL:  password authentication failed for user "tidemark_reader"',
+     "fix the Airflow connection tidemark_source"),
+    ("warehouse", 'OperationalError: FATAL:  database "nope" does not exist', "fix the Airflow connection tidemark_warehouse"),
+])
+def test_the_next_step_fits_the_failure(kind, error, step):
+    from tidemark.status import next_step
+
+    conn_id = {"broker": "tidemark_kafka", "warehouse": "tidemark_warehouse", "source": "tidemark_source"}[kind]
+    assert step in next_step(kind, conn_id, error)
+
+
+def _health(*down: str, since=T0):
+    from tidemark.status import Health
+
+    components = {"kafka": ("broker", "tidemark_kafka", "127.0.0.1:29092"),
+                  "warehouse": ("warehouse", "tidemark_warehouse", "127.0.0.1:25432/tidemark_warehouse"),
+                  "source tidemark_source": ("source", "tidemark_source", "127.0.0.1:25432/tidemark_source"),
+                  "source other_source": ("source", "other_source", "db.example:5432/other")}
+    return [Health(c, kind, conn_id, address, c not in down, T0 + timedelta(minutes=2),
+                   since if c in down else None, None, "Connection refused" if c in down else None,
+                   f"start {c}" if c in down else None)
+            for c, (kind, conn_id, address) in components.items()]
+
+
+def _pipeline(name="p", source="tidemark_source", lag=None):
+    return PipelineStatus(name, f"/specs/{name}.yaml", source_conn_id=source, cursor_kind="timestamp", lag=lag)
+
+
+def test_what_holds_a_pipeline_root_causes_first():
+    from tidemark.status import pipeline_holds
+
+    now = T0 + timedelta(minutes=2)
+    clamp = SourceStatus("tidemark_source", now, SourceSession(4242, "psql", "alice", None, "idle in transaction",
+                                                               T0, timedelta(minutes=2)))
+    held = pipeline_holds(_pipeline(lag=Lag(seconds=120, held_back=True)), source=clamp, now=now,
+                          health=_health("kafka", "source other_source"),
+                          stream=StreamStatus("p", "running", crash_looping_since=T0 - timedelta(hours=1)))
+    assert [h.by for h in held] == ["broker", "sink", "transaction"]  # the other source holds other pipelines
+    broker, sink, xact = held
+    assert broker.what == "Kafka broker unreachable (127.0.0.1:29092)" and broker.since == T0 and broker.next == "start kafka"
+    assert "crash-looping" in sink.what and "tidemark_stream_control with pipeline=p action=clear" in sink.next
+    assert "pid 4242" in xact.what and xact.since == T0 and "pg_terminate_backend(4242)" in xact.next
+
+    everything = pipeline_holds(_pipeline(source="other_source"), source=None, stream=None, now=now,
+                                health=_health("warehouse", "kafka", "source other_source"))
+    assert [h.by for h in everything] == ["warehouse", "source", "broker"]
+    assert everything[1].what == "source other_source unreachable (db.example:5432/other)"
+    assert pipeline_holds(_pipeline(), source=clamp, stream=None, now=now, health=_health()) == []  # not held back
+    assert pipeline_holds(PipelineStatus("bad", "/x", error="no"), source=None, stream=None, now=now,
+                          health=_health("kafka")) == []
+
+
+@pytest.mark.parametrize("stream, by, what, step", [
+    (StreamStatus("p", "paused", "alice", T0, "maintenance"), "person", "stream paused by alice: maintenance",
+     "action=resume"),
+    (StreamStatus("p", "running", heartbeat_at=T0 - timedelta(minutes=3)), "sink",
+     "standing sink silent: no heartbeat for 5m 00s (lease 30s)", "the supervisor restarts a hung sink"),
+    (StreamStatus("p", "running", heartbeat_at=T0, ended_at=T0 + timedelta(seconds=1)), "sink",
+     "standing sink not running", "the supervisor starts it"),
+])
+def test_a_standing_sink_holds_its_pipeline(stream, by, what, step):
+    from tidemark.status import pipeline_holds
+
+    [held] = pipeline_holds(_pipeline(), source=None, stream=stream, now=T0 + timedelta(minutes=2), health=_health(),
+                            lease=timedelta(seconds=30))
+    assert (held.by, held.what) == (by, what) and step in held.next
+    beating = StreamStatus("p", "running", heartbeat_at=T0 + timedelta(minutes=1, seconds=58))
+    assert pipeline_holds(_pipeline(), source=None, stream=beating, now=T0 + timedelta(minutes=2), health=_health(),
+                          lease=timedelta(seconds=30)) == []
+
+
+def _broker_down_report() -> StatusReport:
+    from tidemark.status import Hold
+
+    now = T0 + timedelta(minutes=2)
+    held = [Hold("broker", "Kafka broker unreachable (127.0.0.1:29092)", T0,
+                 "start the broker: `make start C=kafka`")]
+    return StatusReport(
+        generated_at=now, pipelines_dir="/specs", control_schema=True,
+        pipelines=[PipelineStatus("streamed", "/specs/streamed.yaml", source_conn_id="tidemark_source",
+                                  cursor_kind="timestamp", lag=Lag(seconds=3.0), held_by=held)],
+        sources=[SourceStatus("tidemark_source", now)], orphan_stage_tables=[],
+        streams=[StreamStatus("streamed", "running", fence=3, holder="host:1", heartbeat_at=now - timedelta(seconds=2),
+                              progress_at=now, records=10, lag={"0": 0}, restarts=0, restart_budget=3)],
+        health=_health("kafka"))
+
+
+def test_text_with_the_broker_down_says_so_and_what_holds_each_pipeline():
+    from tidemark.status import health_lines, status_lines
+
+    report = _broker_down_report()
+    health = health_lines(report)
+    assert health[0] == ("kafka: 127.0.0.1:29092 UNREACHABLE since 2026-11-22T08:00:00+00:00 (2m 00s): "
+                         "Connection refused; next: start kafka")
+    assert health[1] == "warehouse: 127.0.0.1:25432/tidemark_warehouse reachable"
+    line, held = status_lines(report)
+    assert "running (beat 2.0s ago) lag unknown (broker unreachable; 0 records at its last beat)" in line
+    assert " lag 0 records" not in line
+    assert held == ("  held by: Kafka broker unreachable (127.0.0.1:29092) since 2026-11-22T08:00:00+00:00 (2m 00s), "
+                    "next: start the broker: `make start C=kafka`")
+
+
+def test_html_and_json_show_the_health_and_the_holds():
+    from tidemark_airflow.status_page import render_html
+
+    report = _broker_down_report()
+    page = render_html(report)
+    health = page.split("<table id=health>")[1].split("</table>")[0]
+    assert health.count("<tr class=down>") == 1 and health.count("<tr class=up>") == 3
+    assert "unreachable</span>" in health and "2026-11-22T08:00:00+00:00" in health and "2m 00s ago" in health
+    assert "next: start kafka" in health
+    assert ("<tr class=held><td></td><td colspan=10><span class=bad>held by: Kafka broker unreachable (127.0.0.1:29092)"
+            "</span> since 2026-11-22T08:00:00+00:00 (2m 00s), next: start the broker: `make start C=kafka`</td></tr>") in page
+    assert "unknown: broker unreachable" in page.split("<table id=streams>")[1]
+    data = report.to_json()
+    json.dumps(data)
+    kafka = next(h for h in data["health"] if h["component"] == "kafka")
+    assert kafka["reachable"] is False and kafka["since"] == "2026-11-22T08:00:00+00:00" and kafka["next_step"]
+    assert data["pipelines"][0]["held_by"] == [{"by": "broker", "what": "Kafka broker unreachable (127.0.0.1:29092)",
+                                                "since": "2026-11-22T08:00:00+00:00",
+                                                "next": "start the broker: `make start C=kafka`"}]
+    assert data["warehouse_error"] is None
+
+
+def test_a_warehouse_or_source_that_does_not_answer_is_shown_not_raised(tmp_path):
+    import psycopg2
+
+    from tidemark.status import collect
+
+    good = {"name": "good", "table": "public.src", "primary_key": ["id"], "safe_lag": "PT2S",
+            "cursor": {"kind": "timestamp", "column": "updated_at"}, "target_table": "public.tgt"}
+    (tmp_path / "good.yaml").write_text(json.dumps(good))
+
+    def refused(*_args):
+        raise psycopg2.OperationalError('connection to server at "127.0.0.1", port 9 failed: Connection refused')
+
+    report = collect(load_pipelines(tmp_path), None, refused, open_warehouse=refused, kafka_bootstrap="127.0.0.1:9",
+                     broker_probe=lambda bootstrap: f"no bootstrap server accepts a connection ({bootstrap}: refused)",
+                     health_path=tmp_path / "health.json")
+    assert "Connection refused" in report.warehouse_error and not report.control_schema
+    assert {h.component: h.reachable for h in report.health} == {
+        "warehouse": False, "source tidemark_source": False, "kafka": False}
+    [p] = report.pipelines
+    assert [h.by for h in p.held_by] == ["warehouse", "source", "broker"]
+    assert all(h.since == report.generated_at for h in p.held_by) and "make start C=postgres" in p.held_by[0].next
+    again = collect(load_pipelines(tmp_path), None, refused, open_warehouse=refused,
+                    kafka_bootstrap=KeyError("tidemark_kafka"), health_path=tmp_path / "health.json")
+    assert again.pipelines[0].held_by[0].since == report.generated_at  # the first failed check
+    kafka = next(h for h in again.health if h.kind == "broker")
+    assert "connection tidemark_kafka: KeyError" in kafka.error and "bootstrap.servers" in kafka.next_step
+
+
+def test_a_broker_check_gives_up_within_seconds():
+    """A closed port is refused at once; a port that accepts but never speaks Kafka costs the timeout, not more."""
+    import socket
+    import time
+
+    from tidemark.status import probe_broker
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    t0 = time.monotonic()
+    assert "Connection refused" in probe_broker(f"127.0.0.1:{port}")
+    assert time.monotonic() - t0 < 1
+    with socket.socket() as mute:  # listens (the kernel accepts), never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        t0 = time.monotonic()
+        why = probe_broker(f"127.0.0.1:{mute.getsockname()[1]}", timeout_s=1.0)
+        assert time.monotonic() - t0 < 4 and "does not answer" in why, why
+    assert probe_broker("") == "no bootstrap servers configured"

@@ -2,7 +2,11 @@
 
   up        start PostgreSQL and Kafka, resolve Spark's jars, migrate Airflow (idempotent)
   down      stop everything this checkout started (Airflow UI, Kafka, PostgreSQL)
-  status    one line per component, then one per pipeline (batch, watermark, lag, stream)
+  stop C    stop one component, the rest stays up: postgres, kafka, airflow (its four services),
+            or one Airflow service (api-server, scheduler, dag-processor, triggerer)
+  start C   start it again (kafka and postgres: until they answer)
+  status    one line per component; the broker's and the databases' health (since when one is
+            unreachable); one line per pipeline (batch, watermark, lag, stream), then what holds it
   logs [C]  last lines of a component's log (postgres, kafka, airflow-api-server, ...)
   env       the environment of the stack as shell exports (secrets included: do not log)
   dsn       the libpq DSNs (source, source-owner, warehouse, airflow) and Kafka's bootstrap
@@ -42,16 +46,54 @@ def down(s: Settings) -> None:
     Postgres(s).stop()
 
 
+COMPONENTS = ("postgres", "kafka", "airflow", *airflow.AirflowUI.components)
+
+
+def component(name: str | None) -> str:
+    """The component a start/stop names (``airflow-scheduler`` as ``make logs`` spells it, too)."""
+    if name and name != "airflow":
+        name = name.removeprefix("airflow-")
+    if name not in COMPONENTS:
+        raise StackError(f"name one component: {', '.join(COMPONENTS)} (got {name!r})")
+    return name
+
+
+def start_one(s: Settings, name: str) -> None:
+    """Start one component of a stack set up by `up` (the others are left as they are)."""
+    name = component(name)
+    if name == "postgres":
+        Postgres(s).start()
+    elif name == "kafka":
+        Kafka(s).start()
+    else:
+        airflow.AirflowUI(s).start(only=None if name == "airflow" else (name,))
+
+
+def stop_one(s: Settings, name: str) -> None:
+    """Stop one component; the rest keeps running (and says so in `status`, and on the status page)."""
+    name = component(name)
+    if name == "postgres":
+        Postgres(s).stop()
+    elif name == "kafka":
+        Kafka(s).stop()
+    else:
+        airflow.AirflowUI(s).stop(only=None if name == "airflow" else (name,))
+
+
 def status(s: Settings) -> None:
-    postgres = Postgres(s)
-    print(postgres.status())
+    print(Postgres(s).status())
     print(Kafka(s).status())
     print(spark.status(s))
     for line in airflow.AirflowUI(s).status():
         print(line)
-    if postgres.is_running():
-        for line in pipeline_lines(s):
-            print(f"pipeline  {line}")
+    try:
+        health, pipelines = status_report_lines(s)
+    except ImportError:  # before bootstrap: no venv packages yet
+        return
+    for line in health:
+        print(f"health    {line}")
+    for line in pipelines:
+        print(f"pipeline  {line}")
 
 
 def stop_streams(s: Settings) -> None:
@@ -67,20 +109,35 @@ def stop_streams(s: Settings) -> None:
         launcher.forget(d.name)  # stopped on purpose: the supervisor's next look is a start, not a restart
 
 
-def pipeline_lines(s: Settings) -> list[str]:
-    """The status page's facts, one line per pipeline (read-only sessions)."""
+def status_report(s: Settings, health_path=None):
+    """The status page's report, from this checkout's stack (read-only sessions; every check gives
+    up after a couple of seconds; outages dated in the same health file as the page's)."""
     import psycopg2
 
     from tidemark.config import pipelines_dir
-    from tidemark.status import collect, load_pipelines, status_lines
+    from tidemark.status import CHECK_TIMEOUT_S, collect, load_pipelines
     from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
 
-    warehouse = psycopg2.connect(s.dsn(WAREHOUSE_DB))
-    try:
-        report = collect(load_pipelines(pipelines_dir()), warehouse, lambda _conn_id: psycopg2.connect(s.dsn(SOURCE_DB)))
-    finally:
-        warehouse.close()
-    return status_lines(report)
+    timeout = max(2, int(CHECK_TIMEOUT_S))
+    return collect(load_pipelines(pipelines_dir()), None,
+                   lambda _conn_id: psycopg2.connect(s.dsn(SOURCE_DB), connect_timeout=timeout),
+                   open_warehouse=lambda: psycopg2.connect(s.dsn(WAREHOUSE_DB), connect_timeout=timeout),
+                   kafka_bootstrap=s.kafka_bootstrap,
+                   health_path=health_path or s.state_dir / "status" / "health.json")
+
+
+def status_report_lines(s: Settings, health_path=None) -> tuple[list[str], list[str]]:
+    """The health lines and the pipeline lines (each followed by what holds it)."""
+    from tidemark.status import health_lines, status_lines
+
+    report = status_report(s, health_path)
+    return health_lines(report), status_lines(report)
+
+
+def pipeline_lines(s: Settings) -> list[str]:
+    """The status page's facts, one line per pipeline (read-only sessions), each followed by
+    "  held by: ..., next: ..." for what holds it."""
+    return status_report_lines(s)[1]
 
 
 def dsn_lines(s: Settings) -> list[str]:
@@ -122,6 +179,11 @@ def main(argv: list[str]) -> int:
             down(s)
         elif command == "status":
             status(s)
+        elif command in ("start", "stop"):
+            if len(rest) != 1:
+                raise StackError(f"usage: python -m tidemark_workshop.stack {command} COMPONENT "
+                                 f"(one of {', '.join(COMPONENTS)})")
+            (start_one if command == "start" else stop_one)(s, rest[0])
         elif command == "logs":
             logs(s, rest)
         elif command == "env":

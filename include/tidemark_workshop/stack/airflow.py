@@ -53,16 +53,22 @@ class AirflowUI:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.s.airflow_port}"
 
-    def start(self, extra_env: dict[str, str] | None = None) -> None:
+    def start(self, extra_env: dict[str, str] | None = None, only: tuple[str, ...] | None = None) -> None:
+        """Start the services not running (``only``: just these of ``components``)."""
         env = {**_env(self.s), **(extra_env or {})}
-        for name in self.components:
+        for name in self._chosen(only):
             if read_pid(self._pid(name)) is not None:
+                if only:
+                    say("airflow", f"{name} already running")
                 continue
             cmd = ["airflow", name, *self.arguments[name]]
             # cwd: Spark jobs leave an artifacts/ directory wherever they run
             spawn(cmd, log=self.s.logs_dir / f"airflow-{name}.log", pid_file=self._pid(name), env=env,
                   cwd=self.s.state_dir)
-        say("airflow", f"UI starting at {self.url} (no login: all users are admins locally)")
+            if only:
+                say("airflow", f"{name} starting (log {self.s.logs_dir / f'airflow-{name}.log'})")
+        if not only or "api-server" in only:
+            say("airflow", f"UI starting at {self.url} (no login: all users are admins locally)")
 
     def wait_healthy(self, timeout_s: float = 180.0) -> None:
         """Until the api-server answers and reports scheduler, dag-processor and triggerer healthy."""
@@ -82,10 +88,18 @@ class AirflowUI:
         wait_until(healthy, timeout_s=timeout_s, what="the Airflow services",
                    alive=lambda: all(read_pid(self._pid(n)) is not None for n in self.components), log=log)
 
-    def stop(self) -> None:
-        for name in self.components:
+    def stop(self, only: tuple[str, ...] | None = None) -> None:
+        for name in self._chosen(only):
             if stop_pid(self._pid(name)):
                 say("airflow", f"{name} stopped")
+            elif only:
+                say("airflow", f"{name} not running")
+
+    def _chosen(self, only: tuple[str, ...] | None) -> tuple[str, ...]:
+        unknown = sorted(set(only or ()) - set(self.components))
+        if unknown:
+            raise StackError(f"no Airflow service {', '.join(unknown)}; the services: {', '.join(self.components)}")
+        return tuple(n for n in self.components if not only or n in only)
 
     def status(self) -> list[str]:
         lines = []
