@@ -17,6 +17,7 @@ command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v chromium >/dev/null || missing+=(chromium)  # the UI tests drive headless Chromium
+command -v chromedriver >/dev/null || missing+=(chromium-driver)  # ... clicking through Selenium (tests/stack/test_ui_clicks.py)
 if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     say "missing: ${missing[*]}. Install them once as root: sudo apt-get install -y ${missing[*]}" >&2

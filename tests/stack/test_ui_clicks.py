@@ -1,0 +1,282 @@
+"""The Airflow 3 UI as a person uses it: headless Chromium (Selenium, Debian's chromium-driver)
+clicks the real Trigger and Backfill buttons against the real Airflow services, and the warehouse
+is checked key by key.
+
+Issue 29: the Trigger button was greyed out on every nightly DAG, because a param defaulting to ""
+is a missing required field to the React trigger form. These tests open the dialog, keep its
+defaults, check that its submit button is enabled and click it.
+
+As in test_scheduler.py, the services of `make ui` are stopped first and this module's own start
+with a pipelines directory of its own (two dag-processors on one metadata database would fight
+over which DAGs exist); the two modules must not run at the same time. Locally there is no login.
+Screenshots (and the page's DOM when a step fails) go to <state dir>/screenshots/ui-clicks-*.
+The tests run in order: the backfill goes to the DAG the first test unpaused and loaded.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from urllib.parse import quote
+
+import pytest
+from selenium.webdriver.common.by import By
+
+from tidemark.window import MICROSECOND
+from tidemark_workshop.stack.airflow import AirflowUI, RestApi
+from tidemark_workshop.stack.batchrun import make_pipeline
+from ui_driver import Browser
+
+pytestmark = pytest.mark.stack
+
+UTC = timezone.utc
+DDL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, "
+       "created_at timestamptz NOT NULL)")
+# Fixed dates, as in test_scheduler.py: ten days of rows, every created_at distinct.
+FIRST_DAY = datetime(2026, 10, 1, tzinfo=UTC)
+DAYS, ROWS_PER_DAY = 10, 200
+WATERMARK_START = datetime(2026, 10, 6, tzinfo=UTC)  # a nightly run loads Oct 6 (after midnight) .. Oct 10
+BACKFILL = (datetime(2026, 10, 2, tzinfo=UTC), datetime(2026, 10, 4, tzinfo=UTC))  # runs for Oct 2, 3, 4
+RUN_TIMEOUT_S = 600  # a cap: a run takes 40 s to 2.5 min here, as busy as the machine is
+
+
+@pytest.fixture(scope="module")
+def ui(settings, tmp_path_factory):
+    """A nightly pipeline with ten days of source rows and a standing one, the Airflow services
+    that parse them, the REST API (to wait and to check), and a headless Chromium."""
+    pipelines = tmp_path_factory.mktemp("pipelines")
+    nightly = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
+                            initial_watermark=WATERMARK_START.isoformat(), write_mode="append_window_replace")
+    src = nightly.src()
+    with src, src.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {nightly.spec.table} SELECT g, (g * 7919 %% 100000) / 100.0, "
+            f"%s + (g %% %s) * interval '1 day' + (g / %s) * interval '1 second' FROM generate_series(1, %s) g",
+            (FIRST_DAY, DAYS, DAYS, DAYS * ROWS_PER_DAY),
+        )
+    src.close()
+    # Only its name is needed: tidemark_stream_control refuses a pipeline whose sink does not stand.
+    standing = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
+                             sink={"mode": "standing", "trigger": "PT1S", "heartbeat": "PT2S"})
+
+    services = AirflowUI(settings)
+    services.stop()  # `make ui`'s services parse the default pipelines; ours parse this module's
+    services.start({"TIDEMARK_PIPELINES_DIR": str(pipelines),
+                    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5"})
+    try:
+        services.wait_healthy()
+        api = RestApi(services.url, timeout_s=RUN_TIMEOUT_S)
+        for dag_id in (f"tidemark_batch_{nightly.spec.name}", "tidemark_stream_control"):
+            api.wait_for(f"{dag_id} to be parsed", lambda d=dag_id: api.exists(d), timeout_s=180)
+        with Browser(services.url, settings.state_dir / "screenshots") as browser:
+            yield api, browser, nightly, standing
+    finally:
+        services.stop()
+
+
+@pytest.fixture
+def browser(ui, request):
+    """The module's browser; when a test fails, what the page showed is kept beside the screenshots."""
+    _, browser, *_ = ui
+    failed = request.session.testsfailed
+    yield browser
+    if request.session.testsfailed > failed:
+        browser.screenshot(f"ui-clicks-{request.node.name}-failed")
+        browser.dump(f"ui-clicks-{request.node.name}-failed")
+
+
+def _rows(pipe, side: str, where: str = "true", params=()) -> dict:
+    conn = pipe.src() if side == "source" else pipe.wh()
+    table = pipe.spec.table if side == "source" else pipe.spec.target_table
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(f"SELECT id, amount, created_at FROM {table} WHERE {where} ORDER BY id", params)
+            return {r[0]: r[1:] for r in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def _batches(pipe, backfill: bool) -> list[tuple]:
+    """(run_id, state, rows, window_lo cursor, window_hi cursor) of the pipeline's batches, oldest first."""
+    found = pipe.query_wh(
+        "SELECT run_id, state, rows, window_lo, window_hi FROM tidemark_control.batches "
+        "WHERE pipeline = %s AND backfill = %s ORDER BY planned_at", (pipe.spec.name, backfill))
+    return [(run_id, state, rows, *(datetime.fromisoformat(w["cursor"]) for w in (lo, hi)))
+            for run_id, state, rows, lo, hi in found]
+
+
+def _settled(api: RestApi, dag_id: str) -> list[dict]:
+    """Every run of the DAG, once none is queued or running."""
+    def done():
+        runs = api.runs(dag_id)
+        return runs if runs and all(r["state"] in ("success", "failed") for r in runs) else None
+
+    return api.wait_for(f"every run of {dag_id} to finish", done)
+
+
+def _open_trigger_dialog(browser: Browser, dag_id: str):
+    browser.open(f"/dags/{dag_id}")
+    browser.click(browser.button("Trigger"))  # the DAG page's header button
+    dialog = browser.dialog()
+    assert f"Trigger Dag - {dag_id}" in " ".join(dialog.find_element(By.TAG_NAME, "h2").text.split())
+    return dialog
+
+
+def _checkbox(browser: Browser, dialog, label_starts: str):
+    """A Chakra checkbox by its label's text: (its visible label, its input)."""
+    label = browser.wait(f"the checkbox {label_starts!r}", lambda d: (browser.visible(
+        By.XPATH, f".//label[@data-part='root' and starts-with(normalize-space(.), '{label_starts}')]", dialog)
+        or [None])[0], timeout_s=10)
+    return label, label.find_element(By.TAG_NAME, "input")
+
+
+def test_trigger_with_the_forms_defaults_runs_the_nightly_batch_and_loads_its_window(ui, browser):
+    """The regression of issue 29: the dialog's Trigger button is enabled with the form as it opens.
+    The nightly DAG is paused, so the dialog's "Unpause ... on trigger" box is there and checked:
+    kept (a default), it unpauses the DAG, and the scheduler adds the run of the latest daily
+    interval beside the manual one. Whichever runs first, every row loads exactly once."""
+    api, _, pipe, _ = ui
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    assert api.call("GET", f"/dags/{dag_id}")["is_paused"], "a new DAG starts paused"
+    assert api.runs(dag_id) == []
+
+    dialog = _open_trigger_dialog(browser, dag_id)
+    assert browser.field("repair_batch", dialog).get_attribute("value") == ""
+    _, unpause = _checkbox(browser, dialog, f"Unpause {dag_id} on trigger")
+    assert unpause.is_selected(), "Airflow 3's dialog unpauses on trigger by default"
+    submit = browser.button("Trigger", dialog)
+    assert submit.get_attribute("data-testid") == "trigger-dag-submit"
+    browser.screenshot("ui-clicks-trigger-dialog-defaults")
+    # With repair_batch = Param("", type="string") the form rendered the field required (a red *)
+    # and the button disabled, with the params' first render; so both are looked at after it.
+    required = browser.label("repair_batch", dialog).get_attribute("data-required") is not None
+    errors = [e.text for e in browser.visible(By.CSS_SELECTOR, "[data-part=error-text]", dialog)]
+    assert (submit.is_enabled(), required) == (True, False), (
+        f"issue 29: with the form's defaults the dialog's Trigger button is "
+        f"{'enabled' if submit.is_enabled() else 'DISABLED'} and repair_batch is "
+        f"{'marked REQUIRED' if required else 'optional'} {errors}")
+    browser.click(submit)
+
+    browser.text("Dag Run Triggered")  # the UI's toast
+    browser.screenshot("ui-clicks-trigger-submitted")
+    manual = api.wait_for("the manual run the click made", lambda: api.runs(dag_id, run_type="manual"), timeout_s=30)
+    assert len(manual) == 1, manual
+    assert manual[0]["conf"] == {"repair_batch": None}, manual[0]["conf"]  # a nightly load, not a repair
+    assert api.call("GET", f"/dags/{dag_id}")["is_paused"] is False, "the dialog's default unpaused the DAG"
+    api.wait_for("the run of the latest daily interval, which the unpause makes",
+                 lambda: api.runs(dag_id, run_type="scheduled"), timeout_s=60)
+    runs = _settled(api, dag_id)  # one after the other (max_active_runs=1), in either order
+    assert sorted(r["run_type"] for r in runs) == ["manual", "scheduled"], runs
+    assert all(r["state"] == "success" for r in runs), {
+        r["dag_run_id"]: (r["state"], api.task_states(dag_id, r["dag_run_id"])) for r in runs}
+
+    # The warehouse: each nightly batch holds exactly the source rows of its window, the windows
+    # follow one another, and together they are every row after the initial watermark, once.
+    batches = _batches(pipe, backfill=False)
+    assert {b[0] for b in batches} == {r["dag_run_id"] for r in runs}, batches
+    assert all(state == "committed" for _, state, *_ in batches), batches
+    assert batches[0][3] == WATERMARK_START
+    for (_, _, _, _, hi), (_, _, _, lo, _) in zip(batches, batches[1:]):
+        assert lo == hi, f"the windows must follow one another: {batches}"
+    expected: dict = {}
+    for run_id, _, rows, lo, hi in batches:
+        window = _rows(pipe, "source", "created_at > %s AND created_at <= %s", (lo, hi))
+        assert rows == len(window), (run_id, rows, len(window))
+        assert not expected.keys() & window.keys()
+        expected.update(window)
+    assert _rows(pipe, "target") == expected == _rows(pipe, "source", "created_at > %s", (WATERMARK_START,))
+    assert len(expected) > 4 * ROWS_PER_DAY  # Oct 6 (after midnight) .. Oct 10
+
+    browser.open(f"/dags/{dag_id}/runs/{quote(manual[0]['dag_run_id'], safe='')}")
+    browser.text(manual[0]["dag_run_id"])
+    browser.screenshot("ui-clicks-trigger-run")
+
+
+def test_stream_control_needs_only_a_pipeline_and_records_who_paused_it(ui, browser):
+    api, _, _, standing = ui
+    dag_id, name = "tidemark_stream_control", standing.spec.name
+    before = {r["dag_run_id"] for r in api.runs(dag_id)}
+
+    dialog = _open_trigger_dialog(browser, dag_id)
+    pipeline = browser.field("pipeline", dialog)
+    submit = browser.button("Trigger", dialog)
+    browser.wait("the Trigger button to be disabled while pipeline is empty",
+                 lambda d: not submit.is_enabled(), timeout_s=10)
+    browser.screenshot("ui-clicks-stream-control-empty")
+    assert pipeline.get_attribute("value") == ""
+    assert browser.field("reason", dialog).get_attribute("value") == ""  # optional: left empty
+    action = browser.field_root("action", dialog)  # a select, showing its default
+    assert action.find_element(By.NAME, "element_action").get_attribute("value") == "pause"
+    assert "pause" in action.text
+    assert browser.label("pipeline", dialog).get_attribute("data-required") is not None
+
+    browser.type_into(pipeline, name)
+    browser.wait("the Trigger button to enable once pipeline is typed", lambda d: submit.is_enabled(), timeout_s=10)
+    browser.screenshot("ui-clicks-stream-control-filled")
+    browser.click(submit)
+    browser.text("Dag Run Triggered")
+
+    new = api.wait_for("the run the click made", lambda: [
+        r for r in api.runs(dag_id) if r["dag_run_id"] not in before], timeout_s=30)
+    assert len(new) == 1 and new[0]["run_type"] == "manual", new
+    assert new[0]["conf"] == {"pipeline": name, "action": "pause", "reason": None}, new[0]["conf"]
+    run = api.wait_finished(dag_id, new[0]["dag_run_id"], timeout_s=180)
+    assert run["state"] == "success", api.log_text(dag_id, run["dag_run_id"], "apply", 1)[-3000:]
+
+    (desired, who, why), = standing.query_wh(
+        "SELECT desired, changed_by, reason FROM tidemark_control.streams WHERE pipeline = %s", (name,))
+    assert desired == "paused" and why is None
+    assert who == run["triggering_user_name"] and who not in (None, "", "unknown", "supervisor"), (who, run)
+    (detail,), = standing.query_wh("SELECT detail FROM tidemark_control.stream_events WHERE pipeline = %s "
+                                   "AND kind = 'desired'", (name,))
+    assert detail.endswith("-> paused"), detail
+
+
+def test_a_backfill_from_the_dialog_loads_exactly_its_three_days(ui, browser):
+    api, _, pipe, _ = ui
+    dag_id = f"tidemark_batch_{pipe.spec.name}"
+    _settled(api, dag_id)
+    before, watermark = _rows(pipe, "target"), pipe.watermark()
+    assert before, "the first test loads the nightly window first"
+    start, end = BACKFILL
+
+    dialog = _open_trigger_dialog(browser, dag_id)
+    browser.click(browser.text("Run this Dag for a range of dates"))  # the Backfill choice
+    run_backfill = browser.button("Run Backfill", dialog)
+    assert not run_backfill.is_enabled(), "no dates yet"
+    for n, when in enumerate((start, end)):
+        browser.click(browser.visible(By.CSS_SELECTOR, "[data-testid=datetime-input]", dialog)[n])  # From, To
+        browser.type_into(browser.wait("the date picker", lambda d: (browser.visible(
+            By.CSS_SELECTOR, "input[placeholder='YYYY/MM/DD']") or [None])[0]), when.strftime("%Y/%m/%d"))
+        browser.type_into(browser.visible(By.CSS_SELECTOR, "input[placeholder='HH:mm']")[0], when.strftime("%H:%M"))
+        browser.click(browser.text("Date Range"))  # closes the picker
+        browser.wait("the date picker to close", lambda d: not browser.visible(
+            By.CSS_SELECTOR, "input[placeholder='YYYY/MM/DD']"), timeout_s=10)
+    shown = [e.text for e in browser.visible(By.CSS_SELECTOR, "[data-testid=datetime-input]", dialog)]
+    assert shown == [f"{d:%b %d, %Y} 00:00" for d in (start, end)], shown
+    browser.text("3 runs will be triggered.")  # the dialog's dry run
+    browser.wait("Run Backfill to enable", lambda d: run_backfill.is_enabled(), timeout_s=10)
+    browser.screenshot("ui-clicks-backfill-dialog")
+    browser.click(run_backfill)
+    browser.text("Backfill generated")
+
+    runs = api.wait_for("three backfill runs", lambda: (r := api.runs(dag_id, run_type="backfill")) and len(r) == 3 and r,
+                        timeout_s=60)
+    finished = [api.wait_finished(dag_id, r["dag_run_id"]) for r in runs]
+    assert [r["state"] for r in finished] == ["success"] * 3, [api.task_states(dag_id, r["dag_run_id"]) for r in finished]
+    intervals = sorted((datetime.fromisoformat(r["data_interval_start"]), datetime.fromisoformat(r["data_interval_end"]))
+                       for r in finished)
+    assert intervals == [(start + timedelta(days=d), start + timedelta(days=d + 1)) for d in range(3)]
+    _settled(api, dag_id)
+
+    days = _rows(pipe, "source", "created_at >= %s AND created_at < %s", (start, end + timedelta(days=1)))
+    assert len(days) == 3 * ROWS_PER_DAY
+    assert _rows(pipe, "target") == {**before, **days}  # nothing of Oct 1 or Oct 5, every row of Oct 2-4
+    backfills = _batches(pipe, backfill=True)
+    # each window is its interval [start, end), kept as (start - 1 µs, end - 1 µs] (tidemark.window)
+    assert sorted((lo + MICROSECOND, hi + MICROSECOND) for *_, lo, hi in backfills) == intervals
+    assert [(state, rows) for _, state, rows, *_ in backfills] == [("committed", ROWS_PER_DAY)] * 3
+    assert pipe.watermark() == watermark  # backfills never move it
+    browser.open(f"/dags/{dag_id}/runs")
+    browser.text(runs[0]["dag_run_id"])
+    browser.screenshot("ui-clicks-backfill-runs")
