@@ -97,7 +97,7 @@ def _job(jdbc_url: str, user: str, spec_path: str, bootstrap: str, *, rounds: in
     from pyspark.sql.types import StructField, StructType
 
     from tidemark import avro, pgbinary, stage, totals
-    from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
+    from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring
     from tidemark.jobs import PASSWORD_ENV
     from tidemark.sink import BatchSink
     from tidemark.sparkjob import connect, connect_params, password, session
@@ -105,7 +105,7 @@ def _job(jdbc_url: str, user: str, spec_path: str, bootstrap: str, *, rounds: in
 
     secret = password(argparse.Namespace(password_env=PASSWORD_ENV))  # as submit_command passes it
     spec = load_spec(Path(spec_path))
-    sink = BatchSink(connect(jdbc_url, user, secret), spec)
+    sink = BatchSink(connect(jdbc_url, user, secret), spec, keyring=Keyring.from_env())  # as the sink job reads it
     sink.acquire_fence()
     formats = sink.formats()
     for module in (stage, totals, pgbinary):

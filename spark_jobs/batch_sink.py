@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     from tidemark import window as window_module
 
     from tidemark.config import executor_checks_from
-    from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
+    from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
     from tidemark.dead_letters import DeadLetterOutbox
     from tidemark.kafka_io import end_offsets, ensure_topic
     from tidemark.progress import Steps, progress_line
@@ -76,6 +76,10 @@ def main(argv: list[str]) -> int:
     from tidemark.summary import summary_line
 
     spec = load_spec(args.spec)
+    try:  # control messages are verified against it: without one the sink does not start
+        keyring = Keyring.from_env()
+    except KeyringError as exc:
+        raise JobError(f"pipeline {spec.name}: {exc}") from None
     load_fields = from_arrow_schema(stage_module.load_schema()).fields
     conn = connect(args.jdbc_url, args.user, password(args))
     with conn, conn.cursor() as cur:
@@ -86,7 +90,7 @@ def main(argv: list[str]) -> int:
                 ensure_topic(args.bootstrap, spec.stream.topic, spec.stream.partitions)
             except (LookupError, ValueError) as exc:
                 raise JobError(f"pipeline {spec.name}: stream: {exc}") from None
-    sink = BatchSink(conn, spec, dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic,
+    sink = BatchSink(conn, spec, keyring=keyring, dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic,
                                                                consumer_for(spec.name)))
     try:
         sink.check_stream()

@@ -141,16 +141,17 @@ def _held(spec: PipelineSpec, clock, observed, id_high) -> str:
     return clock.holders() if clock.holds_back(spec.safe_lag) else ""
 
 
-def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, **extra: Any) -> None:
-    """One control message per partition, in one Kafka transaction of the pipeline's producer."""
+def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, *,
+               keyring: control.Keyring, **extra: Any) -> None:
+    """One signed control message per partition, in one Kafka transaction of the pipeline's producer."""
     msgs = control.messages(
         kind, pipeline=spec.name, batch_id=batch.batch_id, attempt=attempt,
         window=batch.window.to_json(), partitions=spec.partitions, schema_version=batch.schema_version, **extra,
     )
-    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}")
+    control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}", keyring=keyring)
 
 
-def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan) -> int:
+def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, *, keyring: control.Keyring) -> int:
     """Open the next attempt in the ledger and send BEGIN to every partition.
 
     The topic is made sure of first: a broker that is down fails this step before any attempt
@@ -158,7 +159,7 @@ def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan) -> in
     ensure_topic(bootstrap, spec.topic, spec.partitions)
     with warehouse_conn, warehouse_conn.cursor() as wh:
         attempt = ledger.open_attempt(wh, batch.batch_id)
-    _broadcast("BEGIN", spec, bootstrap, batch, attempt)
+    _broadcast("BEGIN", spec, bootstrap, batch, attempt, keyring=keyring)
     log.info("pipeline=%s batch=%s attempt=%s window=%s BEGIN sent to %s partitions of %s",
              spec.name, batch.batch_id, attempt, batch.window, spec.partitions, spec.topic)
     return attempt
@@ -179,25 +180,28 @@ def record_extract(spec: PipelineSpec, warehouse_conn, batch: Plan, attempt: int
     return sum(t.rows for t in totals.values())
 
 
-def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt: int) -> int:
+def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt: int, *,
+        keyring: control.Keyring) -> int:
     """Seal the attempt with the extract's totals (from the ledger) and send END to every partition."""
     with warehouse_conn, warehouse_conn.cursor() as wh:
         totals = ledger.extract_totals(wh, batch.batch_id, attempt)
         ledger.seal_attempt(wh, batch.batch_id, attempt, totals)
-    return send_end(spec, bootstrap, batch, attempt, totals)
+    return send_end(spec, bootstrap, batch, attempt, totals, keyring=keyring)
 
 
-def send_end(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, totals: dict[int, PartitionTotals]) -> int:
+def send_end(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, totals: dict[int, PartitionTotals], *,
+             keyring: control.Keyring) -> int:
     """END on every partition (a second send of the same totals is a no-op at the sink)."""
-    _broadcast("END", spec, bootstrap, batch, attempt, totals=totals)
+    _broadcast("END", spec, bootstrap, batch, attempt, keyring=keyring, totals=totals)
     rows = sum(t.rows for t in totals.values())
     log.info("pipeline=%s batch=%s attempt=%s window=%s END sent: rows=%s per partition %s",
              spec.name, batch.batch_id, attempt, batch.window, rows, {p: t.rows for p, t in totals.items()})
     return rows
 
 
-def abort(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, reason: str) -> None:
-    _broadcast("ABORT", spec, bootstrap, batch, attempt, reason=reason)
+def abort(spec: PipelineSpec, bootstrap: str, batch: Plan, attempt: int, reason: str, *,
+          keyring: control.Keyring) -> None:
+    _broadcast("ABORT", spec, bootstrap, batch, attempt, keyring=keyring, reason=reason)
     log.warning("pipeline=%s batch=%s attempt=%s ABORT sent: %s", spec.name, batch.batch_id, attempt, reason)
 
 

@@ -18,7 +18,8 @@ CONN_SOURCE = "tidemark_source"
 CONN_WAREHOUSE = "tidemark_warehouse"
 CONN_KAFKA = "tidemark_kafka"
 CONN_SPARK = "tidemark_spark"
-CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK)
+CONN_CONTROL = "tidemark_control"  # its password: the control messages' keyring (tidemark.control.Keyring)
+CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK, CONN_CONTROL)
 # Both jobs stream: the extract holds no window in memory (it counts records on their way to
 # Kafka) and the sink at most one micro-batch (--max-records-per-trigger).
 SPARK_DRIVER_MEMORY = os.environ.get("TIDEMARK_SPARK_DRIVER_MEMORY") or "1g"

@@ -3,12 +3,19 @@
 Control messages travel on the pipeline's own topic, one per partition, so on every partition
 they are ordered with the data records they bracket. They are produced in one Kafka transaction
 per step; readers use read_committed. Data records carry the batch id and attempt in headers.
+Every control message is signed (HMAC-SHA256 with a key id, ``Keyring``): anyone may produce to
+the topic, only the orchestrator holds the key.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -19,6 +26,9 @@ PROTOCOL_VERSIONS = (1, 2)
 HEADER_CONTROL = "tidemark.control"  # header on control messages: BEGIN | END | ABORT
 HEADER_BATCH = "tidemark.batch"  # headers on data records
 HEADER_ATTEMPT = "tidemark.attempt"
+CONTROL_KEYS_ENV = "TIDEMARK_CONTROL_KEYS"  # the keyring reaches a Spark job only through this variable
+_KEY_ID = r"[A-Za-z0-9._-]{1,64}"
+MIN_SECRET_CHARS = 32
 
 Kind = Literal["BEGIN", "END", "ABORT"]
 
@@ -64,6 +74,9 @@ class ControlMessage(BaseModel):
     batch_rows: Annotated[int, Field(ge=0)] | None = None  # END only: all partitions
     reason: str | None = None  # ABORT only
     sent_at: datetime
+    # HMAC-SHA256 over every other field (key_id included), by the keyring's signing key
+    key_id: Annotated[str, Field(pattern=f"^{_KEY_ID}$")] | None = None
+    signature: Annotated[str, Field(pattern="^[0-9a-f]{64}$")] | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> "ControlMessage":
@@ -105,6 +118,82 @@ class ProtocolError(ValueError):
     """A control message that cannot be parsed or does not fit the protocol."""
 
 
+class KeyringError(ValueError):
+    """No usable control keyring: messages can be neither signed nor verified. Says where it looked."""
+
+
+def _mac(secret: bytes, msg: ControlMessage) -> str:
+    # canonical JSON of every field but the signature: the same bytes on both sides whatever
+    # order or spacing the wire used
+    body = json.dumps(msg.model_dump(mode="json", exclude={"signature"}), sort_keys=True, separators=(",", ":"))
+    return hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True, repr=False)
+class Keyring:
+    """The control messages' HMAC keys, ``key_id:secret`` pairs: the first signs, every one verifies.
+
+    Rotation without downtime: add the new key second (sinks accept both, the orchestrator still
+    signs with the old), then move it first (the orchestrator signs with it), then drop the old key
+    once no attempt signed with it is open. Secrets never appear in a message or a log line."""
+
+    keys: tuple[tuple[str, bytes], ...]
+
+    @classmethod
+    def parse(cls, text: str | None, *, source: str) -> "Keyring":
+        entries = [e.strip() for e in (text or "").split(",") if e.strip()]
+        if not entries:
+            raise KeyringError(f"{source} holds no control key: expected key_id:secret[,key_id:secret...]")
+        keys: list[tuple[str, bytes]] = []
+        for n, entry in enumerate(entries, 1):
+            key_id, sep, secret = entry.partition(":")
+            if not sep or not re.fullmatch(_KEY_ID, key_id):
+                raise KeyringError(f"{source}: entry {n} is not key_id:secret (a key id is 1-64 of A-Z a-z 0-9 . _ -)")
+            if len(secret) < MIN_SECRET_CHARS:
+                raise KeyringError(f"{source}: the secret of key {key_id} has {len(secret)} characters, "
+                                   f"at least {MIN_SECRET_CHARS} are needed (for example 64 hex digits)")
+            if key_id in dict(keys):
+                raise KeyringError(f"{source}: key id {key_id} appears twice")
+            keys.append((key_id, secret.encode()))
+        return cls(tuple(keys))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Keyring":
+        if not environ.get(CONTROL_KEYS_ENV, "").strip():
+            raise KeyringError(f"environment variable {CONTROL_KEYS_ENV} is not set: control messages can be neither "
+                               "signed nor verified. Next: set it to key_id:secret (the Airflow connection "
+                               "tidemark_control's password; the local stack generates one at make up)")
+        return cls.parse(environ[CONTROL_KEYS_ENV], source=f"environment variable {CONTROL_KEYS_ENV}")
+
+    @property
+    def key_ids(self) -> list[str]:
+        return [key_id for key_id, _ in self.keys]
+
+    def text(self) -> str:
+        """The keyring as ``parse`` reads it: for a child process's environment, never for a log."""
+        return ",".join(f"{key_id}:{secret.decode()}" for key_id, secret in self.keys)
+
+    def __repr__(self) -> str:
+        return f"Keyring(key ids {self.key_ids}, signing with {self.keys[0][0]})"
+
+    def sign(self, msg: ControlMessage) -> ControlMessage:
+        key_id, secret = self.keys[0]
+        unsigned = msg.model_copy(update={"key_id": key_id, "signature": None})
+        return unsigned.model_copy(update={"signature": _mac(secret, unsigned)})
+
+    def verify(self, msg: ControlMessage) -> str | None:
+        """Why ``msg`` is not the orchestrator's (None: its signature holds under one of our keys)."""
+        if msg.key_id is None or msg.signature is None:
+            return "unsigned (no key_id and signature): not sent by the orchestrator"
+        secret = dict(self.keys).get(msg.key_id)
+        if secret is None:
+            return (f"signed with key id {msg.key_id}, which this sink's keyring ({', '.join(self.key_ids)}) does not "
+                    "hold: forged, or a key retired too early (add it back to the keyring's end to accept it)")
+        if not hmac.compare_digest(msg.signature, _mac(secret, msg)):
+            return f"its signature under key {msg.key_id} does not match its content: forged or altered"
+        return None
+
+
 def decode(raw: bytes | str | None) -> ControlMessage:
     if raw is None:
         raise ProtocolError("control message without a value")
@@ -144,9 +233,10 @@ def messages(
     ]
 
 
-def send(bootstrap: str, topic: str, batch: list[ControlMessage], *, transactional_id: str,
+def send(bootstrap: str, topic: str, batch: list[ControlMessage], *, transactional_id: str, keyring: Keyring,
          timeout_s: float | None = None) -> None:
-    """Write the messages to their partitions in one Kafka transaction.
+    """Sign the messages with the keyring's signing key and write them to their partitions in one
+    Kafka transaction.
 
     The transactional id is stable per pipeline, so a new producer fences any zombie that is
     still holding an older transaction open for the same pipeline.
@@ -161,7 +251,7 @@ def send(bootstrap: str, topic: str, batch: list[ControlMessage], *, transaction
     producer.init_transactions(timeout_s)
     producer.begin_transaction()
     try:
-        for msg in batch:
+        for msg in map(keyring.sign, batch):
             producer.produce(
                 topic, value=msg.encode(), partition=msg.partition,
                 headers=[(HEADER_CONTROL, msg.kind.encode())],

@@ -378,8 +378,8 @@ def attempt_status(cur, batch_id: str, attempt: int) -> AttemptStatus:
     row = cur.fetchone()
     if row is None:
         return AttemptStatus(None, None, None, 0, None)
-    state, rows, message, partitions, ends = row
-    return AttemptStatus(state, rows, message, ends, partitions)
+    state, rows, message, partitions, received = row
+    return AttemptStatus(state, rows, message, received, partitions)
 
 
 def batch_summary(cur, batch_id: str) -> dict[str, Any]:

@@ -50,7 +50,7 @@ import psycopg2.errors
 
 from tidemark import faults, ledger
 from tidemark.avro import Format, SourceColumn, row_column, sql_type
-from tidemark.control import ControlMessage, ProtocolError, decode
+from tidemark.control import ControlMessage, Keyring, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
 from tidemark.progress import Steps
@@ -100,10 +100,11 @@ class MicroBatchReport:
 
 
 class BatchSink:
-    def __init__(self, conn, spec: PipelineSpec, *,
+    def __init__(self, conn, spec: PipelineSpec, *, keyring: Keyring,
                  dead_letters: DeadLetterOutbox | None = None):
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
+        self.keyring = keyring  # a control message counts only when one of its keys signed it
         self.topic = spec.topic
         self.topics = [spec.topic, *([spec.stream.topic] if spec.stream else [])]
         # One consumer per pipeline per warehouse database: a second sink of the pipeline in this
@@ -335,6 +336,10 @@ class BatchSink:
         except ProtocolError as exc:
             self._reject(report, rec, f"{rec['control']} message rejected: {exc}")
             return None
+        unsigned = self.keyring.verify(msg)
+        if unsigned is not None:
+            self._reject(report, rec, f"{msg.describe()} rejected: {unsigned}", msg)
+            return None
         if msg.kind != rec["control"] or msg.partition != rec["partition"] or msg.pipeline != self.spec.name:
             self._reject(
                 report, rec,
@@ -378,6 +383,9 @@ class BatchSink:
             self._reject(report, rec, f"{why}: BEGIN rejected, nothing of it is staged", msg)
             return
         state = ledger.attempt_state(cur, msg.batch_id, msg.attempt)
+        if state == "committed":
+            self._reject(report, rec, self._replayed(cur, msg), msg)
+            return
         if state not in ("open", "sealed"):
             log.info("pipeline=%s batch=%s attempt=%s p%s BEGIN of a%s attempt (late or replayed): no-op",
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition, f" {state}" if state else "n unrecorded")
@@ -580,9 +588,12 @@ class BatchSink:
         if state is None:
             self._reject(report, rec, f"END for unknown batch {msg.batch_id} attempt {msg.attempt}: no BEGIN was seen; ignored", msg)
             return False
+        if state == "committed":
+            self._reject(report, rec, self._replayed(cur, msg), msg)
+            return False
         if state not in ("open", "sealed"):
-            verb = "replayed END for a committed batch: no-op" if state == "committed" else f"END for a {state} attempt: ignored"
-            log.info("pipeline=%s batch=%s attempt=%s p%s %s", msg.pipeline, msg.batch_id, msg.attempt, msg.partition, verb)
+            log.info("pipeline=%s batch=%s attempt=%s p%s END for a %s attempt: ignored", msg.pipeline, msg.batch_id,
+                     msg.attempt, msg.partition, state)
             return False
         assert msg.totals is not None
         why = self._planned(cur, msg) or self._unsealed(cur, msg, state)
@@ -600,6 +611,14 @@ class BatchSink:
             log.info("pipeline=%s batch=%s attempt=%s p%s duplicate END (same totals): no-op",
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition)
         return len(ledger.ends(cur, msg.batch_id, msg.attempt)[0]) == msg.partitions
+
+    @staticmethod
+    def _replayed(cur, msg: ControlMessage) -> str:
+        """Why a signed BEGIN or END of a committed attempt is a dead letter: its batch is in, this is
+        a copy (a replay by another producer, or an END step that sent twice), and it changes nothing."""
+        committed = ledger.attempt_finished_at(cur, msg.batch_id, msg.attempt)
+        return (f"{msg.describe()} arrived after its attempt committed at {committed:%Y-%m-%dT%H:%M:%S%z}: a copy "
+                "(replayed, or sent twice by a retried END step); nothing applied, nothing changed")
 
     @staticmethod
     def _unsealed(cur, msg: ControlMessage, state: str) -> str | None:

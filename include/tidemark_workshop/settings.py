@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from tidemark.config import (  # noqa: F401 (re-exported: the stack wires these names)
-    CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, SPARK_DRIVER_MEMORY,
+    CONN_CONTROL, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, SPARK_DRIVER_MEMORY,
     jdbc_url, pipelines_dir,
 )
+from tidemark.control import CONTROL_KEYS_ENV, Keyring
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: the stack's scripts, poms and state
 
@@ -100,6 +102,27 @@ class Settings:
     def airflow_home(self) -> Path:
         return self.state_dir / "airflow"
 
+    @property
+    def control_keys_file(self) -> Path:
+        return self.state_dir / "control-keys"
+
+    def control_keyring(self) -> Keyring:
+        """The control messages' keyring: TIDEMARK_CONTROL_KEYS when set, else the state directory's
+        own, generated once (a random key, readable by this user only; no secret in the repository)."""
+        if os.environ.get(CONTROL_KEYS_ENV, "").strip():
+            return Keyring.from_env()
+        path = self.control_keys_file
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another process generated it first: use theirs
+                pass
+            else:
+                with os.fdopen(fd, "w") as out:
+                    out.write(f"local-1:{secrets.token_hex(32)}\n")
+        return Keyring.parse(path.read_text(), source=str(path))
+
     # --- endpoints ---------------------------------------------------------------------
     @property
     def kafka_bootstrap(self) -> str:
@@ -147,6 +170,10 @@ class Settings:
             ),
             "AIRFLOW_CONN_TIDEMARK_SPARK": json.dumps(
                 {"conn_type": "spark", "host": self.spark_master}
+            ),
+            # the control messages' keyring (key_id:secret,...) in the password: only the orchestrator signs
+            "AIRFLOW_CONN_TIDEMARK_CONTROL": json.dumps(
+                {"conn_type": "generic", "password": self.control_keyring().text()}
             ),
         }
 
@@ -202,4 +229,5 @@ class Settings:
         if self.spark_quick_start:
             env["SPARK_SUBMIT_OPTS"] = self.quick_start_opts(os.environ.get("SPARK_SUBMIT_OPTS", ""))
         env.update(self.airflow_connections())
+        env[CONTROL_KEYS_ENV] = self.control_keyring().text()  # local runner, sinks and tests outside Airflow
         return env

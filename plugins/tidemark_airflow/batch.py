@@ -21,7 +21,7 @@ from airflow.sdk import Asset, BaseOperator, BaseSensorOperator, Connection
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark import jobs
-from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
+from tidemark.config import CONN_CONTROL, CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
 
@@ -105,6 +105,14 @@ def pg_connect(conn_id: str, *, application_name: str = "tidemark-airflow"):
 
 def kafka_bootstrap(conn_id: str = CONN_KAFKA) -> str:
     return Connection.get(conn_id).extra_dejson["bootstrap.servers"]
+
+
+def control_keyring(conn_id: str = CONN_CONTROL):
+    """The control messages' keyring: the password of the ``tidemark_control`` connection (a secrets
+    backend serves it like any connection). Only the orchestrator signs; sinks get it to verify."""
+    from tidemark.control import Keyring
+
+    return Keyring.parse(Connection.get(conn_id).password, source=f"Airflow connection {conn_id} (its password)")
 
 
 def batch_asset(pipeline: str) -> Asset:
@@ -212,7 +220,7 @@ def open_attempt(op: BaseOperator, spec, plan, context) -> int:
     with on_call(op.log, _tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
         warehouse = pg_connect(op.warehouse_conn_id)
         try:
-            return batch.begin(spec, warehouse, kafka_bootstrap(op.kafka_conn_id), plan)
+            return batch.begin(spec, warehouse, kafka_bootstrap(op.kafka_conn_id), plan, keyring=control_keyring())
         except AlreadyCommitted as done:
             op.log.info("%s: %s. Nothing to do: the rest of this run is skipped. To load this window again, "
                         "trigger a new run; if this run never published its Asset event, clear only its "
@@ -297,7 +305,8 @@ class EndBatchOperator(_PipelineOperator):
         with on_call(self.log, _tag(spec, plan, attempt), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             warehouse = pg_connect(self.warehouse_conn_id)
             try:
-                return batch.end(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan, attempt)
+                return batch.end(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan, attempt,
+                                 keyring=control_keyring())
             finally:
                 warehouse.close()
 
@@ -324,8 +333,12 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
             self.log.info("%s: the standing sink (supervised by tidemark_supervisor) applies this batch; "
                           "%s waits for it", tag, COMMITTED)
             return
+        from tidemark.control import CONTROL_KEYS_ENV
+
         self.job_args = jobs.sink_args(self.spec_path, kafka_bootstrap(self.kafka_conn_id))
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
+            # the sink verifies the control messages' signatures: the keyring only in its environment
+            self.env_vars = {**(self.env_vars or {}), CONTROL_KEYS_ENV: control_keyring().text()}
             super().execute(context)
 
 
@@ -496,7 +509,7 @@ class AbortUnfinishedOperator(_PipelineOperator):
             warehouse.close()
         if attempt is not None:
             try:  # ABORT only lets a running sink drop the stage at once
-                batch.abort(spec, kafka_bootstrap(self.kafka_conn_id), plan, attempt, reason)
+                batch.abort(spec, kafka_bootstrap(self.kafka_conn_id), plan, attempt, reason, keyring=control_keyring())
             except Exception as exc:
                 self.log.error("%s: could not send ABORT (%s); the ledger marks the attempt aborted, so the sink "
                                "discards its records and drops its stage table at its next start",

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tidemark import jobs
 from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, jdbc_url, pipelines_dir, spark_job, streams_dir
-from tidemark_airflow.batch import kafka_bootstrap, pg_connect
+from tidemark_airflow.batch import control_keyring, kafka_bootstrap, pg_connect
 
 log = logging.getLogger(__name__)
 ACTIONS = {"pause": "paused", "resume": "running", "stop": "stopped", "clear": None}
@@ -34,8 +34,11 @@ def sink_command(paths: dict[str, Path]):
     builds it from the ``tidemark_spark`` connection, the password only in the environment."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+    from tidemark.control import CONTROL_KEYS_ENV
+
     warehouse = Connection.get(CONN_WAREHOUSE)
     bootstrap = kafka_bootstrap(CONN_KAFKA)
+    keyring = control_keyring()  # the sink verifies the control messages' signatures
 
     def command(spec):
         args = [*jobs.jdbc_args(jdbc_url(warehouse.host, warehouse.port, warehouse.schema), warehouse.login or ""),
@@ -44,7 +47,7 @@ def sink_command(paths: dict[str, Path]):
                                jars=os.environ.get("TIDEMARK_SPARK_JARS") or None, name=f"tidemark-stream-{spec.name}",
                                application_args=args)
         argv = hook._build_spark_submit_command(str(spark_job(jobs.SINK_JOB)))  # the operator's own builder
-        return argv, {**os.environ, jobs.PASSWORD_ENV: warehouse.password or ""}
+        return argv, {**os.environ, jobs.PASSWORD_ENV: warehouse.password or "", CONTROL_KEYS_ENV: keyring.text()}
 
     return command
 

@@ -85,7 +85,7 @@ def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
 
     ghost = control.messages("END", pipeline=pipe.spec.name, batch_id="ghost-batch", attempt=1, window=a.window.to_json(),
                              partitions=3, totals={p: control.PartitionTotals(rows=1, checksum=1) for p in range(3)})
-    control.send(bootstrap, pipe.spec.topic, ghost, transactional_id="test-ghost")
+    control.send(bootstrap, pipe.spec.topic, ghost, transactional_id="test-ghost", keyring=pipe.keyring)
 
     pipe.sink()
     assert pipe.state(a.batch_id, a1) == "committed"

@@ -143,7 +143,7 @@ def test_a_replayed_micro_batch_and_records_below_the_stored_offsets_change_noth
                        "attempt": pa.nulls(3, pa.int32()), "row_hash": [0, 0, 0]})
     wh = pipe.wh()
     try:
-        sink = BatchSink(wh, pipe.spec)
+        sink = BatchSink(wh, pipe.spec, keyring=pipe.keyring)
         sink.acquire_fence()
         assert sink.apply(events, micro_batch=0).events == 3
         again = sink.apply(events, micro_batch=0)  # Spark replays a micro-batch whose commit it missed
@@ -174,7 +174,7 @@ def test_entities_keep_the_newest_version_and_count_each_older_or_equal_event_on
 
     wh = pipe.wh()
     try:
-        sink = BatchSink(wh, pipe.spec)
+        sink = BatchSink(wh, pipe.spec, keyring=pipe.keyring)
         sink.acquire_fence()
         assert sink.apply(_micro_batch(topic, [(0, 0, version(1, 2, "1.00"))]), micro_batch=0).events == 1
         report = sink.apply(_micro_batch(topic, [
@@ -199,7 +199,7 @@ def test_an_event_postgresql_refuses_is_a_dead_letter_and_the_rest_of_its_micro_
             cur.execute(f"ALTER TABLE {table} ADD COLUMN note inet, ADD CONSTRAINT small CHECK (amount < 100)")
         values = [_event(1), _event(2)[:-1] + b', "note": "not an address"}', _event(3, amount="500.00"), _event(4)]
         events = _micro_batch(topic, list(zip([0, 1, 1, 2], [0, 0, 1, 0], values)))
-        sink = BatchSink(wh, pipe.spec)
+        sink = BatchSink(wh, pipe.spec, keyring=pipe.keyring)
         sink.acquire_fence()
         report = sink.apply(events, micro_batch=0)
         assert (report.events, report.rejected) == (2, 2)

@@ -26,7 +26,7 @@ def test_a_sink_fenced_by_a_second_sink_of_its_pipeline_stages_and_commits_nothi
 
     first = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
-        old = BatchSink(first, pipe.spec)
+        old = BatchSink(first, pipe.spec, keyring=pipe.keyring)
         old.acquire_fence()
         pipe.sink()  # the second sink (the real Spark job) takes the next token and commits the batch
         assert pipe.state(plan.batch_id, attempt) == "committed"

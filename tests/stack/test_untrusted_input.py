@@ -11,6 +11,7 @@ import json
 from datetime import datetime, timezone
 
 from confluent_kafka import Producer
+from pydantic import ValidationError
 
 from tidemark import batch
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, ControlMessage
@@ -117,7 +118,9 @@ def test_malformed_records_of_another_producer_go_to_the_dlq_and_the_genuine_bat
 
 def _control(what: str, plan: batch.Plan, pipe, attempt: int, **changes) -> bytes:
     """A control message as the orchestrator would send it for ``plan``, with ``changes`` applied
-    (dotted paths into the JSON), as a forger or a broken producer would."""
+    (dotted paths into the JSON), as a broken producer or a forger holding the key would: signed
+    with the stack's own key when it still parses, so the checks behind the signature's are what
+    is tested here (unsigned and wrongly signed messages: test_forgery.py)."""
     msg = ControlMessage(kind=what, version=2 if plan.schema_version else 1, schema_version=plan.schema_version or 1,
                          pipeline=pipe.spec.name, batch_id=plan.batch_id, attempt=attempt,
                          window=plan.window.to_json(), partitions=pipe.spec.partitions, partition=0,
@@ -129,7 +132,10 @@ def _control(what: str, plan: batch.Plan, pipe, attempt: int, **changes) -> byte
         for p in parents:
             node = node[p]
         node[leaf] = value
-    return json.dumps(data).encode()
+    try:
+        return pipe.keyring.sign(ControlMessage.model_validate_json(json.dumps(data))).encode()
+    except ValidationError:  # it does not parse: signed or not, the sink refuses it as malformed
+        return json.dumps(data).encode()
 
 
 def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_commits(settings, tmp_path):
@@ -166,11 +172,13 @@ def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_co
     assert pipe.watermark()["cursor"] == hi  # the planned hi, never the forged 2100
     same_rows(pipe)
 
-    batch._broadcast("BEGIN", pipe.spec, bootstrap, a, a1)  # a replayed BEGIN of the committed attempt
+    batch._broadcast("BEGIN", pipe.spec, bootstrap, a, a1, keyring=pipe.keyring)  # a replayed BEGIN of the committed attempt
     pipe.sink()
     assert pipe.query_wh("SELECT state FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,)) == [
         ("committed",)]  # known gap 8: it went back to 'open'
-    assert len(rejects(pipe)) == len(forged)
+    reasons = [reason for *_, reason in rejects(pipe)]  # a copy of a committed BEGIN: one dead letter per partition
+    assert len(reasons) == len(forged) + pipe.spec.partitions, reasons
+    assert sum("arrived after its attempt committed" in r for r in reasons) == pipe.spec.partitions, reasons
 
     insert_payments(pipe, 201, 260)
     pipe.run("run-b")

@@ -12,11 +12,14 @@ import pytest
 from pydantic import ValidationError
 
 from tidemark.control import (
+    CONTROL_KEYS_ENV,
     HEADER_ATTEMPT,
     HEADER_BATCH,
     HEADER_CONTROL,
     PROTOCOL_VERSION,
     ControlMessage,
+    Keyring,
+    KeyringError,
     PartitionTotals,
     ProtocolError,
     decode,
@@ -238,3 +241,78 @@ def test_header_value():
     assert header_value(headers, HEADER_ATTEMPT) == "3"
     assert header_value(headers, HEADER_CONTROL) is None
     assert header_value(None, HEADER_CONTROL) is None
+
+
+# --- signatures ---------------------------------------------------------------------------------
+
+OLD, NEW = "k-2026a:" + "a" * 64, "k-2026b:" + "b" * 64
+
+
+def _wire(msg: ControlMessage, **changes) -> bytes:
+    """What a reader gets from the topic: the encoded message, optionally edited in transit."""
+    data = json.loads(msg.encode())
+    data.update(changes)
+    return json.dumps(data, indent=1, sort_keys=False).encode()  # other spacing and order than the signer's
+
+
+def test_a_signed_message_verifies_after_the_wire_and_names_its_key():
+    ring = Keyring.parse(OLD, source="test")
+    for msg in [*messages("END", partitions=3, totals=TOTALS, **COMMON), *messages("BEGIN", partitions=1, **COMMON)]:
+        signed = ring.sign(msg)
+        assert signed.key_id == "k-2026a" and len(signed.signature) == 64
+        assert ring.verify(decode(_wire(signed))) is None
+        assert decode(signed.encode()).model_copy(update={"key_id": None, "signature": None}) == msg
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"attempt": 3}, "does not match its content"),
+    ({"batch_id": "ledger_entries:scheduled__2026-01-03"}, "does not match its content"),  # replayed into another batch
+    ({"partition": 1}, "does not match its content"),
+    ({"totals": {"rows": 0, "checksum": "0"}}, "does not match its content"),
+    ({"signature": None}, "unsigned"),
+    ({"key_id": None, "signature": None}, "unsigned"),
+    ({"key_id": "k-2026b"}, "does not match its content"),  # the right signature, claimed for the other key
+    ({"key_id": "forger"}, "key id forger, which this sink's keyring (k-2026a, k-2026b) does not hold"),
+])
+def test_an_altered_unsigned_or_foreign_message_is_refused_with_its_reason(change, why):
+    ring = Keyring.parse(f"{OLD},{NEW}", source="test")
+    signed = ring.sign(messages("END", partitions=3, totals=TOTALS, **COMMON)[0])
+    assert why in ring.verify(decode(_wire(signed, **change)))
+
+
+def test_a_message_signed_with_another_secret_under_our_key_id_is_forged():
+    forger = Keyring.parse("k-2026a:" + "f" * 64, source="test")
+    msg = forger.sign(messages("ABORT", partitions=1, reason="forged", **COMMON)[0])
+    assert "does not match its content: forged or altered" in Keyring.parse(OLD, source="test").verify(msg)
+
+
+def test_rotation_without_downtime_signs_with_the_first_key_and_accepts_every_listed_one():
+    before, during, after = (Keyring.parse(t, source="test") for t in (OLD, f"{NEW},{OLD}", NEW))
+    msg = messages("BEGIN", partitions=1, **COMMON)[0]
+    assert during.verify(before.sign(msg)) is None  # sinks on the new ring accept what the old orchestrator signed
+    assert Keyring.parse(f"{OLD},{NEW}", source="test").verify(during.sign(msg)) is None  # and the reverse
+    assert after.verify(during.sign(msg)) is None
+    assert "does not hold" in after.verify(before.sign(msg))  # the old key, once retired
+
+
+@pytest.mark.parametrize("text, why", [
+    ("", "holds no control key"),
+    (" , ", "holds no control key"),
+    ("nokey", "entry 1 is not key_id:secret"),
+    ("bad id:" + "x" * 40, "entry 1 is not key_id:secret"),
+    ("k1:short-secret", "the secret of key k1 has 12 characters, at least 32"),
+    (f"{OLD},{OLD}", "key id k-2026a appears twice"),
+])
+def test_a_bad_keyring_is_refused_without_showing_a_secret(text, why):
+    with pytest.raises(KeyringError) as info:
+        Keyring.parse(text, source="Airflow connection tidemark_control (its password)")
+    assert why in str(info.value) and "Airflow connection tidemark_control" in str(info.value)
+    assert "short-secret" not in str(info.value) and "a" * 32 not in str(info.value)
+
+
+def test_the_keyring_from_the_environment_and_its_repr_show_key_ids_only():
+    ring = Keyring.from_env({CONTROL_KEYS_ENV: f"{NEW},{OLD}"})
+    assert ring.key_ids == ["k-2026b", "k-2026a"] and Keyring.parse(ring.text(), source="x") == ring
+    assert repr(ring) == "Keyring(key ids ['k-2026b', 'k-2026a'], signing with k-2026b)" and "b" * 32 not in repr(ring)
+    with pytest.raises(KeyringError, match=f"{CONTROL_KEYS_ENV} is not set"):
+        Keyring.from_env({})

@@ -34,6 +34,11 @@ class Pipeline:
         return Pipeline(self.settings, load_spec(self.path), self.path, self.jobs)
 
     @property
+    def keyring(self):
+        """The orchestrator's control keyring (the stack's; the DAG reads the Airflow connection's)."""
+        return self.settings.control_keyring()
+
+    @property
     def source_table(self) -> str:
         return self.spec.table
 
@@ -56,7 +61,7 @@ class Pipeline:
     def begin(self, plan: batch.Plan) -> int:
         wh = self.wh()
         try:
-            return batch.begin(self.spec, wh, self.settings.kafka_bootstrap, plan)
+            return batch.begin(self.spec, wh, self.settings.kafka_bootstrap, plan, keyring=self.keyring)
         finally:
             wh.close()
 
@@ -85,7 +90,7 @@ class Pipeline:
         wh = self.wh()
         try:
             batch.record_extract(self.spec, wh, plan, attempt, report)
-            batch.end(self.spec, wh, self.settings.kafka_bootstrap, plan, attempt)
+            batch.end(self.spec, wh, self.settings.kafka_bootstrap, plan, attempt, keyring=self.keyring)
         finally:
             wh.close()
 
@@ -93,10 +98,11 @@ class Pipeline:
         """END on the topic only, as a duplicated or replayed message would arrive (no ledger step)."""
         from tidemark.control import loads_totals
 
-        batch.send_end(self.spec, self.settings.kafka_bootstrap, plan, attempt, loads_totals(report["totals"]))
+        batch.send_end(self.spec, self.settings.kafka_bootstrap, plan, attempt, loads_totals(report["totals"]),
+                       keyring=self.keyring)
 
     def abort(self, plan: batch.Plan, attempt: int, reason: str) -> None:
-        batch.abort(self.spec, self.settings.kafka_bootstrap, plan, attempt, reason)
+        batch.abort(self.spec, self.settings.kafka_bootstrap, plan, attempt, reason, keyring=self.keyring)
 
     def sink_args(self, *, available_now: bool = True) -> list[str]:
         s = self.settings
