@@ -1,8 +1,13 @@
-"""Shared fixtures. Stack tests talk to the real local stack that `make test` starts."""
+"""Shared fixtures and the two lanes.
+
+Every test under tests/stack is marked ``stack``: it talks to the real local stack that `make test`
+starts. The rest needs none: `make unit` runs it (``-m "not stack"``) without starting anything.
+"""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import psycopg2
 import pytest
@@ -10,6 +15,19 @@ import pytest
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 
 PARSE_TIMES = pytest.StashKey[dict]()
+STACK_DIR = Path(__file__).resolve().parent / "stack"
+STACK_FIXTURES = {"bootstrap", "source_conn", "warehouse_conn", "topic"}  # below: each connects to the stack
+
+
+def pytest_collection_modifyitems(config, items):
+    outside = []
+    for item in items:
+        if STACK_DIR in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.stack)
+        elif STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            outside.append(item.nodeid)
+    if outside:  # `make unit` would run them with no stack to talk to
+        raise pytest.UsageError(f"tests outside tests/stack use the running stack's fixtures; move them there: {outside}")
 
 
 def pytest_terminal_summary(terminalreporter, config):

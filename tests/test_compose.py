@@ -1,8 +1,9 @@
 """docker-compose.yaml: no engine runs here, so check what can be checked without one.
 
 It must be secure by default (no secret with a default in the repository, the published ports on
-loopback, the source read by a role that can only read) and wire the same connections as the local
-stack, so DAGs run unchanged in both modes.
+loopback, the source read by a role that can only read), wire the same connections as the local
+stack, each to the service that serves it, and build its images from the versions the local stack
+runs, so DAGs run unchanged in both modes.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import pytest
 import yaml
 
 from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS
-from tidemark_workshop.settings import AIRFLOW_DB, REPO_ROOT, Settings
+from tidemark_workshop.settings import AIRFLOW_DB, DATABASES, REPO_ROOT, Settings
 
 COMPOSE = REPO_ROOT / "docker-compose.yaml"
 INIT_SQL = REPO_ROOT / "docker" / "postgres-init.sql"
+LOCK = REPO_ROOT / "requirements.txt"  # the local stack's venv
+BOOTSTRAP = REPO_ROOT / "stack" / "bootstrap.sh"  # makes that venv with this Python
+KAFKA_POM = REPO_ROOT / "stack" / "kafka" / "pom.xml"  # the local stack's broker
+POSTGRES_PORT = 5432  # the postgres image's: compose sets no other
 AIRFLOW_SERVICES = {"airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-init"}
 
 SECRET_NAME = re.compile(r"SECRET|PASSWORD|FERNET")
@@ -202,6 +207,8 @@ def test_connection_names_match_the_local_stack(environments, local):
     for conn_id in CONNECTION_IDS:
         there, here = json.loads(env[conn_var(conn_id)]), json.loads(local_conns[conn_var(conn_id)])
         assert there["conn_type"] == here["conn_type"], conn_id
+        # what the DAGs read from a connection's extra (the Kafka provider's bootstrap.servers) is there in both
+        assert set(there.get("extra") or {}) == set(here.get("extra") or {}), conn_id
         if conn_id in (CONN_SOURCE, CONN_WAREHOUSE):
             assert there["schema"] == here["schema"] == conn_id, conn_id  # the database
             role_there = "reader" if there["login"] != owner else "owner"
@@ -225,6 +232,69 @@ def test_shared_tidemark_variables_match_the_local_stack(environments, local):
         spark = json.loads(e[conn_var(CONN_SPARK)])
         master = spark["host"] + (f":{spark['port']}" if spark.get("port") else "")
         assert master == e["TIDEMARK_SPARK_MASTER"]
+
+
+def test_each_connection_names_the_service_that_serves_it(compose, environments):
+    """Host, port and database of every connection (and of the metadata database and the execution
+    API) are what the compose service listens on and what docker/postgres-init.sql creates: the
+    local stack's three databases."""
+    services, env = compose["services"], environments["airflow-scheduler"]
+    created = re.findall(r"^CREATE DATABASE (\w+);", INIT_SQL.read_text(), re.M)
+    assert sorted(created) == sorted(DATABASES)
+    for conn_id in (CONN_SOURCE, CONN_WAREHOUSE):
+        conn = json.loads(env[conn_var(conn_id)])
+        assert (conn["host"], conn["port"]) == ("postgres", POSTGRES_PORT), conn_id
+    metadata = URL_LOGIN.match(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    assert (metadata["host"], int(metadata["port"]), metadata["db"]) == ("postgres", POSTGRES_PORT, AIRFLOW_DB)
+    assert "postgres" in services
+
+    broker = environments["kafka"]
+    advertised = dict(item.split("://", 1) for item in broker["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    assert json.loads(env[conn_var(CONN_KAFKA)])["extra"]["bootstrap.servers"] == advertised["PLAINTEXT"]
+    assert advertised["PLAINTEXT"].split(":")[0] in (services["kafka"].get("hostname"), "kafka")
+
+    master_env = environments["spark-master"]
+    master = f"spark://{master_env['SPARK_MASTER_HOST']}:{master_env['SPARK_MASTER_PORT']}"
+    spark = json.loads(env[conn_var(CONN_SPARK)])
+    assert f"{spark['host']}:{spark['port']}" == master
+    assert services["spark-worker"]["command"].split()[-1] == master, "the worker joins another master"
+
+    api = re.fullmatch(r"http://([\w.-]+):(\d+)/execution/", env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    assert api and api[1] == "airflow-api-server"
+    published = [_resolve(str(p)).split(":")[-1] for p in services["airflow-api-server"]["ports"]]
+    assert api[2] in published, f"the execution API is on port {api[2]}; the API server listens on {published}"
+
+
+def _pins(path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        name, _, version = line.split("#", 1)[0].strip().partition("==")
+        if version:
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_the_images_run_what_the_local_stack_runs(compose):
+    """The Airflow image is built from the local stack's Airflow and Python (and installs its lock),
+    the Spark cluster runs the PySpark version the jobs are submitted with (a client talks only to a
+    cluster of its own version), and the broker is the one the local stack's tests run against."""
+    pins, services = _pins(LOCK), compose["services"]
+    common = compose["x-airflow-common"]
+    dockerfile = REPO_ROOT / common["build"]["context"] / common["build"]["dockerfile"]
+    base = re.search(r"^FROM apache/airflow:(?P<airflow>[\d.]+)-python(?P<python>\d+\.\d+)\s*$",
+                     dockerfile.read_text(), re.M)
+    assert base, f"{dockerfile.name}: no FROM apache/airflow:<version>-python<version>"
+    assert base["airflow"] == pins["apache-airflow"], f"the image has Airflow {base['airflow']}, the lock {pins['apache-airflow']}"
+    venv_python = re.search(r"python(\d+\.\d+) -m venv", BOOTSTRAP.read_text())
+    assert venv_python and base["python"] == venv_python[1], "the image's Python is not the local venv's"
+    assert re.search(rf"^COPY {LOCK.name} ", dockerfile.read_text(), re.M), "the image does not install the lock"
+    assert _resolve(common["image"]) == f"tidemark-airflow:{pins['apache-airflow']}"
+    for name in AIRFLOW_SERVICES:
+        assert (services[name]["image"], services[name]["build"]) == (common["image"], common["build"]), name
+    for name in ("spark-master", "spark-worker"):
+        assert services[name]["image"] == f"apache/spark:{pins['pyspark']}", name
+    kafka = re.search(r"<kafka.version>([^<]+)</kafka.version>", KAFKA_POM.read_text())
+    assert kafka and services["kafka"]["image"] == f"apache/kafka:{kafka[1]}"
 
 
 def test_the_shared_ui_requires_a_login_with_passwords_from_the_environment(compose):

@@ -767,8 +767,9 @@ def status_lines(report: StatusReport) -> list[str]:
             lines.append(f"{p.name}: invalid spec: {p.error}")
             continue
         c, w = p.ledger.last_committed, p.ledger.watermark
-        batch = (f"last batch {c.batch_id} ({c.rows} rows, {utc_iso(c.committed_at)}, "
-                 f"{c.reconciliation or 'not reconciled yet'})" if c else "no batch yet")
+        verdict = ("nothing to compare yet" if c and c.rows == 0 and c.reconciliation == "reconciled"
+                   else c.reconciliation if c and c.reconciliation else "not reconciled yet")  # as the evidence page says
+        batch = f"last batch {c.batch_id} ({c.rows} rows, {utc_iso(c.committed_at)}, {verdict})" if c else "no batch yet"
         lag = p.lag
         behind = ("-" if lag is None else lag.error if lag.error else f"{lag.ids} ids" if lag.ids is not None
                   else format_duration(lag.seconds) + (" (held back by a source transaction)" if lag.held_back else ""))

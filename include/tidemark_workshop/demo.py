@@ -99,7 +99,8 @@ def _reconciliation(api, dag_id: str, run_id: str, task_id: str = "reconcile") -
     state = api.wait_finished(dag_id, run_id, timeout_s=900)["state"]
     tries = [t for t in api.task_instances(dag_id, run_id) if t["task_id"] == task_id]
     text = api.log_text(dag_id, run_id, task_id, tries[0]["try_number"]) if tries else ""
-    verdicts = re.findall(r"(\S+ batch \S+: (?:reconciled|\d+ rows differ|\d+ of \d+ checks failed)[^\n\"]*)", text)
+    verdicts = re.findall(
+        r"(\S+ batch \S+: (?:reconciled|nothing to compare yet|\d+ rows differ|\d+ of \d+ checks failed)[^\n\"]*)", text)
     return state == "success", verdicts[-1].strip() if verdicts else f"{state} (no verdict line in its log)"
 
 

@@ -112,7 +112,7 @@ def run(settings: Settings, workdir: Path, trials: int, seed: int, log=print) ->
             result.bad += BAD_PER_TRIAL
             result.repeats += REPEATS_PER_TRIAL
             # the moments: on batch trials between staging and commit; otherwise a seeded delay
-            # and the other lifecycle points in turn, so a campaign of 8 or more reaches them all
+            # and the other lifecycle points in turn, so a campaign of 7 or more reaches them all
             if trial % BATCH_EVERY == 1:
                 insert_payments(pipe, source_rows + 1, source_rows + BATCH_ROWS)
                 source_rows += BATCH_ROWS
