@@ -46,7 +46,7 @@ import psycopg2
 from tidemark_workshop import bank
 from tidemark.kafka_io import delete_topic, ensure_topic
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
-from tidemark.ledger import ensure_target
+from tidemark.catalog import ensure_target
 from tidemark.spec import PipelineSpec, load_spec, quote
 from tidemark_workshop.stack.batchrun import Pipeline
 from tidemark_workshop.stack.spark import PeakRss, Submitted, submit, submit_command

@@ -68,7 +68,8 @@ def main(argv: list[str]) -> int:
     from tidemark.dead_letters import DeadLetterOutbox
     from tidemark.kafka_io import end_offsets, ensure_topic
     from tidemark.progress import Steps, progress_line
-    from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema, ensure_stream_target
+    from tidemark.catalog import ensure_stream_target
+    from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
     from tidemark.sink import BatchSink
     from tidemark.sparkjob import JobError, connect, connect_params, password, session
     from tidemark.standing import StandingControl

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tidemark import control, ledger
+from tidemark import catalog, control, ledger
 from tidemark.avro import SchemaError, SourceColumn, fit
 from tidemark.control import PartitionTotals
 from tidemark.kafka_io import ensure_topic
@@ -51,10 +51,10 @@ def plan(
     with warehouse_conn, warehouse_conn.cursor() as wh:
         ledger.ensure_control_schema(wh)
     with source_conn, source_conn.cursor() as src, warehouse_conn, warehouse_conn.cursor() as wh:
-        ledger.check_source_access(src, spec)
-        ledger.ensure_target(src, wh, spec)
+        catalog.check_source_access(src, spec)
+        catalog.ensure_target(src, wh, spec)
         # Id cursors: the largest id, then the clock, then the open transactions (in that order).
-        observed = ledger.observe_id_high(src, spec) if spec.cursor.kind == "id" else None
+        observed = catalog.observe_id_high(src, spec) if spec.cursor.kind == "id" else None
         clock = read_source_clock(src)
         id_high = (ledger.safe_id_high(wh, spec.name, observed, clock.oldest_open_xact)
                    if observed is not None else None)
@@ -66,7 +66,7 @@ def plan(
             raise
         whole = window
         if spec.max_batch_rows is not None:
-            types = {name: type_ for name, type_, _ in ledger.source_columns(src, spec.table)}
+            types = {name: type_ for name, type_, _ in catalog.source_columns(src, spec.table)}
             window = cap_rows(src, spec, window, types)
         version, fills = _register_schema(src, wh, spec, committed) if spec.record_format == "avro" else (None, {})
         planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window, version)
@@ -94,8 +94,8 @@ def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tu
     """Protocol version 2: the record schema version of the source's columns now (a new one when a
     column was added), after checking the target holds every source column exactly; and for each
     column the target lacks, what its rows loaded before must hold to equal the source's."""
-    columns = [SourceColumn(*c) for c in ledger.source_columns(src, spec.table)]
-    target = [SourceColumn(*c) for c in ledger.source_columns(wh, spec.target_table)]
+    columns = [SourceColumn(*c) for c in catalog.source_columns(src, spec.table)]
+    target = [SourceColumn(*c) for c in catalog.source_columns(wh, spec.target_table)]
     try:
         added = fit(columns, target, spec.target_table)
         fills = {c.name: _fill(src, spec, c, committed) for c in added}
@@ -115,10 +115,10 @@ def _fill(src, spec: PipelineSpec, column: SourceColumn, committed: Bound | None
     PostgreSQL keeps for the source's older rows (a constant default), or NULL when none of the
     rows loaded holds a value; anything else (a volatile default evaluated row by row, values set
     since) cannot be reproduced by adding a column: ``SchemaError``."""
-    kept_once, value, default = ledger.added_column_fill(src, spec.table, column.name)
+    kept_once, value, default = catalog.added_column_fill(src, spec.table, column.name)
     if kept_once or committed is None:
         return value
-    loaded = ledger.loaded_rows_with_values(src, spec, column.name, committed)
+    loaded = catalog.loaded_rows_with_values(src, spec, column.name, committed)
     if not loaded:
         return None
     raise SchemaError(

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg2
 import psycopg2.errors
 
-from tidemark import ledger
+from tidemark import catalog, ledger
 from tidemark.records import RecordRules, checked_upstream, target_columns
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import covered
@@ -208,7 +208,7 @@ class EventWriter:
         """The checks for the stream's events; ``LookupError`` when the real-time table cannot take
         them (a column missing, or an event time that is not a timestamp or date)."""
         if self._rules is None:
-            columns = [c for c in target_columns(cur, self.stream.target_table) if c.name not in ledger.STREAM_COLUMNS]
+            columns = [c for c in target_columns(cur, self.stream.target_table) if c.name not in catalog.STREAM_COLUMNS]
             rules = RecordRules(self.spec, columns, events=True)
             kind = rules.columns[rules.time_column].data_type
             if kind not in ("timestamp with time zone", "timestamp without time zone", "date"):

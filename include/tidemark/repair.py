@@ -78,7 +78,7 @@ def window_for(spec: PipelineSpec, repaired: Window) -> Window:
 
 def key_types(cur, table: str, columns: list[str]) -> list[str]:
     """The SQL types of ``columns`` in ``table``, from the catalog."""
-    from tidemark.ledger import source_columns
+    from tidemark.catalog import source_columns
 
     types = {name: type_ for name, type_, _ in source_columns(cur, table)}
     missing = [c for c in columns if c not in types]

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tidemark import ledger
+from tidemark import catalog, ledger
 from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
 from tidemark.sink import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec, load_specs
@@ -333,7 +333,7 @@ def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
     state = ledger.stream_state(cur, spec.name)
     beat = ledger.heartbeat(cur, spec.name) or {}
     restarts = ledger.restarts_since(cur, spec.name, spec.sink.budget_window)
-    fresh = ledger.freshness(cur, spec) or {}
+    fresh = catalog.freshness(cur, spec) or {}
     return StreamStatus(
         spec.name, state.desired, state.changed_by, state.changed_at, state.reason, state.crash_looping_since,
         beat.get("fence"), beat.get("holder"), beat.get("heartbeat_at"), beat.get("progress_at"), beat.get("records"),
@@ -399,7 +399,7 @@ def watermark_lag(cur, spec: PipelineSpec, watermark: Watermark | None, source: 
     if watermark is None or clock is None:
         return None
     if spec.cursor.kind == "id":
-        high = ledger.observe_id_high(cur, spec)[0]
+        high = catalog.observe_id_high(cur, spec)[0]
         return Lag(ids=max(int(high or 0) - int(watermark.cursor), 0))
     return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=clock.holds_back(spec.safe_lag))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tidemark import ledger
+from tidemark import catalog, ledger
 from tidemark.kafka_io import end_offsets
 from tidemark.launch import Launcher
 from tidemark.spec import PipelineSpec
@@ -128,7 +128,7 @@ def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], A
     A failure is logged, not raised: the sink's start then fails naming it, other pipelines go on."""
     try:
         with wh, wh.cursor() as cur:
-            if ledger.ensure_stream_target(cur, spec):
+            if catalog.ensure_stream_target(cur, spec):
                 log.info("pipeline=%s created the real-time table %s", spec.name, spec.stream.target_table)
             return
     except LookupError:
@@ -137,8 +137,8 @@ def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], A
         source = source_connect()
         try:
             with source, source.cursor() as src, wh, wh.cursor() as cur:
-                ledger.ensure_target(src, cur, spec)
-                ledger.ensure_stream_target(cur, spec)
+                catalog.ensure_target(src, cur, spec)
+                catalog.ensure_stream_target(cur, spec)
         finally:
             source.close()
         log.info("pipeline=%s created the target %s from the source table %s, and the real-time table %s",

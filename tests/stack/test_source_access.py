@@ -84,7 +84,7 @@ def test_first_runs_creating_one_schema_and_table_at_once_take_turns(settings, t
     (the demo's plan failed with pg_namespace_nspname_index)."""
     import threading
 
-    from tidemark import ledger
+    from tidemark import catalog
 
     schemas = [f"wh_race_{uuid.uuid4().hex[:8]}" for _ in range(8)]
     specs = [make_pipeline(settings, tmp_path, DDL, target_table=f"{schema}.payments", create_target_schema=True).spec
@@ -99,7 +99,7 @@ def test_first_runs_creating_one_schema_and_table_at_once_take_turns(settings, t
                 try:
                     with src, src.cursor() as s, wh, wh.cursor() as w:
                         start.wait()
-                        ledger.ensure_target(s, w, spec)
+                        catalog.ensure_target(s, w, spec)
                 except BaseException as exc:  # collected: a thread's exception would be lost
                     errors.append(exc)
                 finally:

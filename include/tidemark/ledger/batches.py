@@ -1,0 +1,213 @@
+"""Batches as planned: ids, plans, record schemas, repairs, column fills, the watermark and id observations."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tidemark.avro import SourceColumn, columns_from_json, drift
+from tidemark.avro import schema as avro_schema
+from tidemark.spec import PipelineSpec
+from tidemark.window import Bound, Window
+
+
+def batch_id_for(pipeline: str, run_id: str) -> str:
+    """One batch per pipeline and DAG run: re-running the run re-uses its window."""
+    return f"{pipeline}:{run_id}"
+
+
+def committed_watermark(cur, pipeline: str, *, lock: bool = False) -> Bound | None:
+    cur.execute("SELECT bound FROM tidemark_control.watermarks WHERE pipeline = %s"
+                + (" FOR UPDATE" if lock else ""), (pipeline,))
+    row = cur.fetchone()
+    return Bound.from_json(row[0]) if row else None
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    batch_id: str
+    window: Window
+    reused: bool  # the run was planned before (a retry or a cleared run): same window
+    schema_version: int | None = None  # protocol version 2's record schema (None: version 1, JSON)
+
+
+def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window,
+                schema_version: int | None = None) -> PlannedBatch:
+    """Store the batch's window and record schema, or return those an earlier try of the same run
+    stored."""
+    cur.execute(
+        """INSERT INTO tidemark_control.batches
+               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, schema_version)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s)
+           ON CONFLICT (batch_id) DO NOTHING""",
+        (batch_id, spec.name, run_id, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
+         window.backfill, spec.partitions, schema_version),
+    )
+    if cur.rowcount == 1:
+        return PlannedBatch(batch_id, window, reused=False, schema_version=schema_version)
+    cur.execute(
+        "SELECT window_lo, window_hi, backfill, schema_version FROM tidemark_control.batches WHERE batch_id = %s",
+        (batch_id,)
+    )
+    lo, hi, backfill, version = cur.fetchone()
+    return PlannedBatch(batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), reused=True,
+                        schema_version=version)
+
+
+def register_schema(cur, pipeline: str, columns: list[SourceColumn], required: set[str]) -> tuple[int, str]:
+    """The pipeline's record schema version for these source columns, and its Avro writer schema:
+    the latest if the columns are the same, a new one if they only grew (``avro.drift``), else
+    ``avro.SchemaError`` with both schemas."""
+    cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.record_schemas'), hashtext(%s))", (pipeline,))
+    cur.execute("SELECT version, columns, writer_schema FROM tidemark_control.record_schemas WHERE pipeline = %s "
+                "ORDER BY version DESC LIMIT 1", (pipeline,))
+    row = cur.fetchone()
+    if row is not None and columns_from_json(row[1]) == columns:
+        return row[0], row[2]
+    if row is not None:
+        drift(columns_from_json(row[1]), columns)
+    version, writer = (row[0] + 1 if row else 1), avro_schema(columns, required)
+    cur.execute("INSERT INTO tidemark_control.record_schemas (pipeline, version, columns, writer_schema) "
+                "VALUES (%s, %s, %s, %s)", (pipeline, version, json.dumps([c.to_json() for c in columns]), writer))
+    return version, writer
+
+
+def record_schema(cur, pipeline: str, version: int) -> tuple[list[SourceColumn], str]:
+    """A registered schema version's source columns and Avro writer schema."""
+    cur.execute("SELECT columns, writer_schema FROM tidemark_control.record_schemas WHERE pipeline = %s "
+                "AND version = %s", (pipeline, version))
+    row = cur.fetchone()
+    if row is None:
+        raise LookupError(f"pipeline {pipeline}: no record schema version {version} in tidemark_control.record_schemas")
+    return columns_from_json(row[0]), row[1]
+
+
+def record_repair_plan(cur, spec: PipelineSpec, batch_id: str, window: Window, keys: list[list[str]],
+                       repair_of: str | None, repair_run: str, deletes: dict[str, Any] | None = None) -> PlannedBatch:
+    """Store a repair batch: ``keys`` (text forms of the key columns) re-loaded from the source
+    within ``window`` (a backfill window: the watermark never moves). ``deletes`` (``repair.deletes``):
+    which of them its apply may delete where nothing is staged for them (None: every one)."""
+    if not window.backfill:
+        raise ValueError("a repair batch's window is a backfill window: it must never move the watermark")
+    cur.execute(
+        """INSERT INTO tidemark_control.batches
+               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, repair_keys, repair_of,
+                repair_run, repair_deletes)
+           VALUES (%s, %s, NULL, %s, %s, true, %s, 'planned', %s, %s, %s, %s)""",
+        (batch_id, spec.name, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()), spec.partitions,
+         json.dumps(keys), repair_of, repair_run, json.dumps(deletes) if deletes is not None else None),
+    )
+    return PlannedBatch(batch_id, window, reused=False)
+
+
+@dataclass(frozen=True)
+class Repair:
+    batch_id: str
+    pipeline: str
+    state: str
+    window: Window
+    keys: list[list[str]]
+    repair_of: str | None  # the repaired batch; None: the whole table
+    repair_run: str  # the reconciliation run that found the keys
+    deletes: dict[str, Any] | None = None  # what its apply may delete (``repair.deletes``); None: every key
+
+
+def repair(cur, batch_id: str) -> Repair | None:
+    """The repair batch ``batch_id`` (None: no such batch, or not a repair)."""
+    cur.execute("SELECT pipeline, state, window_lo, window_hi, repair_keys, repair_of, repair_run::text, "
+                "repair_deletes FROM tidemark_control.batches WHERE batch_id = %s AND repair_keys IS NOT NULL",
+                (batch_id,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    pipeline, state, lo, hi, keys, repair_of, run, deletes = row
+    return Repair(batch_id, pipeline, state, Window(Bound.from_json(lo), Bound.from_json(hi), True), keys, repair_of,
+                  run, deletes)
+
+
+def repair_deletes(cur, batch_id: str) -> dict[str, Any] | None:
+    """What a repair batch's apply may delete where nothing is staged for a key:
+    ``{"apply_source_deletes": bool, "extra": [[key text]], "deleted_at_source": [[key text]]}``
+    (None: planned before deletions were told apart, every repair key)."""
+    cur.execute("SELECT repair_deletes FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+@dataclass(frozen=True)
+class RepairDeletion:
+    kind: str  # "deleted_at_source", "extra" or "unclassified" (a plan recorded before kinds were kept)
+    key: list[str]  # the key columns' text
+    old_values: dict[str, Any]  # the target row before the repair deleted it
+
+
+def repair_deletions(cur, batch_id: str) -> list[RepairDeletion]:
+    """The target rows the repair batch ``batch_id`` deleted without a staged replacement, with
+    their old values (tidemark_control.repair_deletions: the sink writes them with the delete)."""
+    cur.execute("SELECT kind, key, old_values FROM tidemark_control.repair_deletions WHERE batch_id = %s ORDER BY id",
+                (batch_id,))
+    return [RepairDeletion(kind, key, old) for kind, key, old in cur.fetchall()]
+
+
+class AlreadyCommitted(RuntimeError):
+    """The batch is committed: nothing may reopen it (a cleared run, a replay)."""
+
+
+def consumer_for(pipeline: str) -> str:
+    """The sink's identity in this warehouse database: its fence, offsets and rejects are keyed by it."""
+    return f"batch-sink.{pipeline}"
+
+
+@dataclass(frozen=True)
+class LedgerBatch:
+    pipeline: str
+    window: Window
+    latest_attempt: int
+    repair_keys: list[list[str]] | None = None  # a repair batch: only these keys (text forms) are re-loaded
+    schema_version: int | None = None  # protocol version 2's record schema (None: version 1, JSON)
+
+
+def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
+    """What the orchestrator planned for a batch (None: never planned)."""
+    cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt, repair_keys, schema_version "
+                "FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    pipeline, lo, hi, backfill, latest, keys, version = row
+    return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest, keys, version)
+
+
+def record_column_fills(cur, batch_id: str, fills: dict[str, str | None]) -> None:
+    """What the target's rows loaded before get in each column this batch adds (the source's value
+    for its rows older than the column, as text; None: NULL)."""
+    cur.execute("UPDATE tidemark_control.batches SET column_fills = %s WHERE batch_id = %s",
+                (json.dumps(fills) if fills else None, batch_id))
+
+
+def column_fills(cur, batch_id: str) -> dict[str, str | None]:
+    cur.execute("SELECT column_fills FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    return dict(row[0]) if row and row[0] else {}
+
+
+def safe_id_high(cur, pipeline: str, observed: tuple[int | None, Any], horizon: Any) -> int | None:
+    """Record this plan's id observation and return the largest id that is final: seen at a time
+    before the oldest transaction open now started (``horizon``; None: none open). A transaction
+    open when an id was read may commit a lower id; once all of them have ended, none can.
+    (Ids must come from a sequence or identity without a per-session cache.)"""
+    high, at = observed
+    if high is not None:
+        cur.execute("INSERT INTO tidemark_control.id_observations (pipeline, observed_at, max_id) "
+                    "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (pipeline, at, high))
+    cur.execute(
+        "SELECT max(max_id), max(observed_at) FROM tidemark_control.id_observations "
+        "WHERE pipeline = %s AND (%s::timestamptz IS NULL OR observed_at < %s::timestamptz)",
+        (pipeline, horizon, horizon),
+    )
+    final, newest = cur.fetchone()
+    if newest is not None:  # older observations can never be needed again
+        cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s AND observed_at < %s",
+                    (pipeline, newest))
+    return final
