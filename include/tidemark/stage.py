@@ -11,7 +11,9 @@ never applied: they go when the stage table is dropped.
 Whatever a task does not stage passes through to the driver unchanged: control messages,
 rejected records (``reason`` set), records of other attempts or of protocol version 1, events,
 and records below the stored offsets (a replay). A COPY the stage's types refuse is not a crash:
-the task hands that attempt's records back with the refusal as their reason (dead letters).
+the task splits the records in halves until each refused one stands alone (at most ``MAX_COPIES``
+refused COPYs), stages the others, and hands the refused ones back with the refusal as their reason (dead
+letters): a foreign record never takes the genuine records of its task down with it.
 
 This module runs on the executors: it needs pyarrow and psycopg2 there, and nothing of Spark.
 """
@@ -33,6 +35,10 @@ LOAD = '"tidemark.load"'
 # inside the offsets the extract wrote, dead-letters the others, and totals what it keeps.
 PARTITION, OFFSET, HASH = '"tidemark.partition"', '"tidemark.offset"', '"tidemark.hash"'
 PROVENANCE = ((PARTITION, "integer"), (OFFSET, "bigint"), (HASH, "bigint"))
+# How many refused COPYs a task spends isolating the records its stage refuses (each refused COPY
+# tries its two halves: at most 2 * MAX_COPIES + 1 COPYs in all); past it, what is left unisolated
+# goes back whole, with the refusal as its reason.
+MAX_COPIES = 64
 
 
 def load_schema():
@@ -126,28 +132,49 @@ class StageWriter:
                     started = time.perf_counter()
                     cur.execute("SELECT nextval('tidemark_control.stage_loads')")
                     (load,) = cur.fetchone()
-                    rows = records[target.row].combine_chunks().flatten()
-                    cur.execute("SAVEPOINT stage")
-                    try:  # binary: the server stores each value as sent, nothing to parse
-                        copy_binary(cur, target.stage,
-                                    [*rows, pa.array([load] * records.num_rows, pa.int64()),
-                                     *provenance(records)],
-                                    [*target.types, "bigint", *(t for _, t in PROVENANCE)],
-                                    [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
-                    except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:  # dead letters, never a crash loop
-                        cur.execute("ROLLBACK TO SAVEPOINT stage")
-                        why = (f"the typed stage refused the records of batch {key[0]} attempt {key[1]} this task "
-                               f"read: {' '.join(str(exc).split())[:500]}")
-                        for batch in records.to_batches():
+                    staged, refused = _copy_isolating(cur, target, records, load, [MAX_COPIES])
+                    for part, (what, refusal) in refused:  # dead letters, never a crash loop
+                        why = f"the typed stage refused {what} of batch {key[0]} attempt {key[1]}: {refusal}"
+                        for batch in part.to_batches():
                             at = batch.schema.get_field_index("reason")
                             yield _with_load(batch.set_column(at, batch.schema.field(at),
                                                               pa.array([why] * batch.num_rows, batch.schema.field(at).type)),
                                              None)
-                        continue
-                    seconds = time.perf_counter() - started
-                    yield _load_rows(records, key, load, seconds)
+                    if staged:
+                        yield _load_rows(pa.concat_tables(staged), key, load, time.perf_counter() - started)
         finally:
             conn.close()
+
+
+def _copy_isolating(cur, target: Target, records, load: int, budget: list[int]):
+    """COPY ``records`` into the stage; where the stage's types refuse them, halve and retry until
+    each refused record stands alone or ``budget`` (refused COPYs left, shared) runs out. Returns (the
+    tables staged, [(a refused table, (what it is, the refusal))])."""
+    import psycopg2
+    import pyarrow as pa
+
+    cur.execute("SAVEPOINT stage")
+    try:  # binary: the server stores each value as sent, nothing to parse
+        copy_binary(cur, target.stage,
+                    [*records[target.row].combine_chunks().flatten(), pa.array([load] * records.num_rows, pa.int64()),
+                     *provenance(records)],
+                    [*target.types, "bigint", *(t for _, t in PROVENANCE)],
+                    [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
+    except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:
+        cur.execute("ROLLBACK TO SAVEPOINT stage")
+        budget[0] -= 1
+        refusal = " ".join(str(exc).split())[:500]
+        if records.num_rows == 1:
+            return [], [(records, ("this record", refusal))]
+        if budget[0] <= 0:
+            return [], [(records, (f"these {records.num_rows} records (not isolated further: more than {MAX_COPIES} "
+                                   "refused COPYs in this task)", refusal))]
+        half = records.num_rows // 2
+        first, second = (_copy_isolating(cur, target, part, load, budget)
+                         for part in (records.slice(0, half), records.slice(half)))
+        return first[0] + second[0], first[1] + second[1]
+    cur.execute("RELEASE SAVEPOINT stage")
+    return [records], []
 
 
 def provenance(records) -> list[Any]:

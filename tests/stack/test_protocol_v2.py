@@ -212,29 +212,28 @@ def test_a_version_1_batch_on_the_topic_still_applies_and_added_columns_reach_th
     assert "source now: (" in text and "fee numeric(6,4))" in text
 
 
-def test_a_value_the_typed_stage_refuses_makes_the_tasks_records_dead_letters_with_their_bytes(settings, tmp_path):
+def test_a_record_the_typed_stage_refuses_is_a_dead_letter_alone_and_the_genuine_batch_commits(settings, tmp_path):
     """A record that decodes and passes Spark's checks but that the stage's types refuse (here a
-    four-letter currency for char(3)): the task that read it hands its records of the attempt back
-    as dead letters, whole, instead of failing the job; the batch is refused and the next loads."""
+    four-letter currency for char(3)), sent into the batch by another producer: the task that read
+    it halves its COPY until that record stands alone, stages the genuine records it read beside it,
+    and hands back only that one, as a dead letter with the refusal and its bytes; the genuine batch
+    commits (issue 29: before, the task's genuine records went with it and the batch was refused)."""
     pipe, a, a1, report, tags = extracted_batch(settings, tmp_path, record_format="avro")
     bootstrap = settings.kafka_bootstrap
     inside = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1e6)
     forged = payment(900001, 125, b"EURO", inside)
-    produce(bootstrap, pipe.spec.topic, [(b"900001", forged, tags)], partition=0)
+    produce(bootstrap, pipe.spec.topic, [(b"900001", forged, tags)], partition=0)  # after the extract's records
+    assert loads_totals(report["totals"])[0].rows > 1  # the forged record shares its task with genuine ones
     pipe.end(a, a1, report)
     pipe.sink()
-    state, message = pipe.query_wh("SELECT state, message FROM tidemark_control.batches WHERE batch_id = %s",
-                                   (a.batch_id,))[0]
-    assert state == "refused" and "record(s) of this attempt were refused" in message, message
-    got = pipe.query_wh("SELECT partition, reason FROM tidemark_control.sink_rejects WHERE topic = %s",
-                        (pipe.spec.topic,))
-    assert {p for p, _ in got} == {0}, got  # only the task that read partition 0 was refused
-    assert all("the typed stage refused" in r and "character(3)" in r for _, r in got), got[:3]
-    in_partition_0 = loads_totals(report["totals"]).get(0)
-    assert len(got) == (in_partition_0.rows if in_partition_0 else 0) + 1  # its good records too: that COPY failed
-    letters = dead_letters(bootstrap, pipe.spec.topic)
-    assert len(letters) == len(got) and forged in {d["value"] for d in letters}  # the bytes that travelled
-    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}")[0][0] == 0
+
+    assert pipe.state(a.batch_id, a1) == "committed", pipe.ledger(a.batch_id)
+    same_rows(pipe)
+    (partition, reason), = pipe.query_wh("SELECT partition, reason FROM tidemark_control.sink_rejects "
+                                         "WHERE topic = %s", (pipe.spec.topic,))
+    assert partition == 0 and "the typed stage refused this record of batch" in reason and "character(3)" in reason
+    assert [d["value"] for d in dead_letters(bootstrap, pipe.spec.topic)] == [forged]  # the bytes that travelled
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table} WHERE id = 900001") == [(0,)]
     assert stage_table(a.batch_id, a1) not in stages(pipe)
 
     insert_payments(pipe, 301, 400)

@@ -132,3 +132,54 @@ def test_every_record_a_task_reads_is_either_handed_on_or_held_for_its_attempts_
     handed = sorted(zip(out["partition"].to_pylist(), out["offset"].to_pylist()))
     assert handed == [(0, 0), (0, 3), (1, 7)]  # a replay, a rejected record, a control message
     assert {k: sorted(t["offset"].to_pylist()) for k, t in given.items()} == {("b", 1): [1, 8], ("b", 2): [2]}
+
+
+class _Savepoints:
+    """A cursor that only takes the savepoint statements the isolation issues, in order."""
+
+    def __init__(self):
+        self.statements: list[str] = []
+
+    def execute(self, sql: str) -> None:
+        self.statements.append(sql)
+
+
+def _isolate(monkeypatch, n: int, bad: set[int], budget: int):
+    """``_copy_isolating`` over ``n`` records with ids 0..n-1, where a COPY holding any id in ``bad``
+    is refused as the stage's types would: (ids staged, [(ids refused, what)], COPYs tried)."""
+    import tidemark.stage as stage
+    from tidemark.pgbinary import Unencodable
+
+    copies = []
+
+    def copy_binary(cur, table, arrays, types, columns):
+        ids = arrays[0].to_pylist()
+        copies.append(ids)
+        if bad & set(ids):
+            raise Unencodable(f'"currency": value too long for type character(3) ({sorted(bad & set(ids))})')
+
+    monkeypatch.setattr(stage, "copy_binary", copy_binary)
+    records = pa.Table.from_batches([_micro_batch([{"partition": 0, "offset": i, "row_v1": {"id": i, "amount": None}}
+                                                   for i in range(n)])])
+    target = Target('"tidemark_stage"."s_x"', "row_v1", ('"id"', '"amount"'), ("bigint", "numeric(18,2)"))
+    staged, refused = stage._copy_isolating(_Savepoints(), target, records, 5, [budget])
+    ids = lambda t: [r["id"] for r in t.column("row_v1").to_pylist()]  # noqa: E731
+    return sorted(i for t in staged for i in ids(t)), [(ids(t), what) for t, (what, _) in refused], len(copies)
+
+
+def test_a_refused_copy_is_halved_until_each_refused_record_stands_alone_and_the_rest_is_staged(monkeypatch):
+    staged, refused, copies = _isolate(monkeypatch, 100, {17, 64}, budget=64)
+    assert staged == [i for i in range(100) if i not in (17, 64)]
+    assert refused == [([17], "this record"), ([64], "this record")]
+    assert copies <= 2 * 2 * 7 + 1  # about two COPYs per halving per refused record
+
+
+def test_a_copy_the_stage_takes_is_one_copy_and_refuses_nothing(monkeypatch):
+    assert _isolate(monkeypatch, 50, set(), budget=64) == (list(range(50)), [], 1)
+
+
+def test_past_its_budget_a_task_hands_back_what_is_left_whole_with_the_reason(monkeypatch):
+    staged, refused, copies = _isolate(monkeypatch, 64, set(range(0, 64, 2)), budget=4)
+    assert copies <= 2 * 4 + 1 and not set(staged) & set(range(0, 64, 2))  # each refused COPY tries two halves
+    assert sorted(i for ids, _ in refused for i in ids) == sorted(set(range(64)) - set(staged))
+    assert any(what.startswith("these ") and "not isolated further" in what for _, what in refused)
