@@ -17,12 +17,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import Asset, BaseOperator, BaseSensorOperator, Connection
+from airflow.sdk import Asset, BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark import jobs
-from tidemark.config import CONN_CONTROL, CONN_KAFKA, CONN_WAREHOUSE
+from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
+from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
 
 # What to do next, per step, once Airflow has given up (or at once, for what will not heal).
@@ -92,27 +93,6 @@ def last_word(context) -> None:
                 + NEXT_TRANSIENT.format(task=BEGIN))
     retried = str(getattr(context["ti"], "state", "")).lower().endswith("up_for_retry")
     context["task"].log.error("TIDEMARK %s: %s", "FAILED, Airflow retries it" if retried else "FAILED", text)
-
-
-def pg_connect(conn_id: str, *, application_name: str = "tidemark-airflow"):
-    """A psycopg2 connection from an Airflow connection (the core package speaks psycopg2)."""
-    import psycopg2
-
-    c = Connection.get(conn_id)
-    return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password,
-                            connect_timeout=10, application_name=application_name)
-
-
-def kafka_bootstrap(conn_id: str = CONN_KAFKA) -> str:
-    return Connection.get(conn_id).extra_dejson["bootstrap.servers"]
-
-
-def control_keyring(conn_id: str = CONN_CONTROL):
-    """The control messages' keyring: the password of the ``tidemark_control`` connection (a secrets
-    backend serves it like any connection). Only the orchestrator signs; sinks get it to verify."""
-    from tidemark.control import Keyring
-
-    return Keyring.parse(Connection.get(conn_id).password, source=f"Airflow connection {conn_id} (its password)")
 
 
 def batch_asset(pipeline: str) -> Asset:

@@ -53,9 +53,9 @@ def read_evidence(pipeline: str, batch_id: str | None, *, latest: bool = False):
     """``tidemark.evidence.batch_evidence`` over a read-only warehouse session of its own; with
     ``latest`` the batch of the pipeline's newest reconciliation (or its last committed batch)."""
     from tidemark import evidence, ledger
-    from tidemark_airflow.status_page import connect
+    from tidemark_airflow.hooks import page_connect
 
-    conn = connect(CONN_WAREHOUSE)
+    conn = page_connect(CONN_WAREHOUSE)
     try:
         _session(conn)
         with conn.cursor() as cur:
@@ -80,14 +80,14 @@ def verdicts_for(report) -> dict[str, Any]:
     status page ``report``; {} when the warehouse cannot tell (the cells then show the ledger's word)."""
     from tidemark import evidence
     from tidemark.status import error_text
-    from tidemark_airflow.status_page import connect
+    from tidemark_airflow.hooks import page_connect
 
     batches = {p.name: p.ledger.last_committed.batch_id for p in report.pipelines
                if not p.error and p.ledger.last_committed is not None}
     if not batches or report.warehouse_error or not report.control_schema:
         return {}
     try:
-        conn = connect(CONN_WAREHOUSE)
+        conn = page_connect(CONN_WAREHOUSE)
         try:
             _session(conn)
             with conn.cursor() as cur:

@@ -11,7 +11,7 @@ from airflow.sdk import BaseOperator, Connection
 from airflow.sdk.exceptions import AirflowFailException
 
 from tidemark.config import CONN_WAREHOUSE
-from tidemark_airflow.batch import pg_connect
+from tidemark_airflow.hooks import pg_connect
 
 NEXT_MISMATCH = ("open the report, find why the target differs from the source (a manual edit, a source row "
                  "updated without moving its cursor), fix it, then run this DAG again with batch_id={batch} "

@@ -24,23 +24,9 @@ NAME = "Tidemark status"
 log = logging.getLogger(__name__)
 
 
-def connect(conn_id: str):
-    """A psycopg2 connection for an Airflow connection id, resolved per request (``collect`` makes
-    its session read-only). It gives up after ``CHECK_TIMEOUT_S``: a database that does not answer
-    is shown as unreachable, it never holds the page."""
-    import psycopg2
-    from airflow.sdk import Connection
-
-    from tidemark.status import APPLICATION_NAME, CHECK_TIMEOUT_S
-
-    c = Connection.get(conn_id)
-    return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password,
-                            connect_timeout=max(2, int(CHECK_TIMEOUT_S)), application_name=APPLICATION_NAME)
-
-
 def broker_bootstrap() -> str | BaseException:
     """The broker the pipelines use (the Kafka connection's bootstrap servers), or why it cannot be read."""
-    from tidemark_airflow.batch import kafka_bootstrap
+    from tidemark_airflow.hooks import kafka_bootstrap
 
     try:
         return kafka_bootstrap()
@@ -51,10 +37,11 @@ def broker_bootstrap() -> str | BaseException:
 def current_status():
     from tidemark.config import pipelines_dir
     from tidemark.status import collect, health_file, load_pipelines
+    from tidemark_airflow.hooks import page_connect
 
     directory = pipelines_dir()
     entries = load_pipelines(directory)
-    return collect(entries, None, connect, open_warehouse=lambda: connect(CONN_WAREHOUSE),
+    return collect(entries, None, page_connect, open_warehouse=lambda: page_connect(CONN_WAREHOUSE),
                    kafka_bootstrap=broker_bootstrap(), health_path=health_file(), pipelines_directory=directory)
 
 

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tidemark import jobs
 from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, jdbc_url, pipelines_dir, spark_job, streams_dir
-from tidemark_airflow.batch import control_keyring, kafka_bootstrap, pg_connect
+from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 
 log = logging.getLogger(__name__)
 ACTIONS = {"pause": "paused", "resume": "running", "stop": "stopped", "clear": None}
