@@ -20,6 +20,7 @@ This module runs on the executors: it needs pyarrow and psycopg2 there, and noth
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
 from dataclasses import dataclass
@@ -27,6 +28,14 @@ from typing import Any, Iterator
 
 from tidemark.pgbinary import Unencodable, copy_binary
 from tidemark.totals import arrow_totals
+
+STAGE_SCHEMA = "tidemark_stage"
+
+
+def stage_table(batch_id: str, attempt: int) -> str:
+    """The table holding one attempt's records until it is applied: a name fit for any batch id."""
+    return f"{STAGE_SCHEMA}.s_{hashlib.sha1(f'{batch_id}#{attempt}'.encode()).hexdigest()[:24]}"
+
 
 # The stage tables' column naming the load each row came with (quoted): a dot, so no source column
 # (a valid Avro field name under protocol version 2) can ever have its name.
@@ -76,7 +85,6 @@ class StageWriter:
         return f"StageWriter(topic={self.topic!r}, attempts={sorted(self.targets)})"
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         held: dict[tuple[str, int], list[Any]] = {}

@@ -35,7 +35,7 @@ from typing import Any
 
 from tidemark import catalog, ledger
 from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
-from tidemark.sink import STAGE_SCHEMA, stage_table
+from tidemark.stage import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark.window import SourceClock, read_source_clock
 

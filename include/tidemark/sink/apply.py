@@ -1,102 +1,37 @@
-"""The two-phase batch sink: stage records, apply a batch only when it is complete and verified.
-
-``BatchSink.apply`` takes one micro-batch of records read from the pipeline topic (a pyarrow
-table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
-
-1. checks the sink still holds the newest fencing token (a zombie sink can never commit);
-2. handles BEGIN and ABORT in offset order. Control messages are trusted only as far as the
-   ledger confirms them: a BEGIN must name an attempt the orchestrator opened for a batch it
-   planned, with the planned window; anything else goes to the dead-letter topic;
-3. validates every data record of an open attempt (``tidemark.records``: encoding, shape, key,
-   lossless fit to the target's columns, inside the batch's window) and stages the good ones
-   (COPY into the attempt's own table, plus running per-partition counts and checksums); bad
-   records, records of unknown batches and late records of committed ones are dead letters.
-   Under protocol version 2 the Spark tasks staged the good records already (``tidemark.stage``):
-   the sink accepts their loads and totals here, and the apply reads only accepted loads;
-4. applies the events of the spec's ``stream`` (records outside any batch, from its events
-   topic) as they arrive: validated like data records (no window), written to the real-time
-   table with their source position and micro-batch, one row per primary key (``_apply_events``);
-   events the committed watermark covers are in the batch target already and are skipped;
-5. records END messages; for every attempt whose END has arrived on all partitions, compares
-   per-partition row counts and checksums with what was staged, then either applies the batch
-   (merge into the target, ledger, watermark, and the real-time rows inside its window removed:
-   the batch is their truth now) or refuses it: with expected and actual numbers, or with the
-   count and first reasons of its dead letters;
-6. writes the dead letters to ``sink_rejects`` with their original bytes, stores the next offset
-   of every partition it read, and records the micro-batch id under the fencing token; after the
-   commit, the dead-letter outbox publishes them (``tidemark.dead_letters``: exactly once, however
-   the job dies).
-
-Records below the stored offsets, and a micro-batch id already recorded under this token (Spark
-replays a micro-batch whose commit it did not see), are skipped: a replay changes nothing.
-
-A crash anywhere rolls the whole micro-batch back, and the next start resumes from the stored
-offsets, so every record has exactly one effect. No reader sees part of a batch: the target is
-only touched by step 5, inside the same transaction as the ledger row that says "committed".
-"""
+"""``BatchSink``: one micro-batch in one PostgreSQL transaction (the steps: ``tidemark.sink``), from
+the fence check to the stored offsets. What it delegates: the stage tables (``stages``), what the
+ledger says of a control message (``controls``), the totals check (``tidemark.totals``), and the
+SQL that writes a verified batch (``merge``)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg2
 import psycopg2.errors
 
 from tidemark import faults, ledger
-from tidemark.avro import Format, SourceColumn, row_column, sql_type
+from tidemark.avro import Format, row_column, sql_type
 from tidemark.control import ControlMessage, Keyring, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.events import EventWriter
 from tidemark.progress import Steps
 from tidemark.records import Checker, RecordRules, checked_upstream, target_columns
-from tidemark.repair import RepairError, key_filter, key_types
+from tidemark.repair import RepairError
+from tidemark.sink import controls, merge
+from tidemark.sink.report import (
+    FIRST_REASONS, FencedError, MicroBatchReport, SinkError, extents, loaded, payload_text, positions,
+)
+from tidemark.sink.stages import StageArea
 from tidemark.spec import PipelineSpec, quote
-from tidemark.stage import LOAD, OFFSET, PARTITION, HASH, PROVENANCE, StageWriter, Target, copy_csv, provenance
-from tidemark.totals import arrow_totals, staged_mismatch
-from tidemark.window import Window, covered, predicate
+from tidemark.stage import HASH, OFFSET, PARTITION, StageWriter, Target
+from tidemark.totals import staged_mismatch
 
 log = logging.getLogger("tidemark.sink")
-
-STAGE_SCHEMA = "tidemark_stage"
-
-
-def stage_table(batch_id: str, attempt: int) -> str:
-    """The table holding one attempt's records until it is applied: a name fit for any batch id."""
-    return f"{STAGE_SCHEMA}.s_{hashlib.sha1(f'{batch_id}#{attempt}'.encode()).hexdigest()[:24]}"
-
-
-class FencedError(RuntimeError):
-    """Another sink instance took over this consumer; this one must stop without committing."""
-
-
-class SinkError(RuntimeError):
-    """An error the sink cannot classify as bad input: the job fails, naming where it was."""
-
-
-PAYLOAD_LIMIT = 65_536  # characters of a rejected payload kept in sink_rejects (the DLQ gets it whole)
-FIRST_REASONS = 3  # how many dead-letter reasons a refusal message quotes
-
-
-@dataclass
-class MicroBatchReport:
-    replayed: int = 0  # records already applied (below the stored offsets, or a recorded micro-batch)
-    events: int = 0  # events applied to the real-time table
-    duplicates: int = 0  # events already there, unchanged (a redelivery)
-    superseded: int = 0  # events older than the version already there (upserted entities)
-    staged: int = 0
-    discarded: int = 0  # records of superseded, aborted or already committed attempts
-    rejected: int = 0  # unusable records and control messages (also in sink_rejects)
-    committed: list[str] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)
-    rejects: list[dict[str, Any]] = field(default_factory=list)
-    recorded: int = 0  # how many of ``rejects`` are already in sink_rejects
-    steps: Steps = field(default_factory=Steps)  # where the micro-batch's time went, for its log line
 
 
 class BatchSink:
@@ -113,7 +48,7 @@ class BatchSink:
         self.dead_letters = dead_letters  # publishes the committed rejects, after each commit and at start
         self.fence: int | None = None
         self._rules: RecordRules | None = None
-        self._schemas: dict[int, list[SourceColumn]] = {}  # protocol version 2: record schemas by version
+        self.stages = StageArea(spec)
         self.events = EventWriter(spec, self.consumer) if spec.stream else None
 
     # --- start-up --------------------------------------------------------------------------
@@ -127,41 +62,9 @@ class BatchSink:
         return self.fence
 
     def sweep_stages(self) -> list[str]:
-        """Drop the stage tables of this pipeline's attempts that can no longer be applied (aborted,
-        refused, superseded or committed while their stage outlived them, e.g. after a killed run).
-        A protocol-version-2 stage an earlier version made (its driver staged in its own committed
-        transactions, without load ids) gets the load column: its rows, with none, all count."""
+        """Drop the stage tables of this pipeline's attempts that can no longer be applied (``StageArea.sweep``)."""
         with self.conn, self.conn.cursor() as cur:
-            cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (STAGE_SCHEMA,))
-            present = {f"{STAGE_SCHEMA}.{name}" for (name,) in cur.fetchall()}
-            if not present:
-                return []
-            for batch_id, attempt in ledger.open_formats(cur, self.spec.name):
-                stage = stage_table(batch_id, attempt)
-                if stage not in present:
-                    continue
-                cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s",
-                            (stage, LOAD.strip('"')))
-                if cur.fetchone() is None:
-                    cur.execute(f"ALTER TABLE {quote(stage)} ADD COLUMN {LOAD} bigint")
-                    log.warning("pipeline=%s batch=%s attempt=%s: stage %s, from an earlier version, gained the "
-                                "load column", self.spec.name, batch_id, attempt, stage)
-            for batch_id, attempt in ledger.open_windows(cur, self.spec.name):
-                stage = stage_table(batch_id, attempt)
-                cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s",
-                            (stage, OFFSET.strip('"')))
-                if stage in present and cur.fetchone() is None:  # rows without: the apply keeps them all
-                    cur.execute(f"ALTER TABLE {quote(stage)} "
-                                + ", ".join(f"ADD COLUMN {c} {t}" for c, t in PROVENANCE))
-            dead = [(b, a, st) for b, a, st in ledger.finished_attempts(cur, self.spec.name)
-                    if stage_table(b, a) in present]
-            for batch_id, attempt, state in dead:
-                cur.execute("SELECT pg_total_relation_size(to_regclass(%s))", (stage_table(batch_id, attempt),))
-                size = cur.fetchone()[0] or 0  # dropped meanwhile: nothing to free
-                self._drop_stage(cur, batch_id, attempt)
-                log.warning("pipeline=%s batch=%s attempt=%s is %s: dropped its leftover stage table %s (%.1f MB)",
-                            self.spec.name, batch_id, attempt, state, stage_table(batch_id, attempt), size / 1e6)
-        return [stage_table(b, a) for b, a, _ in dead]
+            return self.stages.sweep(cur)
 
     def starting_offsets(self) -> dict[str, dict[int, int]]:
         """Per topic read (the pipeline's, and its stream's), the next offset per partition as
@@ -190,7 +93,7 @@ class BatchSink:
         import pyarrow as pa
 
         report = MicroBatchReport(steps=steps or Steps())
-        staged_upstream = _loaded(loads)
+        staged_upstream = loaded(loads)
         if table.num_rows == 0 and not staged_upstream:
             return report
         started = time.monotonic() if started is None else started
@@ -201,7 +104,7 @@ class BatchSink:
         try:
             with self.conn:
                 with self.conn.cursor() as cur:
-                    controls = self._apply(cur, table, report, micro_batch, loads)
+                    control_count = self._apply(cur, table, report, micro_batch, loads)
                 committing = time.perf_counter()
             report.steps.seconds["commit"] = time.perf_counter() - committing
             faults.point("committed")
@@ -209,7 +112,7 @@ class BatchSink:
             raise
         except Exception as exc:  # name where it happened: the next start resumes at the same offsets
             raise SinkError(
-                f"pipeline={self.spec.name} micro-batch {_positions(table, loads)} failed and was rolled back "
+                f"pipeline={self.spec.name} micro-batch {positions(table, loads)} failed and was rolled back "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:2000]}); the sink resumes from the same offsets "
                 "when restarted. Next: if this repeats at the same offsets, see the error above"
             ) from exc
@@ -217,14 +120,14 @@ class BatchSink:
             if report.rejects and self.dead_letters is not None:
                 self.dead_letters.flush(self.conn)
         except Exception as exc:  # committed: the rejects stay pending in sink_rejects, none is lost
-            raise SinkError(f"pipeline={self.spec.name} micro-batch {_positions(table, loads)} committed, but its dead "
+            raise SinkError(f"pipeline={self.spec.name} micro-batch {positions(table, loads)} committed, but its dead "
                             f"letters were not published ({type(exc).__name__}: {' '.join(str(exc).split())[:500]}). "
                             "Next: when the broker is back, restarting the sink publishes them") from exc
         events = (f"events applied {report.events}, duplicate {report.duplicates}, superseded {report.superseded}, "
                   if self.spec.stream else "")
         log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
                  "rejected %s, committed %s, refused %s in %.1f s (%s)", self.spec.name,
-                 micro_batch if micro_batch is not None else "-", table.num_rows + staged_upstream, controls,
+                 micro_batch if micro_batch is not None else "-", table.num_rows + staged_upstream, control_count,
                  report.replayed, events,
                  report.staged, report.discarded, report.rejected, report.committed or "-", report.refused or "-",
                  time.monotonic() - started, report.steps)
@@ -235,7 +138,7 @@ class BatchSink:
 
         self._check_fence(cur)
         if micro_batch is not None and ledger.micro_batch_committed(cur, self.consumer, self.fence, micro_batch):
-            report.replayed = table.num_rows + _loaded(loads)  # the executors' loads stay unaccepted
+            report.replayed = table.num_rows + loaded(loads)  # the executors' loads stay unaccepted
             log.warning("pipeline=%s micro-batch %s under fence %s was already committed: replay skipped",
                         self.spec.name, micro_batch, self.fence)
             return 0
@@ -245,17 +148,17 @@ class BatchSink:
         events = fresh.filter(pc.invert(ours))
         table = fresh.filter(ours)
         is_control = pc.is_valid(table["control"])
-        controls = table.filter(is_control).to_pylist()
+        control_records = table.filter(is_control).to_pylist()
         data = table.filter(pc.invert(is_control))
         ends: list[tuple[dict[str, Any], ControlMessage]] = []
-        for rec in controls:
+        for rec in control_records:
             msg = self._decode(cur, rec, report)
             if msg is None:
                 continue
             if msg.kind == "BEGIN":
                 self._begin(cur, rec, msg, report)
             elif msg.kind == "ABORT":
-                why = self._planned(cur, msg)
+                why = controls.unplanned(cur, self.spec, msg)
                 if why is None:
                     self._abort(cur, msg)
                 else:
@@ -264,9 +167,9 @@ class BatchSink:
                 ends.append((rec, msg))
         if data.num_rows:
             self._stage(cur, data, report)
-        if _loaded(loads):
+        if loaded(loads):
             self._accept_loads(cur, loads, report)
-        if data.num_rows or _loaded(loads):
+        if data.num_rows or loaded(loads):
             faults.point("staged")
         if events.num_rows:  # before any batch commits: its compaction covers these too
             with report.steps.step("events"):
@@ -283,11 +186,11 @@ class BatchSink:
         self._record_rejects(cur, report)
         self._store_offsets(cur, fresh, loads)
         if micro_batch is not None:
-            ledger.record_micro_batch(cur, self.consumer, self.fence, micro_batch, fresh.num_rows + _loaded(loads),
+            ledger.record_micro_batch(cur, self.consumer, self.fence, micro_batch, fresh.num_rows + loaded(loads),
                                       report.events,
                                       report.duplicates, report.rejected)
         faults.point("before_commit")
-        return len(controls)
+        return len(control_records)
 
     def _unapplied(self, cur, table):
         """The records at or after the offsets stored for their topic and partition."""
@@ -356,48 +259,30 @@ class BatchSink:
             return None
         return msg
 
-    def _planned(self, cur, msg: ControlMessage) -> str | None:
-        """Why the ledger does not confirm this control message's batch and window (None: it does)."""
-        planned = ledger.planned_batch(cur, msg.batch_id)
-        if planned is None:
-            return f"{msg.kind} for batch {msg.batch_id}, which was never planned (no ledger row)"
-        if planned.pipeline != self.spec.name:
-            return f"{msg.kind} for batch {msg.batch_id}, which the ledger plans for pipeline {planned.pipeline}"
-        if msg.parsed_window != planned.window:
-            return (f"{msg.kind} for batch {msg.batch_id} carries window {msg.parsed_window}, the ledger planned "
-                    f"{planned.window}")
-        if (msg.version, msg.schema_version) != ((2, planned.schema_version) if planned.schema_version else (1, 1)):
-            return (f"{msg.kind} for batch {msg.batch_id} says protocol version {msg.version} schema version "
-                    f"{msg.schema_version}, the ledger planned "
-                    + (f"version 2 schema version {planned.schema_version}" if planned.schema_version else "version 1"))
-        if msg.attempt > planned.latest_attempt:
-            return (f"{msg.kind} for batch {msg.batch_id} attempt {msg.attempt}, which the orchestrator never opened "
-                    f"(latest attempt {planned.latest_attempt})")
-        return None
 
     def _begin(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> None:
         """A BEGIN changes nothing in the ledger: the orchestrator opened the attempt (and superseded
         older ones) before sending it. It is checked against the plan, and frees older stages."""
-        why = self._planned(cur, msg)
+        why = controls.unplanned(cur, self.spec, msg)
         if why is not None:
             self._reject(report, rec, f"{why}: BEGIN rejected, nothing of it is staged", msg)
             return
         state = ledger.attempt_state(cur, msg.batch_id, msg.attempt)
         if state == "committed":
-            self._reject(report, rec, self._replayed(cur, msg), msg)
+            self._reject(report, rec, controls.replayed(cur, msg), msg)
             return
         if state not in ("open", "sealed"):
             log.info("pipeline=%s batch=%s attempt=%s p%s BEGIN of a%s attempt (late or replayed): no-op",
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition, f" {state}" if state else "n unrecorded")
             return
         for older in range(1, msg.attempt):
-            self._drop_stage(cur, msg.batch_id, older)
+            self.stages.drop(cur, msg.batch_id, older)
 
     def _abort(self, cur, msg: ControlMessage) -> None:
         ledger.lock_batch(cur, msg.batch_id)
         aborted_now = ledger.transition(cur, msg.batch_id, msg.attempt, "aborted",
                                         message=f"aborted by producer: {msg.reason or 'no reason given'}")
-        self._drop_stage(cur, msg.batch_id, msg.attempt)  # also when the orchestrator marked it aborted first
+        self.stages.drop(cur, msg.batch_id, msg.attempt)  # also when the orchestrator marked it aborted first
         if aborted_now:
             log.warning("pipeline=%s batch=%s attempt=%s ABORT received (%s): staged records discarded",
                         msg.pipeline, msg.batch_id, msg.attempt, msg.reason)
@@ -436,7 +321,7 @@ class BatchSink:
                                          lambda rec, reason: self._reject(report, rec, reason))
                 if kept.num_rows:
                     with report.steps.step("stage"):
-                        self._copy_in(cur, batch_id, attempt, kept)
+                        self.stages.copy_in(cur, batch_id, attempt, kept)
                 report.staged += kept.num_rows
             elif state is None:
                 for rec in mine.select(columns).to_pylist():
@@ -460,7 +345,7 @@ class BatchSink:
         if kept.num_rows:  # the executors stage every good record of an open attempt: a bug, not bad input
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: {kept.num_rows} good "
                             f"record(s) of this protocol-version-2 attempt reached the sink's driver unstaged "
-                            f"({_positions(kept)}); rolled back. Next: restart the sink: it reads them again from "
+                            f"({positions(kept)}); rolled back. Next: restart the sink: it reads them again from "
                             "the same offsets; if this repeats, report it with this log")
 
     def _accept_loads(self, cur, loads, report: MicroBatchReport) -> None:
@@ -494,21 +379,12 @@ class BatchSink:
         keywords for the warehouse, as the executors will connect."""
         with self.conn, self.conn.cursor() as cur:
             self._check_fence(cur)
-            targets = {key: Target(self._ensure_stage(cur, *key), row_column(fmt.version),
+            targets = {key: Target(self.stages.ensure(cur, *key), row_column(fmt.version),
                                    tuple(quote(c.name) for c in fmt.columns), tuple(c.sql_type for c in fmt.columns))
                        for key, fmt in typed.items()}
             offsets = ledger.stored_offsets(cur, self.consumer, self.topic)
         return StageWriter(connect, self.topic, targets, offsets)
 
-    def _format(self, cur, batch_id: str) -> tuple[int, list[SourceColumn]] | None:
-        """A protocol-version-2 batch's schema version and source columns (None: version 1)."""
-        planned = ledger.planned_batch(cur, batch_id)
-        if planned is None or planned.schema_version is None:
-            return None
-        version = planned.schema_version
-        if version not in self._schemas:
-            self._schemas[version] = ledger.record_schema(cur, self.spec.name, version)[0]
-        return version, self._schemas[version]
 
     def formats(self) -> dict[tuple[str, int], Format]:
         """The record format of every open protocol-version-2 attempt, for ``tidemark.avro.decode``."""
@@ -557,30 +433,6 @@ class BatchSink:
             self._rules = RecordRules(self.spec, target_columns(cur, self.spec.target_table))
         return self._rules
 
-    def _copy_in(self, cur, batch_id: str, attempt: int, records) -> None:
-        import pyarrow as pa
-
-        stage = self._ensure_stage(cur, batch_id, attempt)
-        # checked UTF-8 already: Arrow's cast, not a Python loop
-        columns = {"value": records["value"].cast(pa.string()),
-                   **{c: a for (c, _), a in zip(PROVENANCE, provenance(records))}}
-        copy_csv(cur, stage, pa.table(list(columns.values()), names=list(columns)), ["value", *(c for c, _ in PROVENANCE)])
-        _add_staged(cur, batch_id, attempt, records)
-
-    def _ensure_stage(self, cur, batch_id: str, attempt: int) -> str:
-        stage = quote(stage_table(batch_id, attempt))
-        fmt = self._format(cur, batch_id)
-        where = ", ".join(f"{c} {t}" for c, t in PROVENANCE)
-        if fmt is None:
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text, {where})")
-        else:  # typed like the source; UNLOGGED: it lives only until its batch commits or is refused
-            cols = ", ".join(f"{quote(c.name)} {sql_type(c.sql_type)}" for c in fmt[1])
-            cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols}, {LOAD} bigint, {where})")
-        return stage
-
-    def _drop_stage(self, cur, batch_id: str, attempt: int) -> None:
-        cur.execute(f"DROP TABLE IF EXISTS {quote(stage_table(batch_id, attempt))}")
-        ledger.forget_staged(cur, batch_id, attempt)
 
     def _end(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> bool:
         """Record an END; True when the attempt now has END on every partition and is open."""
@@ -589,14 +441,14 @@ class BatchSink:
             self._reject(report, rec, f"END for unknown batch {msg.batch_id} attempt {msg.attempt}: no BEGIN was seen; ignored", msg)
             return False
         if state == "committed":
-            self._reject(report, rec, self._replayed(cur, msg), msg)
+            self._reject(report, rec, controls.replayed(cur, msg), msg)
             return False
         if state not in ("open", "sealed"):
             log.info("pipeline=%s batch=%s attempt=%s p%s END for a %s attempt: ignored", msg.pipeline, msg.batch_id,
                      msg.attempt, msg.partition, state)
             return False
         assert msg.totals is not None
-        why = self._planned(cur, msg) or self._unsealed(cur, msg, state)
+        why = controls.unplanned(cur, self.spec, msg) or controls.unsealed(cur, msg, state)
         if why is not None:
             self._reject(report, rec, f"{why}: END rejected, the attempt waits for the orchestrator's END", msg)
             return False
@@ -612,41 +464,13 @@ class BatchSink:
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition)
         return len(ledger.ends(cur, msg.batch_id, msg.attempt)[0]) == msg.partitions
 
-    @staticmethod
-    def _replayed(cur, msg: ControlMessage) -> str:
-        """Why a signed BEGIN or END of a committed attempt is a dead letter: its batch is in, this is
-        a copy (a replay by another producer, or an END step that sent twice), and it changes nothing."""
-        committed = ledger.attempt_finished_at(cur, msg.batch_id, msg.attempt)
-        return (f"{msg.describe()} arrived after its attempt committed at {committed:%Y-%m-%dT%H:%M:%S%z}: a copy "
-                "(replayed, or sent twice by a retried END step); nothing applied, nothing changed")
-
-    @staticmethod
-    def _unsealed(cur, msg: ControlMessage, state: str) -> str | None:
-        """Why this END is not the orchestrator's (None: it is). The orchestrator seals an attempt in
-        the ledger with the extract's totals before it sends END, so an END that finds the attempt
-        still open, or carries other totals than the ledger's, came from some other producer."""
-        assert msg.totals is not None
-        head = f"END for batch {msg.batch_id} attempt {msg.attempt} partition {msg.partition}"
-        if state != "sealed":
-            return (f"{head} arrived while the ledger shows the attempt {state} (the orchestrator seals an attempt "
-                    "with the extract's totals before it sends END): not sent by the orchestrator")
-        sealed = ledger.extract_totals(cur, msg.batch_id, msg.attempt)
-        mine = sealed.get(msg.partition)
-        if mine is None or (mine.rows, mine.checksum) != (msg.totals.rows, msg.totals.checksum):
-            return (f"{head} says rows={msg.totals.rows} checksum={msg.totals.checksum}, the ledger sealed rows="
-                    f"{mine.rows if mine else '-'} checksum={mine.checksum if mine else '-'} for it: not the "
-                    "orchestrator's totals")
-        total = sum(t.rows for t in sealed.values())
-        if msg.batch_rows is not None and msg.batch_rows != total:
-            return f"{head} claims batch_rows={msg.batch_rows}, the ledger sealed {total} rows for the attempt"
-        return None
 
     def _refuse(self, cur, batch_id: str, attempt: int, report: MicroBatchReport, why: str,
                 next_step: str = "act on the cause named here") -> None:
         message = (f"batch {batch_id} attempt {attempt} REFUSED: {why}. Nothing was applied. Next: {next_step}, "
                    "then clear the DAG run from its 'begin' task to load a new attempt.")
         ledger.transition(cur, batch_id, attempt, "refused", message=message)
-        self._drop_stage(cur, batch_id, attempt)
+        self.stages.drop(cur, batch_id, attempt)
         report.refused.append(f"{batch_id}#{attempt}")
         log.error("pipeline=%s %s", self.spec.name, message)
 
@@ -656,7 +480,7 @@ class BatchSink:
         state = ledger.attempt_state(cur, batch_id, attempt, lock=True)
         if state not in ("open", "sealed"):
             log.warning("pipeline=%s batch=%s attempt=%s is %s: not applied", self.spec.name, batch_id, attempt, state)
-            self._drop_stage(cur, batch_id, attempt)
+            self.stages.drop(cur, batch_id, attempt)
             return
         if state != "sealed":  # ENDs recorded before the orchestrator sealed it (an earlier version's sink)
             log.warning("pipeline=%s batch=%s attempt=%s has END on every partition but the ledger shows it %s: "
@@ -688,7 +512,7 @@ class BatchSink:
         window, repair_keys = planned.window, planned.repair_keys
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
-        records = self._staged_records(cur, batch_id, attempt)
+        records = self.stages.records(cur, batch_id, attempt)
         if planned.schema_version is not None:  # the rows the apply will read are the rows the totals count
             cur.execute(f"SELECT count(*) FROM ({records}) batch")
             (readable,) = cur.fetchone()
@@ -702,7 +526,8 @@ class BatchSink:
         merge_started = time.monotonic()
         try:
             if repair_keys is not None:
-                outside, applied = self._repair(cur, batch_id, attempt, repair_keys, window, records)
+                outside, applied = merge.apply_repair(cur, self.spec, batch_id, attempt, repair_keys, window,
+                                                              self._batch_columns(cur, batch_id), records)
                 if outside:  # a staged record outside the repair's keys: nothing of it applies
                     cur.execute("ROLLBACK TO SAVEPOINT merge")
                     self._refuse(cur, batch_id, attempt, report,
@@ -712,7 +537,7 @@ class BatchSink:
                                  f"{self.spec.name} with repair=true)")
                     return
             else:
-                applied = self._merge(cur, batch_id, window, records)
+                applied = merge.apply_batch(cur, self.spec, window, self._batch_columns(cur, batch_id), records)
         except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded, RepairError) as exc:
             # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
@@ -725,8 +550,8 @@ class BatchSink:
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the ledger refused the move "
                             "to committed (state changed under the lock?); rolled back")
         moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
-        compacted = self._compact(cur, window) if repair_keys is None else None  # a repair covers its keys only
-        self._drop_stage(cur, batch_id, attempt)
+        compacted = merge.compact(cur, self.spec, window) if repair_keys is None else None  # a repair covers its keys only
+        self.stages.drop(cur, batch_id, attempt)
         report.committed.append(f"{batch_id}#{attempt}")
         log.info(
             "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s in %.1f s) "
@@ -743,8 +568,8 @@ class BatchSink:
         another producer with its headers, is a dead letter naming partition, offset and key, and
         the genuine batch still applies. Returns the kept rows' totals per partition (None: the
         stage has rows an earlier version staged without their offsets; the running totals count)."""
-        stage = self._ensure_stage(cur, batch_id, attempt)
-        accepted, fmt = self._accepted(cur, batch_id, attempt), self._format(cur, batch_id)
+        stage = self.stages.ensure(cur, batch_id, attempt)
+        accepted, fmt = self.stages.accepted(cur, batch_id, attempt), self.stages.format(cur, batch_id)
         inside = " OR ".join(f"({PARTITION} = {int(p)} AND {OFFSET} >= {int(lo)} AND {OFFSET} < {int(hi)})"
                              for p, (lo, hi) in written.items()) or "false"
         cur.execute(f"SELECT count(*) FILTER (WHERE {OFFSET} IS NULL), count(*) FILTER (WHERE NOT ({inside})) "
@@ -772,14 +597,6 @@ class BatchSink:
                     f"WHERE {accepted} GROUP BY 1")
         return {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
 
-    def _accepted(self, cur, batch_id: str, attempt: int) -> str:
-        """SQL condition on the attempt's stage rows that count: under version 2 those of accepted
-        loads only (``tidemark.stage``), under version 1 all."""
-        if self._format(cur, batch_id) is None:
-            return "true"
-        loads = cur.mogrify("SELECT load FROM tidemark_control.staged_loads WHERE batch_id = %s AND attempt = %s",
-                            (batch_id, attempt)).decode(psycopg2.extensions.encodings[self.conn.encoding])
-        return f"({LOAD} IS NULL OR {LOAD} IN ({loads}))"
 
     @staticmethod
     def _restart_since(cur, batch_id: str, attempt: int) -> str:
@@ -793,12 +610,6 @@ class BatchSink:
         return (f" (the warehouse restarted at {row[1]:%Y-%m-%dT%H:%M:%S%z}, after the attempt began: crash recovery "
                 "empties its UNLOGGED stage tables)")
 
-    def _compact(self, cur, window: Window) -> int | None:
-        """The real-time rows inside the committed window: the batch is the truth for it now."""
-        if self.spec.stream is None:
-            return None
-        cur.execute(f"DELETE FROM {quote(self.spec.stream.target_table)} WHERE {predicate(self.spec, window)}")
-        return cur.rowcount
 
     def target_columns(self, cur) -> list[str]:
         return list(self._record_rules(cur).columns)
@@ -806,7 +617,7 @@ class BatchSink:
     def _batch_columns(self, cur, batch_id: str) -> list[str]:
         """The columns a batch writes: the target's (version 1), or its record schema's (version 2;
         source columns the target lacks are added first, in this transaction)."""
-        fmt = self._format(cur, batch_id)
+        fmt = self.stages.format(cur, batch_id)
         if fmt is None:
             return self.target_columns(cur)
         have = set(self.target_columns(cur))
@@ -824,164 +635,18 @@ class BatchSink:
                 self._rules = None  # the target's columns changed
         return [c.name for c in fmt[1]]
 
-    def _staged_records(self, cur, batch_id: str, attempt: int) -> str:
-        """SQL reading the attempt's staged records as rows of the target's type."""
-        # An empty window sends no records, so its stage table may not exist yet.
-        stage = self._ensure_stage(cur, batch_id, attempt)
-        fmt = self._format(cur, batch_id)
-        if fmt is not None:  # typed already: nothing to parse. Only accepted loads count (tidemark.stage)
-            cols = ", ".join(quote(c.name) for c in fmt[1])
-            return f"SELECT {cols} FROM {stage} WHERE {self._accepted(cur, batch_id, attempt)}"
-        # json, not jsonb: parsing straight into the record is about twice as fast.
-        return (f"SELECT r.* FROM {stage} s, "
-                f"LATERAL json_populate_record(NULL::{quote(self.spec.target_table)}, s.value::json) r")
-
-    def _newest_wins(self, cur, columns: list[str]) -> str:
-        """The upsert's conflict clause: an older version never replaces a newer one."""
-        spec = self.spec
-        target, cursor_col = quote(spec.target_table), quote(spec.cursor.column)
-        updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in columns
-                            if c not in spec.primary_key)
-        pk = ", ".join(quote(c) for c in spec.primary_key)
-        return (f"ON CONFLICT ({pk}) DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}"
-                if updates else f"ON CONFLICT ({pk}) DO NOTHING")
-
-    def _merge(self, cur, batch_id: str, window: Window, records: str) -> int:
-        """Write the batch (``records``: SQL reading its staged records, ``_staged_records``)."""
-        spec = self.spec
-        target = quote(spec.target_table)
-        columns = self._batch_columns(cur, batch_id)
-        cols = ", ".join(quote(c) for c in columns)
-        if spec.write_mode == "append_window_replace":
-            # The window's rows are replaced whole. A key that is already there (outside the window,
-            # or twice in the batch) is not append-only data: the insert fails and the batch is refused.
-            cur.execute(f"DELETE FROM {target} WHERE {predicate(spec, window)}")
-            cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
-            return cur.rowcount
-        pk = ", ".join(quote(c) for c in spec.primary_key)
-        # The newest version of each key wins, within the batch and against the target.
-        cur.execute(
-            f"""INSERT INTO {target} ({cols})
-                SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) * FROM ({records}) batch
-                                    ORDER BY {pk}, {quote(spec.cursor.column)} DESC) latest
-                {self._newest_wins(cur, columns)}"""
-        )
-        return cur.rowcount
-
-    def _repair(self, cur, batch_id: str, attempt: int, keys: list[list[str]], window: Window,
-                records: str) -> tuple[int, int]:
-        """A repair batch: the target's rows of its keys, as far as its window reaches, are replaced by
-        what was staged. A key with nothing staged (the source holds no version of it there) is
-        deleted only where the plan allows it (``ledger.repair_deletes``): an extra row always, a row
-        deleted at the source after a batch loaded it only when the run set apply_source_deletes;
-        any other stays as it is, for the next reconciliation to report. Each row deleted without a
-        staged replacement goes, with its old values, into tidemark_control.repair_deletions in this
-        transaction. A plan recorded before (no ``repair_deletes``) deletes every key's rows, as it
-        did. A newer version that a later batch loaded meanwhile (cursor past the window) is neither
-        deleted nor replaced. Returns (staged records whose key is not one of ``keys``, target rows
-        written); the caller refuses the batch if the first is not 0."""
-        spec = self.spec
-        target = quote(spec.target_table)
-        columns = self._batch_columns(cur, batch_id)
-        cols = ", ".join(quote(c) for c in columns)
-        pk = list(spec.primary_key)
-        types = key_types(cur, spec.target_table, pk)
-        keyed = key_filter(pk, types, keys)
-        cur.execute(f"SELECT count(*) FROM ({records}) batch WHERE NOT ({keyed})")
-        (outside,) = cur.fetchone()
-        if outside:
-            return outside, 0
-        plan = ledger.repair_deletes(cur, batch_id)
-        pks = ", ".join(quote(c) for c in pk)
-        staged = f"({pks}) IN (SELECT {pks} FROM ({records}) batch)"
-        if plan is None:  # planned before deletions were told apart: every key's rows, as before
-            allowed, kind = "true", "'unclassified'"
-        else:
-            at_source = plan.get("deleted_at_source") or []
-            may = list(plan.get("extra") or []) + (at_source if plan.get("apply_source_deletes") else [])
-            allowed = key_filter(pk, types, may) if may else "false"
-            kind = (f"CASE WHEN {key_filter(pk, types, at_source)} THEN 'deleted_at_source' ELSE 'extra' END"
-                    if at_source else "'extra'")
-        evidence = cur.mogrify("%s, %s, %s", (batch_id, spec.name, spec.target_table)).decode(
-            psycopg2.extensions.encodings[self.conn.encoding])
-        key_texts = ", ".join(f"{quote(c)}::text" for c in pk)
-        # one statement: the delete, and the evidence of every row it took without a replacement
-        cur.execute(
-            f"""WITH gone AS (DELETE FROM {target}
-                               WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}
-                                 AND ({staged} OR {allowed})
-                           RETURNING *),
-                     kept AS (INSERT INTO tidemark_control.repair_deletions
-                                     (batch_id, pipeline, target_table, kind, key, old_values)
-                              SELECT {evidence}, {kind}, jsonb_build_array({key_texts}), to_jsonb(gone)
-                                FROM gone WHERE NOT ({staged})
-                              RETURNING kind)
-                SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM kept),
-                       (SELECT count(*) FROM kept WHERE kind = 'deleted_at_source')""")
-        deleted, without, at_source_deleted = cur.fetchone()
-        # a row still there is newer than the window (loaded since): the newest version stays
-        conflict = self._newest_wins(cur, columns) if spec.write_mode != "append_window_replace" else ""
-        cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch {conflict}")
-        log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s) up to %s: %s target row(s) deleted (%s without a "
-                 "staged replacement, %s of them deleted at the source; kept in tidemark_control.repair_deletions), "
-                 "%s written", spec.name, batch_id, attempt, len(keys), window.hi, deleted, without, at_source_deleted,
-                 cur.rowcount)
-        return 0, cur.rowcount
 
     def _record_rejects(self, cur, report: MicroBatchReport) -> None:
         fresh = report.rejects[report.recorded:]
         ledger.record_rejects(cur, self.consumer, self.topic,
-                              [{**r, "payload": _payload_text(r["payload"]), "raw": r["payload"], "raw_key": r.get("key")}
+                              [{**r, "payload": payload_text(r["payload"]), "raw": r["payload"], "raw_key": r.get("key")}
                                for r in fresh])
         report.recorded = len(report.rejects)
 
     def _store_offsets(self, cur, table, loads) -> None:
         """The next offset of every partition read: past its last record, whoever staged it."""
-        for r in _extents(table, loads):
+        for r in extents(table, loads):
             ledger.store_offset(cur, self.consumer, r["topic"], r["partition"], r["offset_max"] + 1, self.fence)
-
-
-def _add_staged(cur, batch_id: str, attempt: int, records) -> None:
-    """Add staged records to the attempt's running per-partition counts and checksums."""
-    for p, t in arrow_totals(records).items():
-        ledger.add_staged(cur, batch_id, attempt, p, t["rows"], t["checksum"])
-
-
-def _payload_text(payload: bytes | str | None) -> str | None:
-    """The rejected value as PostgreSQL text can hold it: invalid UTF-8 escaped, NUL shown, capped."""
-    if payload is None:
-        return None
-    text = payload.decode("utf-8", "backslashreplace") if isinstance(payload, bytes) else payload
-    text = text.replace("\x00", "\\x00")
-    return text if len(text) <= PAYLOAD_LIMIT else f"{text[:PAYLOAD_LIMIT]}... ({len(text)} characters in all)"
-
-
-def _loaded(loads) -> int:
-    """How many records the executors staged (``tidemark.stage`` load rows; None: none)."""
-    import pyarrow.compute as pc
-
-    return 0 if loads is None or not loads.num_rows else pc.sum(loads["load_rows"]).as_py()
-
-
-def _extents(table, loads=None) -> list[dict[str, Any]]:
-    """The first and last offset (``offset_min``, ``offset_max``) per topic and partition of a
-    micro-batch: the records the driver holds and the loads the executors staged."""
-    import pyarrow as pa
-
-    parts = [table.select(["topic", "partition", "offset"])]
-    if _loaded(loads):
-        for first in ("load_first", "offset"):  # a load row's offset is its last record's
-            parts.append(pa.table({"topic": loads["topic"], "partition": loads["partition"],
-                                   "offset": loads[first]}).cast(parts[0].schema))
-    both = pa.concat_tables(parts)
-    return both.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")]).to_pylist()
-
-
-def _positions(table, loads=None) -> str:
-    """Partitions and offset ranges of a micro-batch, for error messages."""
-    ranges = _extents(table, loads)
-    return ", ".join(f"{r['topic']}/{r['partition']}@{r['offset_min']}..{r['offset_max']}" for r in
-                     sorted(ranges, key=lambda r: (r["topic"], r["partition"]))) or "(empty)"
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -1,0 +1,116 @@
+"""The SQL that writes a verified batch into the target, in the sink's transaction: the merge (newest
+version per key wins, or a whole window replaced), a repair batch's keyed replace with the evidence
+of every row it deletes, and the compaction of the real-time rows a committed window covers."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg2
+import psycopg2.extensions
+
+from tidemark import ledger
+from tidemark.repair import key_filter, key_types
+from tidemark.spec import PipelineSpec, quote
+from tidemark.window import Window, covered, predicate
+
+log = logging.getLogger("tidemark.sink")
+
+
+def newest_wins(spec: PipelineSpec, columns: list[str]) -> str:
+    """The upsert's conflict clause: an older version never replaces a newer one."""
+    target, cursor_col = quote(spec.target_table), quote(spec.cursor.column)
+    updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in columns
+                        if c not in spec.primary_key)
+    pk = ", ".join(quote(c) for c in spec.primary_key)
+    return (f"ON CONFLICT ({pk}) DO UPDATE SET {updates} WHERE {target}.{cursor_col} <= EXCLUDED.{cursor_col}"
+            if updates else f"ON CONFLICT ({pk}) DO NOTHING")
+
+
+def apply_batch(cur, spec: PipelineSpec, window: Window, columns: list[str], records: str) -> int:
+    """Write a batch into the target (``records``: SQL reading its staged records; ``columns``: the
+    ones it writes). Returns the target rows written."""
+    target = quote(spec.target_table)
+    cols = ", ".join(quote(c) for c in columns)
+    if spec.write_mode == "append_window_replace":
+        # The window's rows are replaced whole. A key that is already there (outside the window,
+        # or twice in the batch) is not append-only data: the insert fails and the batch is refused.
+        cur.execute(f"DELETE FROM {target} WHERE {predicate(spec, window)}")
+        cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
+        return cur.rowcount
+    pk = ", ".join(quote(c) for c in spec.primary_key)
+    # The newest version of each key wins, within the batch and against the target.
+    cur.execute(
+        f"""INSERT INTO {target} ({cols})
+            SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) * FROM ({records}) batch
+                                ORDER BY {pk}, {quote(spec.cursor.column)} DESC) latest
+            {newest_wins(spec, columns)}"""
+    )
+    return cur.rowcount
+
+
+def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: list[list[str]], window: Window,
+           columns: list[str], records: str) -> tuple[int, int]:
+    """A repair batch: the target's rows of its keys, as far as its window reaches, are replaced by
+    what was staged. A key with nothing staged (the source holds no version of it there) is
+    deleted only where the plan allows it (``ledger.repair_deletes``): an extra row always, a row
+    deleted at the source after a batch loaded it only when the run set apply_source_deletes;
+    any other stays as it is, for the next reconciliation to report. Each row deleted without a
+    staged replacement goes, with its old values, into tidemark_control.repair_deletions in this
+    transaction. A plan recorded before (no ``repair_deletes``) deletes every key's rows, as it
+    did. A newer version that a later batch loaded meanwhile (cursor past the window) is neither
+    deleted nor replaced. Returns (staged records whose key is not one of ``keys``, target rows
+    written); the caller refuses the batch if the first is not 0."""
+    target = quote(spec.target_table)
+    cols = ", ".join(quote(c) for c in columns)
+    pk = list(spec.primary_key)
+    types = key_types(cur, spec.target_table, pk)
+    keyed = key_filter(pk, types, keys)
+    cur.execute(f"SELECT count(*) FROM ({records}) batch WHERE NOT ({keyed})")
+    (outside,) = cur.fetchone()
+    if outside:
+        return outside, 0
+    plan = ledger.repair_deletes(cur, batch_id)
+    pks = ", ".join(quote(c) for c in pk)
+    staged = f"({pks}) IN (SELECT {pks} FROM ({records}) batch)"
+    if plan is None:  # planned before deletions were told apart: every key's rows, as before
+        allowed, kind = "true", "'unclassified'"
+    else:
+        at_source = plan.get("deleted_at_source") or []
+        may = list(plan.get("extra") or []) + (at_source if plan.get("apply_source_deletes") else [])
+        allowed = key_filter(pk, types, may) if may else "false"
+        kind = (f"CASE WHEN {key_filter(pk, types, at_source)} THEN 'deleted_at_source' ELSE 'extra' END"
+                if at_source else "'extra'")
+    evidence = cur.mogrify("%s, %s, %s", (batch_id, spec.name, spec.target_table)).decode(
+        psycopg2.extensions.encodings[cur.connection.encoding])
+    key_texts = ", ".join(f"{quote(c)}::text" for c in pk)
+    # one statement: the delete, and the evidence of every row it took without a replacement
+    cur.execute(
+        f"""WITH gone AS (DELETE FROM {target}
+                           WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}
+                             AND ({staged} OR {allowed})
+                       RETURNING *),
+                 kept AS (INSERT INTO tidemark_control.repair_deletions
+                                 (batch_id, pipeline, target_table, kind, key, old_values)
+                          SELECT {evidence}, {kind}, jsonb_build_array({key_texts}), to_jsonb(gone)
+                            FROM gone WHERE NOT ({staged})
+                          RETURNING kind)
+            SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM kept),
+                   (SELECT count(*) FROM kept WHERE kind = 'deleted_at_source')""")
+    deleted, without, at_source_deleted = cur.fetchone()
+    # a row still there is newer than the window (loaded since): the newest version stays
+    conflict = newest_wins(spec, columns) if spec.write_mode != "append_window_replace" else ""
+    cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch {conflict}")
+    log.info("pipeline=%s batch=%s attempt=%s repair of %s key(s) up to %s: %s target row(s) deleted (%s without a "
+             "staged replacement, %s of them deleted at the source; kept in tidemark_control.repair_deletions), "
+             "%s written", spec.name, batch_id, attempt, len(keys), window.hi, deleted, without, at_source_deleted,
+             cur.rowcount)
+    return 0, cur.rowcount
+
+
+def compact(cur, spec: PipelineSpec, window: Window) -> int | None:
+    """The real-time rows inside the committed window: the batch is the truth for it now."""
+    if spec.stream is None:
+        return None
+    cur.execute(f"DELETE FROM {quote(spec.stream.target_table)} WHERE {predicate(spec, window)}")
+    return cur.rowcount

@@ -1,0 +1,74 @@
+"""What one micro-batch did (``MicroBatchReport``), the sink's two errors, and the small helpers
+its modules share to describe a micro-batch's records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.progress import Steps
+
+
+class FencedError(RuntimeError):
+    """Another sink instance took over this consumer; this one must stop without committing."""
+
+
+class SinkError(RuntimeError):
+    """An error the sink cannot classify as bad input: the job fails, naming where it was."""
+
+
+PAYLOAD_LIMIT = 65_536  # characters of a rejected payload kept in sink_rejects (the DLQ gets it whole)
+FIRST_REASONS = 3  # how many dead-letter reasons a refusal message quotes
+
+
+@dataclass
+class MicroBatchReport:
+    replayed: int = 0  # records already applied (below the stored offsets, or a recorded micro-batch)
+    events: int = 0  # events applied to the real-time table
+    duplicates: int = 0  # events already there, unchanged (a redelivery)
+    superseded: int = 0  # events older than the version already there (upserted entities)
+    staged: int = 0
+    discarded: int = 0  # records of superseded, aborted or already committed attempts
+    rejected: int = 0  # unusable records and control messages (also in sink_rejects)
+    committed: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    recorded: int = 0  # how many of ``rejects`` are already in sink_rejects
+    steps: Steps = field(default_factory=Steps)  # where the micro-batch's time went, for its log line
+
+
+def payload_text(payload: bytes | str | None) -> str | None:
+    """The rejected value as PostgreSQL text can hold it: invalid UTF-8 escaped, NUL shown, capped."""
+    if payload is None:
+        return None
+    text = payload.decode("utf-8", "backslashreplace") if isinstance(payload, bytes) else payload
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= PAYLOAD_LIMIT else f"{text[:PAYLOAD_LIMIT]}... ({len(text)} characters in all)"
+
+
+def loaded(loads) -> int:
+    """How many records the executors staged (``tidemark.stage`` load rows; None: none)."""
+    import pyarrow.compute as pc
+
+    return 0 if loads is None or not loads.num_rows else pc.sum(loads["load_rows"]).as_py()
+
+
+def extents(table, loads=None) -> list[dict[str, Any]]:
+    """The first and last offset (``offset_min``, ``offset_max``) per topic and partition of a
+    micro-batch: the records the driver holds and the loads the executors staged."""
+    import pyarrow as pa
+
+    parts = [table.select(["topic", "partition", "offset"])]
+    if loaded(loads):
+        for first in ("load_first", "offset"):  # a load row's offset is its last record's
+            parts.append(pa.table({"topic": loads["topic"], "partition": loads["partition"],
+                                   "offset": loads[first]}).cast(parts[0].schema))
+    both = pa.concat_tables(parts)
+    return both.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")]).to_pylist()
+
+
+def positions(table, loads=None) -> str:
+    """Partitions and offset ranges of a micro-batch, for error messages."""
+    ranges = extents(table, loads)
+    return ", ".join(f"{r['topic']}/{r['partition']}@{r['offset_min']}..{r['offset_max']}" for r in
+                     sorted(ranges, key=lambda r: (r["topic"], r["partition"]))) or "(empty)"
