@@ -1,6 +1,6 @@
 # Tidemark: two commands on a fresh machine.
 #   make demo   installs what is missing, starts the stack, runs the demo end to end
-#   make unit   the tests that need no stack (tests/unit, DAG integrity, compose, launcher choice): starts nothing, under a minute
+#   make unit   ruff (pyproject.toml), then the tests that need no stack (tests/unit, DAG integrity, compose, launcher choice): starts nothing, under a minute
 #   make test   installs what is missing, starts the stack, runs the whole suite, both lanes (what CI runs; 7 seeded kill trials)
 #               every test's duration: .state/test-report.xml (JUnit; TIDEMARK_STATE_DIR moves .state); PYTEST_ARGS= for pytest
 #   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
@@ -66,9 +66,11 @@ demo: up
 unit:
 	@if [[ ! -x $(PY) || "$$(cat $(STATE)/venv/.requirements.sha256 2>/dev/null)" != "$$(sha256sum requirements.txt | cut -d' ' -f1)" ]]; then \
 	  bash stack/bootstrap.sh; fi
+	@$(PY) -m ruff check --quiet
 	@$(STACK) run -- $(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
 test: up
+	@$(PY) -m ruff check --quiet
 	@$(STACK) run -- $(PY) -m pytest --junitxml=$(STATE)/test-report.xml $(PYTEST_ARGS)
 
 bench: up

@@ -11,7 +11,6 @@ import threading
 import time
 
 import psycopg2
-import pytest
 
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from urllib.parse import quote, urlencode
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal
 
 import pytest
 
