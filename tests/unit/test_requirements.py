@@ -1,24 +1,35 @@
-"""requirements.in names the direct dependencies; requirements.txt locks them at the same versions."""
+"""pyproject.toml names the direct dependencies; requirements.txt locks them at the same versions."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _pins(path: Path) -> dict[str, str]:
+def _name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[=<>!~ ;\[]", requirement, maxsplit=1)[0]).lower()
+
+
+def _lock() -> dict[str, str]:
     pins = {}
-    for line in path.read_text().splitlines():
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
-            pins[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+            pins[_name(name)] = version.strip()
     return pins
 
 
-def test_every_direct_dependency_is_locked_at_its_pinned_version():
-    direct, lock = _pins(ROOT / "requirements.in"), _pins(ROOT / "requirements.txt")
-    assert direct and all(direct.values()), "requirements.in pins every direct dependency with =="
-    assert {n: v for n, v in direct.items() if lock.get(n) != v} == {}
+def test_every_direct_dependency_is_pinned_and_locked_at_its_version():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    direct = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    assert direct and all("==" in r for r in direct), "pyproject.toml pins every direct dependency with =="
+    lock = _lock()
+    assert {r for r in direct if lock.get(_name(r)) != r.split("==", 1)[1].strip()} == set()
+
+
+def test_one_list_of_direct_dependencies():
+    assert not (ROOT / "requirements.in").exists(), "pyproject.toml is the one list of direct dependencies"
