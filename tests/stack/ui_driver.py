@@ -21,6 +21,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 WAIT_S = 60.0  # the first load of a page compiles the UI's bundle: seconds on a busy 2-core machine
+SWITCH_INPUT = "[data-scope=switch] input"  # a Chakra switch's (hidden) checkbox: is_selected() is its state
 
 
 def _literal(text: str) -> str:
@@ -141,6 +142,26 @@ class Browser:
         return self.wait(f"the input of the field {label!r}", lambda d: (
             self.visible(By.XPATH, ".//*[self::input or self::textarea]", root) or [None])[0], timeout_s)
 
+    def named(self, name: str, within: WebElement | None = None, timeout_s: float = WAIT_S) -> WebElement:
+        """A visible button named ``name`` by its text or, for an icon button, its ``aria-label`` (what
+        its tooltip shows, and what a screen reader reads)."""
+        xpath = (f".//*[(self::button or @role='button') and (@aria-label={_literal(name)} or "
+                 f"normalize-space(.)={_literal(name)})]")
+
+        def find(driver):
+            root = within if within is not None else driver.find_element(By.TAG_NAME, "body")
+            return (self.visible(By.XPATH, xpath, root) or [None])[0]
+
+        return self.wait(f"a button named {name!r}", find, timeout_s)
+
+    def link(self, text: str, within: WebElement | None = None, timeout_s: float = WAIT_S) -> WebElement:
+        """A visible link whose whole text (trimmed) is ``text``."""
+        def find(driver):
+            root = within if within is not None else driver.find_element(By.TAG_NAME, "body")
+            return (self.visible(By.XPATH, f".//a[normalize-space(.)={_literal(text)}]", root) or [None])[0]
+
+        return self.wait(f"a link {text!r}", find, timeout_s)
+
     def label(self, label: str, within: WebElement | None = None, timeout_s: float = WAIT_S) -> WebElement:
         """The label of the form field labelled ``label`` (``data-required`` when the form requires it)."""
         return self.field_root(label, within, timeout_s).find_element(By.TAG_NAME, "label")
@@ -149,6 +170,37 @@ class Browser:
         """A visible element whose own text contains ``text``."""
         return self.wait(f"the text {text!r}", lambda d: (
             self.visible(By.XPATH, f"//body//*[contains(text(), {_literal(text)})]") or [None])[0], timeout_s)
+
+    def choose(self, field: WebElement, option: str) -> None:
+        """Pick ``option`` in a form's select (react-select, as Airflow's param forms draw an enum):
+        click the box, then the option in the menu it opens."""
+        box = self.wait("the select's box", lambda d: (self.visible(By.CSS_SELECTOR, "[role=combobox]", field)
+                                                         or [None])[0], 10)
+        self.click(box.find_element(By.XPATH, "./ancestor::div[3]"))  # react-select's control: value and arrow
+        self.click(self.wait(f"the option {option!r}", lambda d: (self.visible(
+            By.XPATH, f"//*[(@role='option' or contains(@id, '-option-')) and normalize-space(.)={_literal(option)}]")
+            or [None])[0], 10))
+
+    def toggle(self, field: WebElement) -> WebElement:
+        """Flip a form's switch (Chakra's, as Airflow's param forms draw a boolean) by clicking its
+        track; returns its input, to read ``is_selected()``."""
+        switch = self.wait("the switch", lambda d: (self.visible(
+            By.CSS_SELECTOR, "[data-scope=switch][data-part=control]", field) or [None])[0], 10)
+        self.click(switch)
+        return field.find_element(By.CSS_SELECTOR, SWITCH_INPUT)
+
+    def outside_requests(self) -> list[str]:
+        """What the current document fetched, or points its scripts, styles and images at, on another
+        machine than the UI's (the Resource Timing entries and the elements' resolved URLs)."""
+        from urllib.parse import urlsplit
+
+        urls = self.driver.execute_script(
+            "return performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource'))"
+            ".map(e => e.name).concat([...document.querySelectorAll('script[src], link[href], img[src], "
+            "iframe[src]')].map(e => e.src || e.href));")
+        here = urlsplit(self.base_url).hostname
+        return sorted({u for u in urls if urlsplit(u).scheme in ("http", "https", "ws", "wss")
+                       and urlsplit(u).hostname not in (here, "127.0.0.1", "localhost")})
 
     def click(self, element: WebElement) -> None:
         """A real click where the element is on top; scrolled into view first."""
