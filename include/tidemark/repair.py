@@ -72,8 +72,10 @@ def repair_keys(differences: Iterable[Any], apply_source_deletes: bool = False) 
 
 
 def window_for(spec: PipelineSpec, repaired: Window) -> Window:
-    """From the pipeline's start to the repaired window's end, as a backfill (the watermark stays)."""
-    return Window(Bound(spec.start), repaired.hi, backfill=True)
+    """From the pipeline's start to the repaired window's end, as a backfill (the watermark stays).
+    A backfill reaches before the start: its repair then starts where the repaired window does."""
+    start = Bound(spec.start)
+    return Window(repaired.lo if repaired.lo.cursor < start.cursor else start, repaired.hi, backfill=True)
 
 
 def key_types(cur, table: str, columns: list[str]) -> list[str]:

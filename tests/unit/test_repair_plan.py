@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +26,19 @@ def test_the_repair_window_reaches_back_to_the_start_and_never_moves_the_waterma
     hi = Bound.from_json({"cursor": "2026-11-23T00:00:00+00:00", "pk": None})
     window = repair.window_for(spec, Window(Bound.from_json({"cursor": "2026-11-22T00:00:00+00:00", "pk": None}), hi))
     assert window.lo.cursor == spec.start and window.hi == hi and window.backfill
+
+
+def test_the_repair_of_a_backfill_before_the_start_starts_where_the_backfill_did():
+    """Found by the browser journey (issue 29): a backfill of days before initial_watermark, repaired,
+    planned the window (start, backfill's hi] whose lo is after its hi, and begin failed on it."""
+    spec = PipelineSpec.model_validate({**SPEC, "initial_watermark": "2026-10-06T00:00:00+00:00"})
+    backfill = Window.from_json({"lo": {"cursor": "2026-10-03T23:59:59.999999+00:00", "pk": None},
+                                 "hi": {"cursor": "2026-10-04T23:59:59.999999+00:00", "pk": None}, "backfill": True})
+    window = repair.window_for(spec, backfill)
+    assert (window.lo, window.hi, window.backfill) == (backfill.lo, backfill.hi, True)
+    assert Window.from_json(window.to_json()) == window  # what begin reads back from the plan
+    keyed = Window(Bound(datetime(2026, 10, 3, tzinfo=timezone.utc), ("7",)), backfill.hi, backfill=True)
+    assert repair.window_for(spec, keyed).lo == keyed.lo  # a lower bound inside a cursor value keeps its key
 
 
 def test_the_key_filter_casts_each_value_to_its_column_type_and_quotes_what_it_carries():
