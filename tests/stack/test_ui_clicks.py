@@ -1,6 +1,7 @@
 """The Airflow 3 UI as a person uses it: headless Chromium (Selenium, Debian's chromium-driver)
-clicks the real Trigger and Backfill buttons against the real Airflow services, and the warehouse
-is checked key by key.
+clicks the real Trigger, Backfill and Clear buttons, the stream control and reconciliation forms, and
+the Tidemark status page in the UI's nav with its evidence and Data Docs, against the real Airflow
+services; the warehouse and the ledger are checked key by key.
 
 Issue 29: the Trigger button was greyed out on every nightly DAG, because a param defaulting to ""
 is a missing required field to the React trigger form. These tests open the dialog, keep its
@@ -10,7 +11,8 @@ As in test_scheduler.py, the services of `make ui` are stopped first and this mo
 with a pipelines directory of its own (two dag-processors on one metadata database would fight
 over which DAGs exist); the two modules must not run at the same time. Locally there is no login.
 Screenshots (and the page's DOM when a step fails) go to <state dir>/screenshots/ui-clicks-*.
-The tests run in order: the backfill goes to the DAG the first test unpaused and loaded.
+The tests run in order: the backfill goes to the DAG the first test unpaused and loaded, Clear to
+the first test's run, resume after pause, and the reconciliation to the newest (a backfill) batch.
 """
 
 from __future__ import annotations
@@ -352,6 +354,13 @@ def _ledger(pipe) -> dict:
     }
 
 
+def _into_the_plugins_frame(browser: Browser) -> None:
+    """Into the frame in which the UI shows the plugin's pages (its nav entry "Tidemark status")."""
+    browser.driver.switch_to.default_content()
+    browser.driver.switch_to.frame(browser.wait("the Tidemark status frame", lambda d: (browser.visible(
+        By.CSS_SELECTOR, "iframe[title='Tidemark status']") or [None])[0]))
+
+
 def test_clear_on_the_committed_manual_run_changes_nothing(ui, browser):
     """The run page's Clear Run, confirmed in its dialog with its defaults ("Clear existing tasks"):
     the run goes again, its begin finds the batch committed and skips the rest, and not one ledger
@@ -377,7 +386,8 @@ def test_clear_on_the_committed_manual_run_changes_nothing(ui, browser):
     assert " ".join(dialog.find_element(By.TAG_NAME, "h2").text.split()) == f"Clear Dag Run: {run_id}"
     browser.text("Affected Tasks: ")
     confirm = browser.button("Confirm", dialog)
-    browser.wait("Confirm to enable (the dialog's dry run lists the tasks)", lambda d: confirm.is_enabled(), timeout_s=30)
+    browser.wait("Confirm to enable (the dialog's dry run lists the tasks)", lambda d: confirm.is_enabled(),
+                 timeout_s=30)
     browser.screenshot("ui-clicks-clear-dialog")
     browser.click(confirm)
     browser.wait("the dialog to close", lambda d: not browser.visible(By.CSS_SELECTOR, "[role=dialog]"), timeout_s=30)
@@ -404,11 +414,6 @@ def test_clear_on_the_committed_manual_run_changes_nothing(ui, browser):
     browser.screenshot("ui-clicks-clear-done")
 
 
-@pytest.mark.xfail(reason=(
-    "issue 29 finding (stop 34): after the Backfill dialog's three days, the newest committed batch is a backfill "
-    "one; the repair batch the form starts for it fails at begin with 'window lo 2026-10-06T00:00:00+00:00 is after "
-    "hi 2026-10-04T23:59:59.999999+00:00' (and its teardown with the same), so the forged cent stays. Remove this "
-    "mark with the fix"), strict=False)
 def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_evidence_shows_it(ui, browser):
     """A cent forged in the target, in the pipeline's newest batch (the one the status page shows);
     tidemark_reconcile_<pipeline>'s dialog with batch_id left empty (the newest batch) and repair
@@ -423,13 +428,15 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     assert api.runs(dag_id) == [], "paused since it was parsed: no Asset event queued a run"
     (batch_id, lo, hi, rows), = pipe.query_wh(  # the batch ledger.last_committed names, the status page shows
         "SELECT batch_id, window_lo->>'cursor', window_hi->>'cursor', rows FROM tidemark_control.batches "
-        "WHERE pipeline = %s AND state = 'committed' AND repair_keys IS NULL ORDER BY committed_at DESC LIMIT 1", (name,))
+        "WHERE pipeline = %s AND state = 'committed' AND repair_keys IS NULL ORDER BY committed_at DESC LIMIT 1",
+        (name,))
     assert rows == ROWS_PER_DAY, "the backfill test runs first: its last day is the newest batch"
     loaded, watermark = _rows(pipe, "target"), pipe.watermark()
     key = min(_rows(pipe, "target", "created_at > %s AND created_at <= %s", (lo, hi)))
     wh = pipe.wh()
     with wh, wh.cursor() as cur:  # a stray manual fix in the warehouse
-        cur.execute(f"UPDATE {pipe.spec.target_table} SET amount = amount + 0.01 WHERE id = %s RETURNING amount", (key,))
+        cur.execute(f"UPDATE {pipe.spec.target_table} SET amount = amount + 0.01 WHERE id = %s RETURNING amount",
+                    (key,))
         (forged,), = cur.fetchall()
     wh.close()
     (source_amount, _), = _rows(pipe, "source", "id = %s", (key,)).values()
@@ -439,7 +446,8 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     _, unpause = _checkbox(browser, dialog, f"Unpause {dag_id} on trigger")
     assert unpause.is_selected()
     assert browser.field("batch_id", dialog).get_attribute("value") == ""  # empty: the newest committed batch
-    assert browser.field_root("scope", dialog).find_element(By.NAME, "element_scope").get_attribute("value") == "batch"
+    scope = browser.field_root("scope", dialog).find_element(By.NAME, "element_scope")
+    assert scope.get_attribute("value") == "batch"
     deletes = browser.field_root("apply_source_deletes", dialog).find_element(By.CSS_SELECTOR, SWITCH_INPUT)
     repair = browser.field_root("repair", dialog)
     assert not repair.find_element(By.CSS_SELECTOR, SWITCH_INPUT).is_selected() and not deletes.is_selected()
@@ -465,16 +473,17 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     # the warehouse: the row is the source's again, nothing else moved
     assert _rows(pipe, "target") == loaded
     assert pipe.watermark() == watermark, "a repair never moves the watermark"
-    verdicts = pipe.query_wh("SELECT run_id::text, bool_and(verdict = 'pass') FROM tidemark_control.reconciliation_results "
-                             "WHERE batch_id = %s GROUP BY run_id ORDER BY min(checked_at)", (batch_id,))
+    verdicts = pipe.query_wh("SELECT run_id::text, bool_and(verdict = 'pass') FROM "
+                             "tidemark_control.reconciliation_results WHERE batch_id = %s GROUP BY run_id "
+                             "ORDER BY min(checked_at)", (batch_id,))
     assert [passed for _, passed in verdicts] == [False, True, True], verdicts
     found_by = verdicts[0][0]
     failed = pipe.query_wh("SELECT check_name, subject, expected, actual FROM tidemark_control.reconciliation_results "
                            "WHERE run_id = %s AND verdict = 'fail' ORDER BY id", (found_by,))
     assert [c for c, *_ in failed] == ["hash_total"], failed  # a cent: same rows, same keys, another hash
     (repair_batch, state, rows, keys, repair_run), = pipe.query_wh(
-        "SELECT batch_id, state, rows, repair_keys, repair_run::text FROM tidemark_control.batches WHERE repair_of = %s",
-        (batch_id,))
+        "SELECT batch_id, state, rows, repair_keys, repair_run::text FROM tidemark_control.batches "
+        "WHERE repair_of = %s", (batch_id,))
     assert (state, rows, keys, repair_run) == ("committed", 1, [[str(key)]], found_by)
     (repair_run,) = [r for r in api.runs(batch_dag) if (r["conf"] or {}).get("repair_batch")]  # operator_triggered
     assert (repair_run["conf"], repair_run["state"]) == ({"repair_batch": repair_batch}, "success"), repair_run
@@ -484,9 +493,7 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     # the status page, as a person reaches it: the UI's nav, then the pipeline's verdict
     browser.open("/")
     browser.click(browser.text("Tidemark status"))
-    frame = browser.wait("the status page's frame", lambda d: (browser.visible(
-        By.CSS_SELECTOR, "iframe[title='Tidemark status']") or [None])[0])
-    browser.driver.switch_to.frame(frame)
+    _into_the_plugins_frame(browser)
     verdict = browser.wait("the pipeline's verdict link", lambda d: (browser.visible(
         By.XPATH, f"//table[@id='pipelines']//tr[td[1]/b[normalize-space(.)='{name}']]//a[@class='evidence']")
         or [None])[0])
@@ -515,12 +522,15 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     history = browser.driver.find_element(By.XPATH, f"//table[@id='history']//tr[td[2]/code[normalize-space(.)="
                                                     f"'{found_by}']]")
     browser.click(browser.link("Data Docs", history))
-    browser.wait("the run's Data Docs page", lambda d: found_by in d.page_source and "Must have exactly" in d.page_source)
+    browser.wait("the run's Data Docs page",
+                 lambda d: found_by in d.page_source and "Must have exactly" in d.page_source)
     assert browser.outside_requests() == []
     assert browser.visible(By.XPATH, "//*[contains(normalize-space(.), 'values must never be null')]"), \
         "the validation page's expectations"
     browser.screenshot("ui-clicks-data-docs-run")
-    browser.driver.back()
+    browser.driver.back()  # to the evidence page; WebDriver's Back leaves the frame: into it again
+    _into_the_plugins_frame(browser)
+    browser.wait("the evidence page again", lambda d: browser.visible(By.ID, "verdict"))
     browser.click(browser.link("all Data Docs"))
     browser.wait("the index's table of runs, drawn by its script", lambda d: browser.visible(
         By.XPATH, f"//tbody/tr[contains(@class, 'clickable-row') and contains(., '{found_by}')]"))
