@@ -64,10 +64,11 @@ def _reconcile_dag(path: Path, spec: PipelineSpec) -> DAG:
         params={
             "batch_id": Param(None, type=["null", "string"], description="a committed batch (default: the one that scheduled "
                                                              "this run, else the newest)"),
-            "scope": Param("batch", enum=["batch", "full"], description="full: the whole table up to the watermark"),
-            "repair": Param(False, type="boolean", description="re-load the differing rows' keys as a repair batch, "
+            "scope": Param("batch", type="string", enum=["batch", "full"],
+                           description="full: the whole table up to the watermark"),
+            "repair": Param(False, type=["boolean", "null"], description="re-load the differing rows' keys as a repair batch, "
                                                                 "then reconcile again"),
-            "apply_source_deletes": Param(False, type="boolean",
+            "apply_source_deletes": Param(False, type=["boolean", "null"],
                                           description="with repair: also delete from the target the rows deleted at "
                                                       "the source after a batch loaded them (each kept, with its old "
                                                       "values, in tidemark_control.repair_deletions); without it they "

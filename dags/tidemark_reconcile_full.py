@@ -34,7 +34,8 @@ def _full_dag(path: Path, spec: PipelineSpec) -> DAG:
         catchup=False,
         max_active_runs=1,
         default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "owner": "tidemark"},
-        params={"scope": Param("full", enum=["full"], description="always the whole table up to the watermark")},
+        params={"scope": Param("full", type="string", enum=["full"],
+                               description="always the whole table up to the watermark")},
         tags=["tidemark", "reconcile", spec.name],
     ) as dag:
         ReconcileOperator(task_id="reconcile", spec_path=str(path))

@@ -31,7 +31,7 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "owner": "tidemark"},
     params={
         "pipeline": Param("", type="string", description="a pipeline with sink.mode standing"),
-        "action": Param("pause", enum=["pause", "resume", "stop", "clear"]),
+        "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear"]),
         "reason": Param(None, type=["null", "string"], description="why (optional, kept with the change)"),
     },
     tags=["tidemark", "streams"],

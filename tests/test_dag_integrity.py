@@ -200,8 +200,9 @@ REQUIRED_PARAMS = {("tidemark_stream_control", "pipeline")}
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
 def test_the_trigger_form_needs_nothing_typed_but_what_must_be(parsed, path):
-    """The UI's trigger and backfill forms mark a param required unless its schema admits null, and
-    treat an empty string as missing: a default of "" greys the Trigger button out."""
+    """The UI's trigger and backfill forms mark a param required (red *) when its schema has a type
+    that does not admit null, and treat an empty string as missing: a default of "" greys the Trigger
+    button out. A switch is never marked; a select a person can clear always is."""
     bag, _ = parsed[path]
     for dag_id, dag in bag.dags.items():
         for name in dag.params:
@@ -209,6 +210,11 @@ def test_the_trigger_form_needs_nothing_typed_but_what_must_be(parsed, path):
             kinds = param.schema.get("type")
             nullable = "null" in (kinds if isinstance(kinds, list) else [kinds])
             given = param.value not in (None, "")
+            marked = bool(kinds) and not nullable  # the form's red asterisk
+            if "boolean" in (kinds if isinstance(kinds, list) else [kinds]):
+                assert not marked, f"{dag_id}: switch {name} always has a value, yet the form marks it required"
+            if "enum" in param.schema:
+                assert marked, f"{dag_id}: select {name} can be cleared without the form marking it required"
             if (dag_id, name) in REQUIRED_PARAMS:
                 assert not nullable and not given, f"{dag_id}: param {name} should be required"
                 continue

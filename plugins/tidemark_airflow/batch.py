@@ -108,7 +108,12 @@ def _plan(context, *, required: bool = True) -> Any:
         if not required:
             return None
         raise AirflowFailException(f"no plan from task '{PLAN}' in this run; clear the run from '{PLAN}'")
-    return Plan.from_xcom(raw)
+    try:
+        return Plan.from_xcom(raw)
+    except (KeyError, TypeError, ValueError) as exc:  # the same XCom fails every retry: say so at once
+        raise AirflowFailException(
+            f"the plan of task '{PLAN}' in this run cannot be read ({type(exc).__name__}: {exc}); nothing was begun "
+            f"from it. Next: clear the run from '{PLAN}' (it plans the window again)") from exc
 
 
 def _tag(spec, plan, attempt: int | None = None) -> str:
@@ -477,7 +482,11 @@ class AbortUnfinishedOperator(_PipelineOperator):
     def _abort(self, context, spec) -> None:
         from tidemark import batch
 
-        plan = _plan(context, required=False)
+        try:
+            plan = _plan(context, required=False)
+        except AirflowFailException as unreadable:  # nothing can have begun from it: hand the turn on
+            self.log.warning("pipeline=%s: %s", spec.name, unreadable)
+            return
         if plan is None:
             self.log.info("pipeline=%s: nothing was planned in this run; nothing to clean up", spec.name)
             return

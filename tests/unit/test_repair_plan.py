@@ -103,3 +103,17 @@ def test_a_repair_of_deletions_alone_without_the_flag_is_refused_with_the_next_s
     with pytest.raises(repair.RepairError, match="2 differing row.s. were deleted at the source.*"
                                                  "repair=true and apply_source_deletes=true"):
         repair.plan(spec, None, reconcile_run="r", repaired_batch=None, repaired=window, differences=DIFFS[3:])
+
+
+@pytest.mark.parametrize("record", ["plan", "repair"])
+def test_the_ledger_refuses_to_record_a_window_whose_lo_is_after_its_hi(record):
+    """Issue 29: such a window was recorded, and every later step failed reading it back."""
+    from tidemark.ledger import batches
+
+    spec = PipelineSpec.model_validate(SPEC)
+    lo, hi = (Bound(datetime(2026, 10, d, tzinfo=timezone.utc)) for d in (6, 4))
+    with pytest.raises(ValueError, match=r"batch p:r: refusing to plan window .* lo .* is after hi"):
+        if record == "plan":  # the check comes before any SQL: no cursor is needed to reach it
+            batches.record_plan(None, spec, "p:r", "r", Window(lo, hi))
+        else:
+            batches.record_repair_plan(None, spec, "p:r", Window(lo, hi, backfill=True), [["1"]], None, "r")

@@ -24,6 +24,14 @@ def committed_watermark(cur, pipeline: str, *, lock: bool = False) -> Bound | No
     return Bound.from_json(row[0]) if row else None
 
 
+def _recordable(window: Window, batch_id: str) -> None:
+    """The ledger records only windows it can read back (``Window.from_json``: lo <= hi, one kind)."""
+    try:
+        Window.from_json(window.to_json())
+    except ValueError as exc:
+        raise ValueError(f"batch {batch_id}: refusing to plan window {window}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class PlannedBatch:
     batch_id: str
@@ -36,6 +44,7 @@ def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Win
                 schema_version: int | None = None) -> PlannedBatch:
     """Store the batch's window and record schema, or return those an earlier try of the same run
     stored."""
+    _recordable(window, batch_id)
     cur.execute(
         """INSERT INTO tidemark_control.batches
                (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, schema_version)
@@ -90,6 +99,7 @@ def record_repair_plan(cur, spec: PipelineSpec, batch_id: str, window: Window, k
     which of them its apply may delete where nothing is staged for them (None: every one)."""
     if not window.backfill:
         raise ValueError("a repair batch's window is a backfill window: it must never move the watermark")
+    _recordable(window, batch_id)
     cur.execute(
         """INSERT INTO tidemark_control.batches
                (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, repair_keys, repair_of,

@@ -1,0 +1,33 @@
+"""A batch step that cannot read its run's plan fails at once, says why and what to clear."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from tidemark_airflow.batch import _plan
+
+
+def _context(raw):
+    return {"ti": SimpleNamespace(xcom_pull=lambda task_ids: raw)}
+
+
+@pytest.mark.parametrize("raw", [
+    {"batch_id": "p:r", "window": {"lo": {"cursor": 6, "pk": None}, "hi": {"cursor": 4, "pk": None}}},
+    {"window": {"lo": {"cursor": 1, "pk": None}, "hi": {"cursor": 4, "pk": None}}},
+    {"batch_id": "p:r", "window": "not a window"},
+])
+def test_an_unreadable_plan_is_a_terminal_failure_naming_the_cause_and_the_task_to_clear(raw):
+    """Issue 29: a plan with lo after hi failed begin with a ValueError outside Tidemark's wrapper, so
+    Airflow retried it three times and the last line said 'check the stack'."""
+    with pytest.raises(AirflowFailException, match=r"the plan of task 'plan' in this run cannot be read \(.+\); "
+                                                   r"nothing was begun from it\. Next: clear the run from 'plan'"):
+        _plan(_context(raw))
+
+
+def test_a_readable_plan_and_a_missing_one():
+    raw = {"batch_id": "p:r", "window": {"lo": {"cursor": 1, "pk": None}, "hi": {"cursor": 4, "pk": None}}}
+    assert _plan(_context(raw)).window.hi.cursor == 4
+    assert _plan(_context(None), required=False) is None
