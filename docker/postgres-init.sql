@@ -21,6 +21,18 @@ CREATE ROLE tidemark_reader LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD :
 GRANT pg_read_all_stats TO tidemark_reader;
 GRANT CONNECT ON DATABASE tidemark_source TO tidemark_reader;
 
+-- The replication role Debezium reads the source's WAL as (change data capture), as in the local
+-- stack (create_cdc_role): LOGIN REPLICATION and nothing more. Each CDC pipeline's publication and
+-- SELECT on its table are granted apart by the table's owner (tidemark.cdc.source.grant_sql).
+\getenv cdc_password TIDEMARK_CDC_PASSWORD
+\if :{?cdc_password}
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'TIDEMARK_CDC_PASSWORD is not set: the replication role needs a password'; END $$;
+\endif
+CREATE ROLE tidemark_cdc LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD :'cdc_password';
+\unset cdc_password
+GRANT CONNECT ON DATABASE tidemark_source TO tidemark_cdc;
+
 -- Default privileges and grants are per database: set them inside the source database.
 \connect tidemark_source
 ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER GRANT USAGE ON SCHEMAS TO tidemark_reader;

@@ -63,7 +63,7 @@ def local(monkeypatch) -> Settings:
 
 def test_has_the_scale_out_services(compose):
     services = set(compose["services"])
-    assert {"postgres", "kafka", "spark-master", "spark-worker"} | AIRFLOW_SERVICES <= services
+    assert {"postgres", "kafka", "connect", "spark-master", "spark-worker"} | AIRFLOW_SERVICES <= services
 
 
 def test_every_long_running_service_has_a_healthcheck(compose):
@@ -194,6 +194,27 @@ def test_compose_postgres_creates_the_read_only_role(compose, environments, loca
     for grant in re.findall(rf"GRANT ([^;]*?) TO {reader}\b", sql):
         granted |= {p.strip() for p in grant.split(" ON ", 1)[0].split(",")}
     assert granted == {"SELECT", "USAGE", "CONNECT", "pg_read_all_stats"}, f"{reader} is granted {granted}"
+
+
+def test_change_data_capture_has_logical_wal_a_replication_role_and_secrets_only_the_worker_reads(
+        compose, environments, local):
+    """As the local stack: wal_level=logical with a cap on what a slot may keep; the replication
+    role with LOGIN REPLICATION and nothing more; its password reaches Connect only as a file in
+    a volume the worker mounts read-only (connector configs hold a reference)."""
+    command = " ".join(compose["services"]["postgres"]["command"])
+    assert "wal_level=logical" in command and "max_slot_wal_keep_size=" in command
+    cdc = json.loads(environments["airflow-scheduler"][conn_var("tidemark_cdc")])
+    assert cdc["login"] == local.cdc_user and REQUIRED.fullmatch(cdc["password"])
+    sql = _sql(INIT_SQL.read_text())
+    assert re.search(rf"CREATE ROLE {local.cdc_user} LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                     r"PASSWORD :'(\w+)'", sql), sql
+    granted = {g.strip() for g in re.findall(rf"GRANT ([^;]*?) TO {local.cdc_user}\b", sql)}
+    assert granted == {"CONNECT ON DATABASE tidemark_source"}, granted
+    connect = json.loads(environments["airflow-scheduler"][conn_var("tidemark_connect")])
+    secrets = connect["extra"]["secrets_dir"]
+    assert f"connect-secrets:{secrets}:ro" in compose["services"]["connect"]["volumes"]
+    worker = (REPO_ROOT / "docker" / "connect-worker.properties").read_text()
+    assert f"config.providers.dir.param.allowed.paths={secrets}" in worker
 
 
 # --- (d) the same connections as the local stack ------------------------------------------------

@@ -19,7 +19,9 @@ CONN_WAREHOUSE = "tidemark_warehouse"
 CONN_KAFKA = "tidemark_kafka"
 CONN_SPARK = "tidemark_spark"
 CONN_CONTROL = "tidemark_control"  # its password: the control messages' keyring (tidemark.control.Keyring)
-CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK, CONN_CONTROL)
+CONN_CDC = "tidemark_cdc"  # the source as its replication role (Debezium reads the WAL as it)
+CONN_CONNECT = "tidemark_connect"  # Kafka Connect's REST API; extra secrets_dir: where its worker reads secrets
+CONNECTION_IDS = (CONN_SOURCE, CONN_WAREHOUSE, CONN_KAFKA, CONN_SPARK, CONN_CONTROL, CONN_CDC, CONN_CONNECT)
 # Both jobs stream: the extract holds no window in memory (it counts records on their way to
 # Kafka) and the sink at most one micro-batch (--max-records-per-trigger).
 SPARK_DRIVER_MEMORY = os.environ.get("TIDEMARK_SPARK_DRIVER_MEMORY") or "1g"

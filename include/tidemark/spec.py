@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
@@ -50,9 +60,11 @@ def _aware(value: datetime) -> datetime:
 
 
 TableName = Annotated[str, AfterValidator(_qualified)]
+Bytes = Annotated[ByteSize, WithJsonSchema({"type": "string", "format": "byte-size"})]  # 512MB, 1GiB, 1073741824
 
 
 DEAD_LETTER_TOPIC = "tidemark.dlq"
+CDC_TOPICS = "tidemark.cdc."  # every CDC pipeline's change events (tidemark.cdc.<name>.<schema>.<table>)
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a pipeline's name: in topics, tables, paths
 
 
@@ -116,6 +128,31 @@ class StreamSpec(BaseModel):
     target_table: TableName
     serving_view: TableName
     partitions: Annotated[int, Field(ge=1, le=64)] = 3
+
+
+class CdcSpec(BaseModel):
+    """Change data capture: the source table's own changes (inserts, updates, deletes), read by
+    Debezium's PostgreSQL connector through the pipeline's logical replication slot and publication
+    (both named ``tidemark_<name>``) on a Kafka Connect worker that the ``tidemark_supervisor`` DAG
+    keeps running. Its events land on ``tidemark.cdc.<name>.<schema>.<table>``; the standing sink
+    applies them to ``target_table``, a real-time table like the stream's, and ``serving_view``
+    merges it with the batch target. A slot keeps WAL on the source while nobody reads it: past
+    ``retained_wal_warning`` bytes the supervisor warns, past ``retained_wal_limit`` it fails."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    target_table: TableName
+    serving_view: TableName
+    retained_wal_warning: Bytes = Field(default="1GiB", validate_default=True)
+    retained_wal_limit: Bytes = Field(default="3GiB", validate_default=True)
+    # Debezium's heartbeat: a quiet table's slot still moves on, so it holds no WAL of other tables
+    heartbeat: Annotated[timedelta, Field(ge=timedelta(seconds=1), le=timedelta(minutes=10))] = timedelta(seconds=10)
+
+    @model_validator(mode="after")
+    def _limits(self) -> "CdcSpec":
+        if self.retained_wal_warning >= self.retained_wal_limit:
+            raise ValueError(f"retained_wal_warning ({self.retained_wal_warning.human_readable()}) must be below "
+                             f"retained_wal_limit ({self.retained_wal_limit.human_readable()})")
+        return self
 
 
 class ControlTotal(BaseModel):
@@ -227,6 +264,7 @@ class PipelineSpec(BaseModel):
     sink: SinkSpec = SinkSpec()
     retries: RetrySpec = RetrySpec()
     stream: StreamSpec | None = None  # real-time events of the same facts, applied by the standing sink
+    cdc: CdcSpec | None = None  # or the source table's own changes, captured from its WAL
     reconcile: ReconcileSpec = ReconcileSpec()  # what every load must prove (tidemark.reconcile)
 
     @field_validator("initial_watermark", mode="before")
@@ -268,21 +306,34 @@ class PipelineSpec(BaseModel):
             raise ValueError(f"{' and '.join(lax)} applies only to JSON records, checked value by value (batch records "
                              "with record_format: json, or a stream's events); this spec has neither. Set "
                              "record_format: json, or remove the option")
+        if self.stream is not None and self.cdc is not None:
+            raise ValueError("stream and cdc: one real-time input per pipeline (events an application publishes, or "
+                             "the source table's own changes); keep one")
         if self.stream is not None:
-            if self.sink.mode != "standing":
-                raise ValueError("stream: events are applied as they arrive, by a standing sink: set sink.mode: standing")
-            if self.stream.topic in (self.topic, DEAD_LETTER_TOPIC):
+            if self.stream.topic in (self.topic, DEAD_LETTER_TOPIC) or self.stream.topic.startswith(CDC_TOPICS):
                 raise ValueError(f"stream.topic: {self.stream.topic} is Tidemark's own topic, not an events topic")
-            if self.stream.target_table == self.target_table:
-                raise ValueError(f"stream.target_table: {self.target_table} is the batch target; the events need "
-                                 "a table of their own (e.g. realtime.<table>)")
-            if len(self.stream.serving_view.split(".")[-1]) > 63 - len("_freshness"):
-                raise ValueError(f"stream.serving_view: {self.stream.serving_view} leaves no room for its companion "
-                                 "view <name>_freshness (63 characters at most)")
-            if self.stream.serving_view in (self.target_table, self.stream.target_table):
-                raise ValueError(f"stream.serving_view: {self.stream.serving_view} is one of the tables it merges; "
-                                 "give the view its own name (e.g. serving.<table>)")
+            self._realtime("stream", self.stream.target_table, self.stream.serving_view)
+        if self.cdc is not None:
+            if len(self.cdc_slot) > 63:
+                raise ValueError(f"cdc: the replication slot {self.cdc_slot} would be longer than PostgreSQL's 63 "
+                                 "characters; shorten the pipeline's name")
+            self._realtime("cdc", self.cdc.target_table, self.cdc.serving_view)
         return self
+
+    def _realtime(self, section: str, table: str, view: str) -> None:
+        """A real-time table and its serving view: applied by a standing sink, apart from the batch's."""
+        if self.sink.mode != "standing":
+            raise ValueError(f"{section}: changes are applied as they arrive, by a standing sink: set sink.mode: "
+                             "standing")
+        if table == self.target_table:
+            raise ValueError(f"{section}.target_table: {self.target_table} is the batch target; the real-time rows "
+                             "need a table of their own (e.g. realtime.<table>)")
+        if len(view.split(".")[-1]) > 63 - len("_freshness"):
+            raise ValueError(f"{section}.serving_view: {view} leaves no room for its companion view "
+                             "<name>_freshness (63 characters at most)")
+        if view in (self.target_table, table):
+            raise ValueError(f"{section}.serving_view: {view} is one of the tables it merges; give the view its "
+                             "own name (e.g. serving.<table>)")
 
     @property
     def start(self) -> datetime | int:
@@ -294,6 +345,21 @@ class PipelineSpec(BaseModel):
     @property
     def topic(self) -> str:
         return f"tidemark.{self.name}"
+
+    @property
+    def cdc_slot(self) -> str:
+        """The logical replication slot and the publication of a CDC pipeline (one name for both)."""
+        return f"tidemark_{self.name}"
+
+    @property
+    def cdc_topic_prefix(self) -> str:
+        """Debezium's topic.prefix: its change events go to ``<prefix>.<schema>.<table>``."""
+        return f"{CDC_TOPICS}{self.name}"
+
+    @property
+    def cdc_topic(self) -> str:
+        schema, table = self.table.split(".") if "." in self.table else ("public", self.table)
+        return f"{self.cdc_topic_prefix}.{schema}.{table}"
 
 
 class SpecError(ValueError):
@@ -347,7 +413,8 @@ def load_specs(directory: Path) -> tuple[list[tuple[Path, PipelineSpec]], list[S
             errors.append(exc)
     writers: dict[str, list[Path]] = {}
     for path, spec in specs:
-        for table in (spec.target_table, *([spec.stream.target_table, spec.stream.serving_view] if spec.stream else [])):
+        realtime = spec.stream or spec.cdc
+        for table in (spec.target_table, *([realtime.target_table, realtime.serving_view] if realtime else [])):
             writers.setdefault(table, []).append(path)
     clashing = {p for paths in writers.values() if len(paths) > 1 for p in paths}
     for target, paths in writers.items():

@@ -56,6 +56,9 @@ class Settings:
     kafka_controller_port: int
     airflow_port: int
     spark_master: str
+    connect_port: int = 28083  # Kafka Connect's REST API (change data capture)
+    cdc_user: str = "tidemark_cdc"  # the replication role Debezium reads the source's WAL as
+    cdc_password: str = "tidemark-cdc-local"
     spark_quick_start: bool = True  # local jobs' JVMs: C1 only and a class archive (they start twice as fast)
 
     @classmethod
@@ -74,6 +77,9 @@ class Settings:
             kafka_controller_port=_port("TIDEMARK_KAFKA_CONTROLLER_PORT", 29093),
             airflow_port=_port("TIDEMARK_AIRFLOW_PORT", 28080),
             spark_master=_env("TIDEMARK_SPARK_MASTER", "local[2]"),
+            connect_port=_port("TIDEMARK_CONNECT_PORT", 28083),
+            cdc_user=_env("TIDEMARK_CDC_USER", "tidemark_cdc"),
+            cdc_password=_env("TIDEMARK_CDC_PASSWORD", "tidemark-cdc-local"),
             spark_quick_start=_env("TIDEMARK_SPARK_QUICK_START", "1") != "0",
         )
 
@@ -93,6 +99,15 @@ class Settings:
     @property
     def kafka_dir(self) -> Path:
         return self.state_dir / "kafka"
+
+    @property
+    def connect_dir(self) -> Path:
+        return self.state_dir / "connect"
+
+    @property
+    def connect_secrets_dir(self) -> Path:
+        """Secrets the Connect worker resolves in connector configs (``${dir:<this>:<file>}``)."""
+        return self.connect_dir / "secrets"
 
     @property
     def spark_jars_dir(self) -> Path:
@@ -127,6 +142,10 @@ class Settings:
     @property
     def kafka_bootstrap(self) -> str:
         return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def connect_url(self) -> str:
+        return f"http://127.0.0.1:{self.connect_port}"
 
     def dsn(self, database: str) -> str:
         """libpq key/value DSN (psycopg2); the password never appears in a log line we write."""
@@ -170,6 +189,13 @@ class Settings:
             ),
             "AIRFLOW_CONN_TIDEMARK_SPARK": json.dumps(
                 {"conn_type": "spark", "host": self.spark_master}
+            ),
+            # Debezium logs in as the replication role (REPLICATION, SELECT on the captured tables)
+            "AIRFLOW_CONN_TIDEMARK_CDC": pg(SOURCE_DB, self.cdc_user, self.cdc_password),
+            # Kafka Connect's REST API; its worker reads the connectors' secrets from secrets_dir
+            "AIRFLOW_CONN_TIDEMARK_CONNECT": json.dumps(
+                {"conn_type": "http", "host": "127.0.0.1", "port": self.connect_port, "schema": "http",
+                 "extra": {"secrets_dir": str(self.connect_secrets_dir)}}
             ),
             # the control messages' keyring (key_id:secret,...) in the password: only the orchestrator signs
             "AIRFLOW_CONN_TIDEMARK_CONTROL": json.dumps(

@@ -147,7 +147,8 @@ def _type(node: dict[str, Any]) -> str:
         words = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
                  "null": "null", "object": "object"}.get(kind, str(kind))
         if "format" in node:
-            words = {"duration": "duration", "date-time": "timestamp (ISO 8601)"}.get(node["format"],
+            words = {"duration": "duration", "date-time": "timestamp (ISO 8601)",
+                     "byte-size": "size in bytes (e.g. `512MB`, `1GiB`)"}.get(node["format"],
                                                                                     f"{words} ({node['format']})")
     limits = _limits(node)
     return f"{words}, {limits}" if limits else words

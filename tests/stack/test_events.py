@@ -21,7 +21,7 @@ from tidemark.kafka_io import end_offsets, ensure_topic, producer_config
 from tidemark.launch import LocalLauncher
 from tidemark.sink import BatchSink
 from tidemark.supervisor import prepare_stream_tables, run_cycle
-from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline, until
 from tidemark_workshop.stack.spark import submit_command
 
 STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
@@ -31,14 +31,6 @@ def _stream() -> dict:
     unique = uuid.uuid4().hex[:10]
     return {"topic": f"it_events_{unique}", "key": "currency", "event_time": "updated_at",
             "target_table": f"public.it_{unique}_rt", "serving_view": f"public.it_{unique}_serving"}
-
-
-def _until(what: str, predicate, timeout: float = 180.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-    return value
 
 
 def _event(i: int, amount: str = "1.25", currency: str = "EUR") -> bytes:
@@ -99,18 +91,18 @@ def test_one_standing_sink_applies_batches_and_events_and_nothing_twice_after_ki
             return run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name]
 
         assert cycle().action == "start"
-        _until("the batch to commit", lambda: pipe.state(plan.batch_id, attempt) == "committed")
-        _until("the four events", lambda: pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.stream.target_table}")[0][0] == 4)
-        _until("the sink to read every event", lambda: pipe.query_wh(
+        until("the batch to commit", lambda: pipe.state(plan.batch_id, attempt) == "committed")
+        until("the four events", lambda: pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.stream.target_table}")[0][0] == 4)
+        until("the sink to read every event", lambda: pipe.query_wh(
             "SELECT sum(next_offset) FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
             (ledger.consumer_for(name), topic))[0][0] == sum(end_offsets(settings.kafka_bootstrap, topic).values()))
 
         first = launcher.status(name)
         os.killpg(first.pid, signal.SIGKILL)
-        _until("the job to be seen dead", lambda: not launcher.status(name).alive, timeout=30)
+        until("the job to be seen dead", lambda: not launcher.status(name).alive, timeout=30)
         _publish(settings, topic, [(b"EUR", _event(5)), good[2]])  # a new event, and event 3 redelivered
         assert cycle().action == "restart"
-        _until("event 5 after the restart", lambda: pipe.query_wh(
+        until("event 5 after the restart", lambda: pipe.query_wh(
             f"SELECT 1 FROM {pipe.spec.stream.target_table} WHERE id = 5"))
 
         rows = pipe.query_wh(f"SELECT id, amount::text, currency, _tm_partition IS NOT NULL, _tm_micro_batch IS NOT NULL "
@@ -288,7 +280,7 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(settings, tmp_
     try:
         _publish(settings, stream["topic"], [(b"0", event(0))])
         actions = [run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name].action]
-        _until("the sink's first event", lambda: pipe.query_wh(f"SELECT count(*) FROM {stream['target_table']}")[0][0],
+        until("the sink's first event", lambda: pipe.query_wh(f"SELECT count(*) FROM {stream['target_table']}")[0][0],
                timeout=120)
         feeder = threading.Thread(target=feed)
         feeder.start()
@@ -301,7 +293,7 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(settings, tmp_
             actions.append(run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name].action)
             return pipe.query_wh(f"SELECT count(*) FROM {stream['target_table']}")[0][0] >= total + 1
 
-        _until("every event after the broker restart", lambda: caught_up() or time.sleep(5), timeout=300)
+        until("every event after the broker restart", lambda: caught_up() or time.sleep(5), timeout=300)
         ids = [r[0] for r in pipe.query_wh(f"SELECT id FROM {stream['target_table']} ORDER BY id")]
         assert ids == list(range(0, total + 1)), "each event exactly once"
         amounts = pipe.query_wh(f"SELECT sum(amount) FROM {stream['target_table']} WHERE id > 0")[0][0]

@@ -11,26 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 from tidemark import jobs, ledger
 from tidemark.kafka_io import ensure_topic
 from tidemark.launch import LocalLauncher
 from tidemark.supervisor import backpressure, run_cycle
-from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline, until
 from tidemark_workshop.stack.spark import submit_command
 
 STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
-
-
-def _until(what: str, predicate, timeout: float = 180.0, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
 
 
 def _batch(pipe, run_id: str, first: int, last: int):
@@ -58,25 +47,25 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
         go, why = backpressure(pipe.spec, wh, settings.kafka_bootstrap)  # the next nightly batch would wait
         assert not go and "beyond sink.max_lag 10" in why, why
         assert cycle().action == "start"
-        _until("the standing sink to commit batch 1", lambda: pipe.state(plan.batch_id, attempt) == "committed")
+        until("the standing sink to commit batch 1", lambda: pipe.state(plan.batch_id, attempt) == "committed")
         go, why = backpressure(pipe.spec, wh, settings.kafka_bootstrap)  # caught up: it goes on
         assert go and "sink lags 0 records" in why, why
-        _until("a heartbeat with progress", lambda: (pipe.query_wh(
+        until("a heartbeat with progress", lambda: (pipe.query_wh(
             "SELECT micro_batches FROM tidemark_control.stream_heartbeats WHERE pipeline = %s", (name,)) or [(0,)])[0][0])
         assert cycle().action == "none"  # healthy, and idle now: no stall
 
         first = launcher.status(name)
         os.killpg(first.pid, signal.SIGKILL)  # kill -9 the whole job: wrapper, JVM, Python driver
-        _until("the job to be seen dead", lambda: not launcher.status(name).alive, timeout=30)
+        until("the job to be seen dead", lambda: not launcher.status(name).alive, timeout=30)
         assert cycle().action == "restart"  # within one cycle
         plan2, attempt2 = _batch(pipe, "run-2", 51, 80)
-        _until("the restarted sink to commit batch 2", lambda: pipe.state(plan2.batch_id, attempt2) == "committed")
+        until("the restarted sink to commit batch 2", lambda: pipe.state(plan2.batch_id, attempt2) == "committed")
         second = launcher.status(name)
         assert second.alive and second.pid != first.pid
 
         with wh, wh.cursor() as cur:
             ledger.set_desired(cur, name, "paused", "test", "maintenance")
-        ended = _until("the job to stop itself", lambda: launcher.status(name).exit_code is not None, timeout=90)
+        ended = until("the job to stop itself", lambda: launcher.status(name).exit_code is not None, timeout=90)
         assert launcher.status(name).exit_code == 0, launcher.log_tail(name, 40)  # graceful
         decision = cycle()
         assert decision.action == "none" and "never restarted" in decision.reason, decision
@@ -109,7 +98,7 @@ def test_a_job_dying_at_start_up_is_crash_looping_after_its_budget_and_left_alon
             return run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command)
 
         def ended():
-            return _until("the job to exit", lambda: launcher.status(name).exit_code is not None, timeout=30)
+            return until("the job to exit", lambda: launcher.status(name).exit_code is not None, timeout=30)
 
         assert cycle().decisions[name].action == "start"
         ended()

@@ -49,6 +49,20 @@ def test_a_stream_is_declared_beside_the_table(tmp_path):
     assert spec.stream.key == "account_id" and spec.stream.target_table == "rt.ledger_entries"
 
 
+CDC = {"target_table": "rt.ledger_entries", "serving_view": "serving.ledger_entries"}
+
+
+def test_change_data_capture_is_declared_beside_the_table_and_names_its_slot_and_topic(tmp_path):
+    spec = load_spec(_write(tmp_path, {**GOOD, "sink": {"mode": "standing"},
+                                       "cdc": {**CDC, "retained_wal_warning": "512MB", "heartbeat": "PT5S"}}))
+    assert (spec.cdc.retained_wal_warning, spec.cdc.retained_wal_limit) == (512_000_000, 3 << 30)
+    assert spec.cdc.heartbeat == timedelta(seconds=5)
+    assert spec.cdc_slot == "tidemark_ledger_entries"
+    assert spec.cdc_topic == "tidemark.cdc.ledger_entries.core.ledger_entries"
+    unqualified = load_spec(_write(tmp_path, {**GOOD, "table": "ledger", "sink": {"mode": "standing"}, "cdc": CDC}))
+    assert unqualified.cdc_topic == "tidemark.cdc.ledger_entries.public.ledger"
+
+
 def test_reconciliation_is_declared_in_the_spec(tmp_path):
     spec = load_spec(_write(tmp_path, _with(reconcile={
         "control_totals": [{"columns": ["amount"], "group_by": ["currency", "business_date"]}],
@@ -123,6 +137,20 @@ INVALID = [
                                               sink={"mode": "standing"}), "one of the tables it merges"),
     ("stream without event time", _with(stream={k: v for k, v in STREAM.items() if k != "event_time"},
                                         sink={"mode": "standing"}), "field 'stream.event_time'"),
+    ("cdc without a standing sink", _with(cdc=CDC), "cdc: changes are applied as they arrive, by a standing sink"),
+    ("cdc and a stream", _with(cdc=CDC, stream=STREAM, sink={"mode": "standing"}), "one real-time input per pipeline"),
+    ("cdc into the batch target", _with(cdc={**CDC, "target_table": "dw.ledger_entries"}, sink={"mode": "standing"}),
+     "cdc.target_table: dw.ledger_entries is the batch target"),
+    ("cdc view over its own table", _with(cdc={**CDC, "serving_view": "rt.ledger_entries"}, sink={"mode": "standing"}),
+     "cdc.serving_view: rt.ledger_entries is one of the tables it merges"),
+    ("cdc warning above its limit", _with(cdc={**CDC, "retained_wal_warning": "4GiB"}, sink={"mode": "standing"}),
+     "retained_wal_warning (4.0GiB) must be below retained_wal_limit (3.0GiB)"),
+    ("cdc size not a size", _with(cdc={**CDC, "retained_wal_limit": "lots"}, sink={"mode": "standing"}),
+     "field 'cdc.retained_wal_limit'"),
+    ("cdc slot name too long", _with(name="l" * 60, cdc=CDC, sink={"mode": "standing"}), "longer than PostgreSQL's 63"),
+    ("cdc field unknown", _with(cdc={**CDC, "slot": "mine"}, sink={"mode": "standing"}), "field 'cdc.slot'"),
+    ("stream on a cdc topic", _with(stream={**STREAM, "topic": "tidemark.cdc.x.public.t"}, sink={"mode": "standing"}),
+     "is Tidemark's own topic"),
     ("tasks too small to repay their start", _with(sink={"max_records_per_task": 10}),
      "field 'sink.max_records_per_task'"),
     ("tolerance without a reason", _with(reconcile={"tolerance": "0.01"}), "needs tolerance_reason"),

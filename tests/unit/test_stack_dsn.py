@@ -10,6 +10,7 @@ from tidemark_workshop.stack.__main__ import dsn_lines, main
 def lines(monkeypatch) -> dict[str, str]:
     monkeypatch.setenv("TIDEMARK_PG_PORT", "6543")
     monkeypatch.setenv("TIDEMARK_KAFKA_PORT", "19092")
+    monkeypatch.setenv("TIDEMARK_CONNECT_PORT", "18083")
     monkeypatch.setenv("TIDEMARK_PG_USER", "owner")
     monkeypatch.setenv("TIDEMARK_PG_PASSWORD", "it's a \\ s3cret")  # quote, backslash, spaces survive
     monkeypatch.setenv("TIDEMARK_SOURCE_USER", "reader")
@@ -18,7 +19,7 @@ def lines(monkeypatch) -> dict[str, str]:
 
     out = dsn_lines(Settings.from_env())
     labels = [line.split(maxsplit=1)[0] for line in out]
-    assert labels == ["source", "source-owner", "warehouse", "airflow", "kafka"]
+    assert labels == ["source", "source-owner", "warehouse", "airflow", "kafka", "connect"]
     return {label: line.split(maxsplit=1)[1] for label, line in zip(labels, out)}
 
 
@@ -37,14 +38,15 @@ def test_the_warehouse_and_airflow_dsns_use_the_owner_role(lines):
                        "password": "it's a \\ s3cret"}
 
 
-def test_kafka_is_its_bootstrap_servers(lines):
+def test_kafka_is_its_bootstrap_servers_and_connect_its_rest_address_on_loopback(lines):
     assert lines["kafka"] == "127.0.0.1:19092"
+    assert lines["connect"] == "http://127.0.0.1:18083"
 
 
 def test_the_command_prints_them(monkeypatch, capsys):
     monkeypatch.setenv("TIDEMARK_KAFKA_PORT", "19092")
     assert main(["dsn"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 5 and out[-1].split() == ["kafka", "127.0.0.1:19092"]
+    assert len(out) == 6 and out[-2].split() == ["kafka", "127.0.0.1:19092"]
     assert main(["--help"]) == 0
     assert "\n  dsn " in capsys.readouterr().out

@@ -1,16 +1,17 @@
 """python -m tidemark_workshop.stack COMMAND: manage the embedded local stack.
 
-  up        start PostgreSQL and Kafka, resolve Spark's jars, migrate Airflow (idempotent)
-  down      stop everything this checkout started (Airflow UI, Kafka, PostgreSQL)
-  stop C    stop one component, the rest stays up: postgres, kafka, airflow (its four services),
+  up        start PostgreSQL, Kafka and Kafka Connect (with Debezium), resolve Spark's jars, migrate
+            Airflow (idempotent)
+  down      stop everything this checkout started (Airflow UI, Connect, Kafka, PostgreSQL)
+  stop C    stop one component, the rest stays up: postgres, kafka, connect, airflow (its four services),
             or one Airflow service (api-server, scheduler, dag-processor, triggerer)
-  start C   start it again (kafka and postgres: until they answer)
+  start C   start it again (kafka, connect and postgres: until they answer)
   status    one line per component; the broker's and the databases' health (since when one is
             unreachable); one line per pipeline (batch, watermark, lag, stream), then what holds it
   logs [C]  last lines of a component's log (postgres, kafka, airflow-api-server, ...)
   env       the environment of the stack as shell exports (secrets included: do not log)
-  dsn       the libpq DSNs (source, source-owner, warehouse, airflow) and Kafka's bootstrap
-            servers, one per line after its label (passwords included: do not log)
+  dsn       the libpq DSNs (source, source-owner, warehouse, airflow), Kafka's bootstrap servers
+            and Connect's REST address, one per line after its label (passwords included: do not log)
   run CMD   run CMD with the stack's environment (connections, AIRFLOW_HOME, PATH)
   ui        start the Airflow services and print the UI address
 """
@@ -24,6 +25,7 @@ import time
 
 from tidemark_workshop.settings import AIRFLOW_DB, SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark_workshop.stack import airflow, spark
+from tidemark_workshop.stack.connect import Connect
 from tidemark_workshop.stack.kafka import Kafka
 from tidemark_workshop.stack.postgres import Postgres
 from tidemark_workshop.stack.proc import StackError, say, tail
@@ -33,6 +35,7 @@ def up(s: Settings) -> None:
     t0 = time.monotonic()
     Postgres(s).start()
     Kafka(s).start()
+    Connect(s).start()
     spark.prepare(s)
     spark.describe(s)
     airflow.migrate(s)
@@ -42,11 +45,12 @@ def up(s: Settings) -> None:
 def down(s: Settings) -> None:
     airflow.AirflowUI(s).stop()  # the supervisor first, so that nothing restarts the sinks
     stop_streams(s)
+    Connect(s).stop()
     Kafka(s).stop()
     Postgres(s).stop()
 
 
-COMPONENTS = ("postgres", "kafka", "airflow", *airflow.AirflowUI.components)
+COMPONENTS = ("postgres", "kafka", "connect", "airflow", *airflow.AirflowUI.components)
 
 
 def component(name: str | None) -> str:
@@ -65,6 +69,8 @@ def start_one(s: Settings, name: str) -> None:
         Postgres(s).start()
     elif name == "kafka":
         Kafka(s).start()
+    elif name == "connect":
+        Connect(s).start()
     else:
         airflow.AirflowUI(s).start(only=None if name == "airflow" else (name,))
 
@@ -76,6 +82,8 @@ def stop_one(s: Settings, name: str) -> None:
         Postgres(s).stop()
     elif name == "kafka":
         Kafka(s).stop()
+    elif name == "connect":
+        Connect(s).stop()
     else:
         airflow.AirflowUI(s).stop(only=None if name == "airflow" else (name,))
 
@@ -83,6 +91,7 @@ def stop_one(s: Settings, name: str) -> None:
 def status(s: Settings) -> None:
     print(Postgres(s).status())
     print(Kafka(s).status())
+    print(Connect(s).status())
     print(spark.status(s))
     for line in airflow.AirflowUI(s).status():
         print(line)
@@ -152,6 +161,7 @@ def dsn_lines(s: Settings) -> list[str]:
         ("warehouse", s.dsn(WAREHOUSE_DB)),
         ("airflow", s.dsn(AIRFLOW_DB)),
         ("kafka", s.kafka_bootstrap),
+        ("connect", s.connect_url),
     ]
     return [f"{label:<13} {value}" for label, value in endpoints]
 

@@ -8,6 +8,7 @@ throwaway pipeline (spec file, source table, topic).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,15 @@ class Pipeline:
                 return {r[0]: r[1:] for r in cur.fetchall()}
         finally:
             conn.close()
+
+
+def until(what: str, predicate, timeout: float = 180.0, every: float = 0.5):
+    """Poll ``predicate`` until it returns something true, and return that; fail the test naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+    return value
 
 
 PAYMENTS_DDL = """

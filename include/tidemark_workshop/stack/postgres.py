@@ -10,7 +10,10 @@ import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tidemark_workshop.settings import DATABASES, SOURCE_DB, Settings
 from tidemark_workshop.stack.proc import StackError, run, say, tail
@@ -105,9 +108,11 @@ class Postgres:
         with open(conf, "a") as fh:
             fh.write("\n# settings written by tidemark on every start\ninclude_if_exists = 'tidemark.conf'\n")
 
-    def _write_runtime_conf(self) -> None:
-        # Ports come from the environment at each start, so a checkout can move its port.
+    def _write_runtime_conf(self) -> bool:
+        """Write the settings; whether they changed. Ports come from the environment at each start,
+        so a checkout can move its port."""
         conf = self.data / "tidemark.conf"
+        before = conf.read_text() if conf.exists() else None
         conf.write_text(
             f"port = {self.s.pg_port}\n"
             f"listen_addresses = '{self.s.pg_host}'\n"
@@ -118,10 +123,18 @@ class Postgres:
             # a checkpoint came every 15-20 s in the middle of it.
             "max_wal_size = 4GB\n"
             "max_prepared_transactions = 20\n"
+            # change data capture: Debezium reads the source through a logical replication slot; a
+            # slot nobody reads (a stopped connector) may keep at most this much WAL, then it is lost
+            # (the pipeline says so and re-snapshots) instead of filling the disk
+            "wal_level = logical\n"
+            "max_replication_slots = 20\n"
+            "max_wal_senders = 20\n"
+            "max_slot_wal_keep_size = 4GB\n"
             "log_line_prefix = '%m [%p] %q%u@%d '\n"
         )
         if self.as_root:
             shutil.chown(conf, user=self.s.os_user)
+        return conf.read_text() != before
 
     def is_running(self, bin_dir: Path | None = None) -> bool:
         bin_dir = bin_dir or server_bin_dir()
@@ -137,7 +150,11 @@ class Postgres:
         bin_dir = ensure_installed()
         self._prepare_owner()
         self.init(bin_dir)
-        if self.is_running(bin_dir):
+        if self.is_running(bin_dir) and self._write_runtime_conf():
+            say("postgres", "settings changed (tidemark.conf): restarting")
+            run(self._as_owner([str(bin_dir / "pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
+                                "-D", str(self.data), "-l", str(self.log)]), what="pg_ctl restart")
+        elif self.is_running(bin_dir):
             say("postgres", f"already running on {self.s.pg_host}:{self.s.pg_port}")
         else:
             self._write_runtime_conf()
@@ -175,32 +192,46 @@ class Postgres:
         """The role pipelines read the source with: SELECT on tables (those of the stack's owner
         role, today's and future ones) and pg_read_all_stats (to see open transactions), nothing
         more. A table created by another role needs its own GRANT SELECT ... TO this role."""
+        reader, owner = _ident(self.s.source_user), _ident(self.s.pg_user)
+        with self._source_role(self.s.source_user, self.s.source_password, "", "read-only") as cur:
+            cur.execute(f"GRANT pg_read_all_stats TO {reader}")
+            cur.execute(f"GRANT CONNECT ON DATABASE {_ident(SOURCE_DB)} TO {reader}")
+            cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT USAGE ON SCHEMAS TO {reader}")
+            cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT SELECT ON TABLES TO {reader}")
+            cur.execute("SELECT nspname FROM pg_namespace WHERE nspname !~ '^pg_' AND nspname <> 'information_schema'")
+            for (schema,) in cur.fetchall():
+                cur.execute(f"GRANT USAGE ON SCHEMA {_ident(schema)} TO {reader}")
+                cur.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {_ident(schema)} TO {reader}")
+        self.create_cdc_role()
+
+    def create_cdc_role(self) -> None:
+        """The replication role Debezium reads the source's WAL as: LOGIN REPLICATION and nothing
+        else; each CDC pipeline's publication and SELECT on its table are granted apart
+        (tidemark.cdc.source.grant_sql), as a DBA would."""
+        with self._source_role(self.s.cdc_user, self.s.cdc_password, "REPLICATION", "replication") as cur:
+            cur.execute(f"GRANT CONNECT ON DATABASE {_ident(SOURCE_DB)} TO {_ident(self.s.cdc_user)}")
+
+    @contextmanager
+    def _source_role(self, user: str, password: str, attributes: str, kind: str) -> Iterator[Any]:
+        """A login role of the source (made if missing, its password and attributes set every time),
+        and a cursor in the same transaction for its grants."""
         import psycopg2
 
-        def ident(name: str) -> str:
-            return '"' + name.replace('"', '""') + '"'
-
-        reader, owner = ident(self.s.source_user), ident(self.s.pg_user)
+        role = _ident(user)
         conn = psycopg2.connect(self.s.dsn(SOURCE_DB))
         try:
             with conn, conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark_workshop.stack.source_reader'))")
-                cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (self.s.source_user,))
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark_workshop.stack.role'), hashtext(%s))",
+                            (user,))
+                cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,))
                 if cur.fetchone() is None:
-                    say("postgres", f"creating the source's read-only role {self.s.source_user}")
-                    cur.execute(f"CREATE ROLE {reader} LOGIN")
+                    say("postgres", f"creating the source's {kind} role {user}")
+                    cur.execute(f"CREATE ROLE {role} LOGIN")
                 # hashed here: the clear password never appears in a statement (server log, pg_stat_activity)
-                hashed = psycopg2.extensions.encrypt_password(self.s.source_password, self.s.source_user, conn,
-                                                              "scram-sha-256")
-                cur.execute(f"ALTER ROLE {reader} NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD %s", (hashed,))
-                cur.execute(f"GRANT pg_read_all_stats TO {reader}")
-                cur.execute(f"GRANT CONNECT ON DATABASE {ident(SOURCE_DB)} TO {reader}")
-                cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT USAGE ON SCHEMAS TO {reader}")
-                cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT SELECT ON TABLES TO {reader}")
-                cur.execute("SELECT nspname FROM pg_namespace WHERE nspname !~ '^pg_' AND nspname <> 'information_schema'")
-                for (schema,) in cur.fetchall():
-                    cur.execute(f"GRANT USAGE ON SCHEMA {ident(schema)} TO {reader}")
-                    cur.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {ident(schema)} TO {reader}")
+                hashed = psycopg2.extensions.encrypt_password(password, user, conn, "scram-sha-256")
+                cur.execute(f"ALTER ROLE {role} NOSUPERUSER NOCREATEDB NOCREATEROLE LOGIN {attributes} PASSWORD %s",
+                            (hashed,))
+                yield cur
         finally:
             conn.close()
 
@@ -231,3 +262,7 @@ def _grant_traverse(path: Path) -> None:
         if not mode & stat.S_IXOTH:
             say("postgres", f"adding o+x to {parent} so the cluster owner can reach its data")
             parent.chmod(mode | stat.S_IXOTH)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

@@ -1,0 +1,8 @@
+"""Change data capture: a table's own changes, read from the source's WAL by Debezium's PostgreSQL
+connector on a Kafka Connect worker.
+
+- ``connector``: the connector's configuration, made from the pipeline's spec (no secret in it).
+- ``connect``: Kafka Connect's REST API (create or update, state, restart, pause, resume, stop).
+- ``source``: the source side: the publication and the replication role a DBA grants (the SQL to
+  run, and the check that it was run), and the slot's retained WAL.
+"""

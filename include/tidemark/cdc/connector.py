@@ -1,0 +1,70 @@
+"""The Debezium PostgreSQL connector of a CDC pipeline, as Kafka Connect configuration.
+
+The configuration never holds a secret: the replication role's password is a reference that the
+worker resolves from its secrets directory (Kafka's DirectoryConfigProvider), so neither Connect's
+config topic nor its REST API nor a log line shows it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tidemark.spec import PipelineSpec
+
+CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
+SECRETS_PROVIDER = "dir"  # the worker's config.providers name for its secrets directory
+
+
+@dataclass(frozen=True)
+class SourceEndpoint:
+    """Where the connector logs in: the source database as the replication role. ``secret_file``
+    names the file in the worker's secrets directory that holds its password."""
+
+    host: str
+    port: int
+    dbname: str
+    user: str
+    secret_file: str
+    secrets_dir: str
+
+
+def connector_name(spec: PipelineSpec) -> str:
+    return f"tidemark-cdc-{spec.name}"
+
+
+def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_factor: int = 1) -> dict[str, str]:
+    """Every setting Tidemark relies on, spelled out (Debezium's defaults may move between versions)."""
+    if spec.cdc is None:
+        raise ValueError(f"pipeline {spec.name} has no cdc section")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", source.secret_file):
+        raise ValueError(f"secret file name {source.secret_file!r}: letters, digits, '.', '_', '-' only")
+    schema, table = spec.table.split(".") if "." in spec.table else ("public", spec.table)
+    return {
+        "connector.class": CONNECTOR_CLASS,
+        "tasks.max": "1",  # one slot is read by one task: the log's order is the apply order
+        "plugin.name": "pgoutput",  # PostgreSQL's own logical decoding output, no server extension
+        "database.hostname": source.host,
+        "database.port": str(source.port),
+        "database.dbname": source.dbname,
+        "database.user": source.user,
+        "database.password": f"${{{SECRETS_PROVIDER}:{source.secrets_dir}:{source.secret_file}}}",
+        "topic.prefix": spec.cdc_topic_prefix,
+        "slot.name": spec.cdc_slot,
+        "publication.name": spec.cdc_slot,
+        "publication.autocreate.mode": "disabled",  # the DBA's publication (tidemark.cdc.source), never ours
+        "table.include.list": re.escape(f"{schema}.{table}"),  # a regular expression to Debezium
+        "snapshot.mode": "no_data",  # Tidemark's own batch loads the existing rows (the handoff)
+        # BEGIN/END of each source transaction, with its event count: the sink applies a transaction whole
+        "provide.transaction.metadata": "true",
+        "decimal.handling.mode": "string",  # exact: a NUMERIC never passes through a double
+        "time.precision.mode": "adaptive_time_microseconds",
+        "interval.handling.mode": "string",
+        "tombstones.on.delete": "false",  # a delete is one event (op d, with the row before it)
+        "heartbeat.interval.ms": str(int(spec.cdc.heartbeat.total_seconds() * 1000)),
+        "slot.drop.on.stop": "false",  # dropping the slot loses the position: only when stopped for good, asked
+        "topic.creation.default.replication.factor": str(replication_factor),
+        "topic.creation.default.partitions": "1",  # one partition: the events of a transaction stay in order
+        "topic.creation.default.cleanup.policy": "delete",
+        "errors.tolerance": "none",  # a change Debezium cannot read stops the task loudly, never skipped
+    }

@@ -1,0 +1,123 @@
+"""One Kafka Connect worker in distributed mode, with Debezium's PostgreSQL connector as a plugin.
+
+Both come from Maven Central like the broker: the worker at the broker's version
+(stack/connect/pom.xml), the connector apart into the plugin path (stack/connect/debezium/pom.xml)
+so that it keeps its own class loader. The worker's internal topics have one replica (one broker);
+its REST API listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from tidemark_workshop.settings import REPO_ROOT, Settings
+from tidemark_workshop.stack.maven import resolve
+from tidemark_workshop.stack.proc import StackError, read_pid, say, spawn, stop_pid, wait_until
+
+POM = REPO_ROOT / "stack" / "connect" / "pom.xml"
+DEBEZIUM_POM = REPO_ROOT / "stack" / "connect" / "debezium" / "pom.xml"
+LOG4J = REPO_ROOT / "stack" / "kafka" / "log4j2.properties"
+# The worker provides Kafka's and Connect's APIs (and SLF4J); a plugin's own copies would shadow them.
+PROVIDED = frozenset({"connect-api", "kafka-clients", "slf4j-api"})
+DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
+GROUP = "tidemark-connect"
+
+
+class Connect:
+    def __init__(self, settings: Settings):
+        self.s = settings
+        self.libs = settings.connect_dir / "libs"
+        self.plugins = settings.connect_dir / "plugins"
+        self.config = settings.connect_dir / "worker.properties"
+        self.pid_file = settings.connect_dir / "connect.pid"
+        self.log = settings.logs_dir / "connect.log"
+
+    def _properties(self) -> str:
+        s = self.s
+        return "\n".join([
+            f"bootstrap.servers={s.kafka_bootstrap}",
+            f"group.id={GROUP}",
+            f"listeners=http://127.0.0.1:{s.connect_port}",
+            "rest.advertised.host.name=127.0.0.1",
+            f"rest.advertised.port={s.connect_port}",
+            f"plugin.path={self.plugins}",
+            # change events as JSON with their schema: the sink reads each field's type from the event
+            "key.converter=org.apache.kafka.connect.json.JsonConverter",
+            "value.converter=org.apache.kafka.connect.json.JsonConverter",
+            "key.converter.schemas.enable=true",
+            "value.converter.schemas.enable=true",
+            # the worker's own state, in topics with one replica (one broker)
+            "config.storage.topic=tidemark-connect-configs",
+            "offset.storage.topic=tidemark-connect-offsets",
+            "status.storage.topic=tidemark-connect-status",
+            "config.storage.replication.factor=1",
+            "offset.storage.replication.factor=1",
+            "status.storage.replication.factor=1",
+            "offset.storage.partitions=5",
+            "status.storage.partitions=1",
+            "offset.flush.interval.ms=1000",
+            # a connector creates its topics itself (the broker refuses automatic creation)
+            "topic.creation.enable=true",
+            # secrets in connector configs are references (${dir:<secrets dir>:<file>}), resolved here only
+            "config.providers=dir",
+            "config.providers.dir.class=org.apache.kafka.common.config.provider.DirectoryConfigProvider",
+            f"config.providers.dir.param.allowed.paths={s.connect_secrets_dir}",
+            "",
+        ])
+
+    def _java(self) -> list[str]:
+        return [
+            "java", "-Xms256m", "-Xmx1g", f"-Dlog4j2.configurationFile={LOG4J}",
+            "-cp", f"{self.libs}/*", "org.apache.kafka.connect.cli.ConnectDistributed", str(self.config),
+        ]
+
+    def prepare(self) -> None:
+        resolve(POM, self.libs)
+        resolve(DEBEZIUM_POM, self.plugins / "debezium-postgres", skip_names=PROVIDED)
+
+    def is_running(self) -> bool:
+        return read_pid(self.pid_file) is not None
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.s.connect_url + path, timeout=5) as response:
+            return json.loads(response.read() or b"null")
+
+    def answers(self) -> bool:
+        """The REST API answers and lists Debezium's connector among its plugins."""
+        try:
+            plugins = self.get("/connector-plugins")
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+        return any(p.get("class") == DEBEZIUM_POSTGRES for p in plugins)
+
+    def start(self) -> None:
+        self.prepare()
+        self.s.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.s.connect_secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.config.write_text(self._properties())
+        if self.is_running() and self.answers():
+            say("connect", f"already running on {self.s.connect_url}")
+            return
+        if self.is_running():
+            stop_pid(self.pid_file)
+        elif self.answers():
+            raise StackError(f"another Kafka Connect worker already answers on {self.s.connect_url} (not this "
+                             "checkout's): stop it, or set TIDEMARK_CONNECT_PORT")
+        say("connect", f"starting worker on {self.s.connect_url}")
+        spawn(self._java(), log=self.log, pid_file=self.pid_file)
+        wait_until(self.answers, timeout_s=180, what="Kafka Connect worker", alive=self.is_running, log=self.log)
+        say("connect", "worker answers, Debezium's PostgreSQL connector loaded")
+
+    def stop(self) -> None:
+        if stop_pid(self.pid_file):
+            say("connect", "stopped")
+        else:
+            say("connect", "not running")
+
+    def status(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        if state == "running" and not self.answers():
+            state = "starting"
+        return f"connect   {state:8} {self.s.connect_url}  log={self.log}"

@@ -1,0 +1,46 @@
+"""A CDC pipeline's Debezium connector, made from its spec: every setting Tidemark relies on, no secret."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidemark.cdc.connect import ConnectorState, TaskState
+from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.spec import PipelineSpec
+
+SPEC = {"name": "ledger", "table": "core.ledger_entries", "primary_key": ["entry_id"],
+        "cursor": {"kind": "timestamp", "column": "updated_at"}, "safe_lag": "PT5M", "target_table": "dw.ledger",
+        "sink": {"mode": "standing"},
+        "cdc": {"target_table": "rt.ledger", "serving_view": "serving.ledger", "heartbeat": "PT3S"}}
+SOURCE = SourceEndpoint("db.internal", 5432, "core", "tidemark_cdc", "tidemark_cdc", "/opt/connect/secrets")
+
+
+def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_secret():
+    spec = PipelineSpec.model_validate(SPEC)
+    config = connector_config(spec, SOURCE)
+    assert connector_name(spec) == "tidemark-cdc-ledger"
+    assert config["slot.name"] == config["publication.name"] == "tidemark_ledger"
+    assert config["publication.autocreate.mode"] == "disabled"  # the DBA's publication, least privilege
+    assert config["database.password"] == "${dir:/opt/connect/secrets:tidemark_cdc}"
+    assert config["table.include.list"] == r"core\.ledger_entries"  # Debezium reads a regular expression
+    assert config["topic.prefix"] == "tidemark.cdc.ledger" and config["heartbeat.interval.ms"] == "3000"
+    assert config["decimal.handling.mode"] == "string" and config["provide.transaction.metadata"] == "true"
+    assert config["snapshot.mode"] == "no_data" and config["tasks.max"] == "1"
+    assert all(isinstance(v, str) for v in config.values())
+
+
+def test_no_connector_without_cdc_and_no_path_tricks_in_the_secret_reference():
+    spec = PipelineSpec.model_validate({k: v for k, v in SPEC.items() if k not in ("cdc", "sink")})
+    with pytest.raises(ValueError, match="pipeline ledger has no cdc section"):
+        connector_config(spec, SOURCE)
+    with pytest.raises(ValueError, match="secret file name '../etc/passwd'"):
+        connector_config(PipelineSpec.model_validate(SPEC), SourceEndpoint("h", 1, "d", "u", "../etc/passwd", "/s"))
+
+
+def test_a_connector_runs_only_when_it_and_every_task_run_and_a_failed_task_gives_its_own_error_line():
+    failed = TaskState(0, "FAILED", "org.apache.kafka.connect.errors.ConnectException: slot is active\n\tat x.y(Z)")
+    assert not ConnectorState("c", "RUNNING", (failed,)).running
+    assert ConnectorState("c", "RUNNING", (failed,)).failed_tasks[0].error_line == (
+        "org.apache.kafka.connect.errors.ConnectException: slot is active")
+    assert not ConnectorState("c", "RUNNING").running  # no task assigned yet
+    assert ConnectorState("c", "RUNNING", (TaskState(0, "RUNNING"),)).running
