@@ -41,7 +41,7 @@ def test_start_and_stop_name_one_component():
         assert proc.returncode == 1 and f"usage: python -m tidemark_workshop.stack {command} COMPONENT" in proc.stderr
         proc = _stack(command, "zookeeper")
         assert proc.returncode == 1
-        assert "name one component: postgres, kafka, airflow, api-server, scheduler, dag-processor, triggerer" in proc.stderr
+        assert "name one component: postgres, kafka, connect, airflow, api-server, scheduler, dag-processor, triggerer" in proc.stderr
     proc = _stack("start", "kafka")  # running: nothing to do
     assert proc.returncode == 0, proc.stderr
     assert "kafka: already running" in proc.stdout

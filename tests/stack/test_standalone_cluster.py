@@ -16,10 +16,10 @@ import pytest
 from tidemark import jobs, ledger
 from tidemark.standalone import StandaloneLauncher
 from tidemark.supervisor import run_cycle
-from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline, until
 from tidemark_workshop.stack.spark import UDF_JAR, StandaloneCluster, submit_command
 
-from test_supervisor import STANDING, _batch, _until
+from test_supervisor import STANDING, _batch
 
 
 def _free_port() -> int:
@@ -80,7 +80,7 @@ def test_the_supervisor_runs_a_standing_sink_in_cluster_mode_and_restarts_it_thr
         driver = next(d for d in _master(cluster)["activedrivers"] if d["id"] == first.driver)
         assert driver["mainclass"] == "org.apache.spark.deploy.PythonRunner"  # the driver runs on the worker
         plan, attempt = _batch(pipe, "run-1", 1, 40)  # the extract, on the cluster too
-        _until("the cluster's standing sink to commit batch 1", lambda: pipe.state(plan.batch_id, attempt) == "committed")
+        until("the cluster's standing sink to commit batch 1", lambda: pipe.state(plan.batch_id, attempt) == "committed")
 
         launcher.kill(name)  # through the master: Client kill
         dead = launcher.status(name)
@@ -89,11 +89,11 @@ def test_the_supervisor_runs_a_standing_sink_in_cluster_mode_and_restarts_it_thr
         second = launcher.status(name)
         assert second.alive and second.driver != first.driver
         plan2, attempt2 = _batch(pipe, "run-2", 41, 70)
-        _until("the restarted sink to commit batch 2", lambda: pipe.state(plan2.batch_id, attempt2) == "committed")
+        until("the restarted sink to commit batch 2", lambda: pipe.state(plan2.batch_id, attempt2) == "committed")
 
         with wh, wh.cursor() as cur:
             ledger.set_desired(cur, name, "paused", "test", "maintenance")
-        _until("the driver to stop itself", lambda: not launcher.status(name).alive, timeout=120, every=1)
+        until("the driver to stop itself", lambda: not launcher.status(name).alive, timeout=120, every=1)
         assert launcher.status(name).exit_code == 0, launcher.log_tail(name, 40)  # FINISHED: a graceful stop
         assert "batch_sink" in launcher.log_tail(name, 400)  # the driver's own log, read from its worker
         assert cycle().decisions[name].action == "none"
