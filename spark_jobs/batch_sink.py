@@ -69,6 +69,7 @@ def main(argv: list[str]) -> int:
     from tidemark.kafka_io import end_offsets, ensure_topic
     from tidemark.progress import Steps, progress_line
     from tidemark.catalog import ensure_stream_target
+    from tidemark.cdc.tables import ensure_cdc_target
     from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
     from tidemark.sink import BatchSink
     from tidemark.sparkjob import JobError, connect, connect_params, password, session
@@ -85,12 +86,13 @@ def main(argv: list[str]) -> int:
     conn = connect(args.jdbc_url, args.user, password(args))
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
-        if spec.stream is not None:
-            try:  # the sink may start before the first event: the topic too (refused if its partitions differ)
-                ensure_stream_target(cur, spec)
-                ensure_topic(args.bootstrap, spec.stream.topic, spec.stream.partitions)
+        if spec.stream is not None or spec.cdc is not None:
+            try:  # the sink may start before the first event: the topics too (refused if their partitions differ)
+                ensure_stream_target(cur, spec) if spec.stream is not None else ensure_cdc_target(cur, spec)
+                for topic, partitions in spec.realtime_topics.items():
+                    ensure_topic(args.bootstrap, topic, partitions)
             except (LookupError, ValueError) as exc:
-                raise JobError(f"pipeline {spec.name}: stream: {exc}") from None
+                raise JobError(f"pipeline {spec.name}: {'stream' if spec.stream else 'cdc'}: {exc}") from None
     sink = BatchSink(conn, spec, keyring=keyring, dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic,
                                                                consumer_for(spec.name)))
     try:

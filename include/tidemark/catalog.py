@@ -110,27 +110,32 @@ def ensure_stream_target(cur, spec: PipelineSpec) -> bool:
     and time applied; and its serving views (``ensure_serving_view``). ``LookupError`` while the
     batch target does not exist (the supervisor creates it from the source first)."""
     assert spec.stream is not None
-    table = spec.stream.target_table
-    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(table), quote(spec.target_table)))
-    existing, target = cur.fetchone()
-    if target is None:
-        raise LookupError(f"pipeline {spec.name}: stream.target_table {table} is made like the target "
-                          f"{spec.target_table}, which does not exist yet: the supervisor creates it from the source "
-                          f"table {spec.table} (or run the nightly DAG tidemark_batch_{spec.name} once)")
-    created = existing is None
-    if created:
-        _ensure_schema(cur, spec, table, "stream.target_table")
-        pk = ", ".join(quote(c) for c in spec.primary_key)
-        cur.execute(f"""CREATE TABLE IF NOT EXISTS {quote(table)} (
-            LIKE {quote(spec.target_table)} INCLUDING DEFAULTS,
-            _tm_partition integer NOT NULL, _tm_offset bigint NOT NULL, _tm_fence bigint NOT NULL,
-            _tm_micro_batch bigint, _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-            PRIMARY KEY ({pk}))""")
+    created = ensure_realtime_table(cur, spec, spec.stream.target_table, "stream.target_table", """
+        _tm_partition integer NOT NULL, _tm_offset bigint NOT NULL, _tm_fence bigint NOT NULL,
+        _tm_micro_batch bigint, _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp()""")
     ensure_serving_view(cur, spec)
     return created
 
 
-def _ensure_schema(cur, spec: PipelineSpec, table: str, field: str) -> None:
+def ensure_realtime_table(cur, spec: PipelineSpec, table: str, field: str, columns: str) -> bool:
+    """A real-time table made like the batch target (its columns, defaults and primary key) plus
+    ``columns``, if it does not exist; whether it was made. ``LookupError`` while the target does not exist."""
+    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(table), quote(spec.target_table)))
+    existing, target = cur.fetchone()
+    if target is None:
+        raise LookupError(f"pipeline {spec.name}: {field} {table} is made like the target "
+                          f"{spec.target_table}, which does not exist yet: the supervisor creates it from the source "
+                          f"table {spec.table} (or run the nightly DAG tidemark_batch_{spec.name} once)")
+    if existing is not None:
+        return False
+    ensure_schema(cur, spec, table, field)
+    pk = ", ".join(quote(c) for c in spec.primary_key)
+    cur.execute(f"""CREATE TABLE IF NOT EXISTS {quote(table)} (
+        LIKE {quote(spec.target_table)} INCLUDING DEFAULTS, {columns.strip()}, PRIMARY KEY ({pk}))""")
+    return True
+
+
+def ensure_schema(cur, spec: PipelineSpec, table: str, field: str) -> None:
     schema = table.split(".")[0] if "." in table else "public"
     cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
     if cur.fetchone() is None:
@@ -153,7 +158,7 @@ def ensure_serving_view(cur, spec: PipelineSpec) -> None:
     cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(view), quote(freshness)))
     if None not in cur.fetchone():
         return
-    _ensure_schema(cur, spec, view, "stream.serving_view")
+    ensure_schema(cur, spec, view, "stream.serving_view")
     names = [c.name for c in target_columns(cur, spec.target_table)]
     batch, live, cursor = quote(spec.target_table), quote(stream.target_table), quote(spec.cursor.column)
     same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)

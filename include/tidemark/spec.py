@@ -361,6 +361,21 @@ class PipelineSpec(BaseModel):
         schema, table = self.table.split(".") if "." in self.table else ("public", self.table)
         return f"{self.cdc_topic_prefix}.{schema}.{table}"
 
+    @property
+    def cdc_transaction_topic(self) -> str:
+        """Debezium's BEGIN and END of each source transaction (with its event count)."""
+        return f"{self.cdc_topic_prefix}.transaction"
+
+    @property
+    def realtime_topics(self) -> dict[str, int]:
+        """The real-time input's topics and partition counts: the stream's events topic, or Debezium's
+        change events and transaction boundaries (one partition each: their order is the log's)."""
+        if self.stream is not None:
+            return {self.stream.topic: self.stream.partitions}
+        if self.cdc is not None:
+            return {self.cdc_topic: 1, self.cdc_transaction_topic: 1}
+        return {}
+
 
 class SpecError(ValueError):
     """An invalid pipeline spec file; the message names the file and every bad field."""

@@ -123,13 +123,18 @@ def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, inst
 
 
 def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], Any]) -> None:
-    """A stream's real-time table is made like the batch target, which is made from the source
-    table: create both before the sink's first start (which may come before the first nightly run).
-    A failure is logged, not raised: the sink's start then fails naming it, other pipelines go on."""
+    """A real-time table (a stream's, or change data capture's) is made like the batch target, which
+    is made from the source table: create both before the sink's first start (which may come before
+    the first nightly run). A failure is logged, not raised: the sink's start then fails naming it,
+    other pipelines go on."""
+    from tidemark.cdc.tables import ensure_cdc_target
+
+    ensure = catalog.ensure_stream_target if spec.stream is not None else ensure_cdc_target
+    realtime = (spec.stream or spec.cdc).target_table
     try:
         with wh, wh.cursor() as cur:
-            if catalog.ensure_stream_target(cur, spec):
-                log.info("pipeline=%s created the real-time table %s", spec.name, spec.stream.target_table)
+            if ensure(cur, spec):
+                log.info("pipeline=%s created the real-time table %s", spec.name, realtime)
             return
     except LookupError:
         pass  # the batch target is missing too: it comes from the source
@@ -138,11 +143,11 @@ def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], A
         try:
             with source, source.cursor() as src, wh, wh.cursor() as cur:
                 catalog.ensure_target(src, cur, spec)
-                catalog.ensure_stream_target(cur, spec)
+                ensure(cur, spec)
         finally:
             source.close()
         log.info("pipeline=%s created the target %s from the source table %s, and the real-time table %s",
-                 spec.name, spec.target_table, spec.table, spec.stream.target_table)
+                 spec.name, spec.target_table, spec.table, realtime)
     except Exception as exc:
         log.error("pipeline=%s cannot create its tables before its stream starts: %s. Next: check the connection %s "
                   "and the spec's table and target_table fields", spec.name, " ".join(str(exc).split()),
@@ -163,7 +168,7 @@ def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0) 
     """Records per partition beyond the offsets the pipeline's sink committed in the warehouse: on
     its topic (keys: partitions), and on its stream's events topic if it has one (keys:
     ``<topic>/<partition>``). None when the broker cannot tell now (no topic yet, or it is away)."""
-    topics = [(spec.topic, True), *([(spec.stream.topic, False)] if spec.stream else [])]
+    topics = [(spec.topic, True), *((t, False) for t in spec.realtime_topics)]
     lag: dict[int | str, int] = {}
     for topic, transactional in topics:
         try:

@@ -98,7 +98,7 @@ def supervise() -> list[str]:
         with warehouse, warehouse.cursor() as cur:
             ensure_control_schema(cur)
         for _, spec in standing:
-            if spec.stream is not None:
+            if spec.stream is not None or spec.cdc is not None:
                 prepare_stream_tables(spec, warehouse, lambda: pg_connect(spec.source_conn_id,
                                                                           application_name="tidemark-supervisor"))
         report = run_cycle([spec for _, spec in standing], warehouse, launcher(),

@@ -10,22 +10,17 @@ grants, the check names what is missing and the statements that supply it.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 
 import psycopg2
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
-from tidemark.cdc.source import CaptureNotReady, check_capture, grant_sql, slot
+from tidemark.cdc.connector import connector_name
+from tidemark.cdc.source import CaptureNotReady, check_capture
 from tidemark_workshop.settings import SOURCE_DB
-from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, make_pipeline, until
-
-STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
+from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, read_slot, remove_capture, start_connector
 
 
 def _events(bootstrap: str, topic: str, count: int) -> list[dict]:
@@ -48,32 +43,10 @@ def _events(bootstrap: str, topic: str, count: int) -> list[dict]:
 
 @pytest.fixture
 def captured(settings, tmp_path, bootstrap):
-    """A CDC pipeline over a fresh table; afterwards its connector is deleted and its slot and
-    publication dropped (as stopping a pipeline for good does)."""
-    unique = uuid.uuid4().hex[:10]
-    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING,
-                         cdc={"target_table": f"public.it_{unique}_rt", "serving_view": f"public.it_{unique}_serving",
-                              "heartbeat": "PT1S"})
-    client = ConnectClient(settings.connect_url)
-    yield pipe, client
-    if client.config(connector_name(pipe.spec)) is not None:
-        client.delete(connector_name(pipe.spec))
-    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
-    owner.autocommit = True
-    try:
-        with owner.cursor() as cur:
-            deadline = time.monotonic() + 60
-            while (held := slot(cur, pipe.spec)) is not None and held.active and time.monotonic() < deadline:
-                time.sleep(0.5)
-            if held is not None:
-                cur.execute("SELECT pg_drop_replication_slot(%s)", (pipe.spec.cdc_slot,))
-            cur.execute(f'DROP PUBLICATION IF EXISTS "{pipe.spec.cdc_slot}"')
-    finally:
-        owner.close()
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    mine = [t for t in admin.list_topics(timeout=10).topics if pipe.spec.cdc_topic_prefix in t]
-    for future in admin.delete_topics(mine).values() if mine else ():
-        future.result(timeout=30)
+    """A CDC pipeline over a fresh table; afterwards its connector, slot, publication and topics go."""
+    pipe = make_cdc_pipeline(settings, tmp_path)
+    yield pipe
+    remove_capture(settings, pipe.spec)
 
 
 def _as(settings, user: str, password: str):
@@ -83,7 +56,7 @@ def _as(settings, user: str, password: str):
 
 
 def test_debezium_captures_inserts_updates_and_deletes_with_their_source_transactions(settings, captured, bootstrap):
-    pipe, client = captured
+    pipe = captured
     spec, role = pipe.spec, settings.cdc_user
     cdc = _as(settings, role, settings.cdc_password)
     try:
@@ -93,38 +66,17 @@ def test_debezium_captures_inserts_updates_and_deletes_with_their_source_transac
         text = str(missing.value)
         assert f"publication {spec.cdc_slot} does not exist: CREATE PUBLICATION \"{spec.cdc_slot}\"" in text
         assert f"role {role} may not read {spec.table}: GRANT USAGE ON SCHEMA" in text and "Next: have" in text
-        owner = psycopg2.connect(settings.dsn(SOURCE_DB))
-        try:
-            with owner, owner.cursor() as cur:  # what the DBA runs, once per pipeline
-                for statement in grant_sql(spec, role):
-                    cur.execute(statement)
-        finally:
-            owner.close()
+        assert "would carry only its key, not the row it deleted: ALTER TABLE \"public\"" in text
+        grant(settings, spec)  # what the DBA runs, once per pipeline
         with cdc, cdc.cursor() as cur:
             check_capture(cur, spec, role)
     finally:
         cdc.close()
 
-    secret = settings.connect_secrets_dir / "tidemark_cdc"
-    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(settings.cdc_password)
-    name = connector_name(spec)
-    client.put_config(name, connector_config(spec, SourceEndpoint(
-        settings.pg_host, settings.pg_port, SOURCE_DB, role, "tidemark_cdc", str(settings.connect_secrets_dir))))
-    until("the connector and its task running", lambda: client.state(name).running)
-    stored = client.config(name)
+    client = start_connector(settings, spec)
+    stored = client.config(connector_name(spec))
     assert stored["database.password"].startswith("${dir:") and settings.cdc_password not in json.dumps(stored)
-
-    def slot_read():
-        conn = psycopg2.connect(settings.dsn(SOURCE_DB))
-        try:
-            with conn, conn.cursor() as cur:
-                return slot(cur, spec)
-        finally:
-            conn.close()
-
-    held = until("Debezium reading its slot", lambda: (s := slot_read()) is not None and s.active and s)
+    held = read_slot(settings, spec)
     assert held.name == spec.cdc_slot and held.wal_status in ("reserved", "extended")
 
     src = pipe.src()
@@ -141,7 +93,7 @@ def test_debezium_captures_inserts_updates_and_deletes_with_their_source_transac
     changes = _events(bootstrap, spec.cdc_topic, 5)
     assert [c["op"] for c in changes] == ["c", "c", "c", "u", "d"]
     assert [c["after"]["amount"] for c in changes[:4]] == ["0.37", "0.74", "1.11", "99999999999999.99"]  # exact
-    assert changes[4]["after"] is None and changes[4]["before"]["id"] == 3
+    assert changes[4]["after"] is None and changes[4]["before"] == {**changes[2]["after"]}  # the whole row
     # Debezium's PostgreSQL transaction id is "<txId>:<lsn>" with each event's own LSN: a source
     # transaction is its txId, its events numbered 1..n by total_order, n given by its END
     first, second = changes[0]["source"]["txId"], changes[3]["source"]["txId"]

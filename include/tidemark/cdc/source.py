@@ -27,10 +27,12 @@ def role_sql(role: str) -> str:
 
 
 def grant_sql(spec: PipelineSpec, role: str) -> list[str]:
-    """Once per pipeline, by the table's owner: its publication and the role's right to read the table
-    (Debezium reads the table's schema, and a re-snapshot its rows)."""
+    """Once per pipeline, by the table's owner: deletes that carry their whole row, the publication,
+    and the role's right to read the table (Debezium reads its schema, and a re-snapshot its rows)."""
     schema, _ = _table(spec)
     return [
+        # a DELETE then carries the row it deleted: kept, audited, in tidemark_control.cdc_deletions
+        f"ALTER TABLE {quote(spec.table)} REPLICA IDENTITY FULL",
         f"CREATE PUBLICATION {quote(spec.cdc_slot)} FOR TABLE {quote(spec.table)}",
         f"GRANT USAGE ON SCHEMA {quote(schema)} TO {quote(role)}",
         f"GRANT SELECT ON {quote(spec.table)} TO {quote(role)}",
@@ -52,16 +54,22 @@ def check_capture(cur, spec: PipelineSpec, role: str) -> None:
         missing.append(f"role {role} lacks REPLICATION: ALTER ROLE {quote(role)} REPLICATION")
     cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
                 (spec.cdc_slot, schema, table))
-    grants = grant_sql(spec, role)
+    identity, publish, *grants = grant_sql(spec, role)
     if cur.fetchone() is None:
         cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (spec.cdc_slot,))
         missing.append(f"publication {spec.cdc_slot} " + (
             f"does not hold {spec.table}: ALTER PUBLICATION {quote(spec.cdc_slot)} ADD TABLE {quote(spec.table)}"
-            if cur.fetchone() else f"does not exist: {grants[0]}"))
-    if row is not None:
+            if cur.fetchone() else f"does not exist: {publish}"))
+    cur.execute("SELECT relreplident FROM pg_class WHERE oid = to_regclass(%s)", (quote(spec.table),))
+    found = cur.fetchone()
+    if found is None:
+        missing.append(f"table {spec.table} does not exist")
+    elif found[0] != "f":
+        missing.append(f"a DELETE on {spec.table} would carry only its key, not the row it deleted: {identity}")
+    if row is not None and found is not None:
         cur.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", (role, f"{quote(spec.table)}"))
         if not cur.fetchone()[0]:
-            missing.append(f"role {role} may not read {spec.table}: {'; '.join(grants[1:])}")
+            missing.append(f"role {role} may not read {spec.table}: {'; '.join(grants)}")
     if missing:
         raise CaptureNotReady(f"pipeline {spec.name}: the source is not set up for capture: " + "; ".join(missing)
                               + ". Next: have the table's owner run those statements on the source, then run the "

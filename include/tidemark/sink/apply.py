@@ -18,6 +18,7 @@ from tidemark import faults, ledger
 from tidemark.avro import Format, row_column, sql_type
 from tidemark.control import ControlMessage, Keyring, ProtocolError, decode
 from tidemark.dead_letters import DeadLetterOutbox
+from tidemark.cdc.apply import ChangeWriter
 from tidemark.events import EventWriter
 from tidemark.progress import Steps
 from tidemark.records import Checker, RecordRules, checked_upstream, target_columns
@@ -41,7 +42,7 @@ class BatchSink:
         self.spec = spec
         self.keyring = keyring  # a control message counts only when one of its keys signed it
         self.topic = spec.topic
-        self.topics = [spec.topic, *([spec.stream.topic] if spec.stream else [])]
+        self.topics = [spec.topic, *spec.realtime_topics]
         # One consumer per pipeline per warehouse database: a second sink of the pipeline in this
         # database is the same consumer, takes the fence, and the first can no longer commit.
         self.consumer = ledger.consumer_for(spec.name)
@@ -49,7 +50,9 @@ class BatchSink:
         self.fence: int | None = None
         self._rules: RecordRules | None = None
         self.stages = StageArea(spec)
-        self.events = EventWriter(spec, self.consumer) if spec.stream else None
+        # the real-time input: an application's events, or the source table's own changes
+        self.events = (EventWriter(spec, self.consumer) if spec.stream else
+                       ChangeWriter(spec, self.consumer) if spec.cdc else None)
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self, lease: Any = None) -> int:
@@ -69,8 +72,7 @@ class BatchSink:
     def starting_offsets(self) -> dict[str, dict[int, int]]:
         """Per topic read (the pipeline's, and its stream's), the next offset per partition as
         committed with the data (-2 = earliest: never read)."""
-        counts = {self.spec.topic: self.spec.partitions,
-                  **({self.spec.stream.topic: self.spec.stream.partitions} if self.spec.stream else {})}
+        counts = {self.spec.topic: self.spec.partitions, **self.spec.realtime_topics}
         with self.conn, self.conn.cursor() as cur:
             stored = {t: ledger.stored_offsets(cur, self.consumer, t) for t in counts}
         return {t: {p: stored[t].get(p, -2) for p in range(n)} for t, n in counts.items()}
@@ -124,7 +126,7 @@ class BatchSink:
                             f"letters were not published ({type(exc).__name__}: {' '.join(str(exc).split())[:500]}). "
                             "Next: when the broker is back, restarting the sink publishes them") from exc
         events = (f"events applied {report.events}, duplicate {report.duplicates}, superseded {report.superseded}, "
-                  if self.spec.stream else "")
+                  if self.events is not None else "")
         log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
                  "rejected %s, committed %s, refused %s in %.1f s (%s)", self.spec.name,
                  micro_batch if micro_batch is not None else "-", table.num_rows + staged_upstream, control_count,
@@ -426,7 +428,7 @@ class BatchSink:
                 rules = None
             return Checker(self.topic, rules, windows,
                            self.spec.stream.topic if self.spec.stream else None,
-                           self.events.rules(cur) if self.events else None)
+                           self.events.rules(cur) if self.spec.stream else None)
 
     def _record_rules(self, cur) -> RecordRules:
         if self._rules is None:
@@ -654,3 +656,4 @@ def _int_or_none(value: Any) -> int | None:
         return int(value) if value is not None else None
     except (TypeError, ValueError):
         return None
+

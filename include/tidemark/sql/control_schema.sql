@@ -300,3 +300,54 @@ CREATE TRIGGER repair_deletions_append_only
     BEFORE UPDATE OR DELETE OR TRUNCATE ON tidemark_control.repair_deletions
     FOR EACH STATEMENT EXECUTE FUNCTION tidemark_control.refuse_change();
 REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.repair_deletions FROM PUBLIC, CURRENT_USER;
+
+-- Change data capture (tidemark/cdc/apply.py). Debezium's change events and its transaction
+-- boundaries arrive on two topics, in any interleaving: a source transaction's events wait here,
+-- committed with the sink's offsets, until its END has come and every one of its events with it;
+-- then the transaction is applied whole, in commit order, in one warehouse transaction.
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_pending (
+    consumer     text NOT NULL,
+    txid         bigint NOT NULL,                -- the source transaction (Debezium's source.txId)
+    total_order  integer NOT NULL,               -- its events numbered 1..n
+    lsn          bigint NOT NULL,                -- the event's own position in the source's WAL
+    op           text NOT NULL CHECK (op IN ('c', 'u', 'd', 'r', 'x')),  -- x: cannot be applied (reason)
+    row_values   jsonb NOT NULL,                 -- the row after (c, u, r) or before (d), as text; x: {reason}
+    source_ms    bigint,                         -- when the source committed it
+    topic        text NOT NULL,                  -- where it came from, for a dead letter
+    partition    integer NOT NULL,
+    "offset"     bigint NOT NULL,
+    record_key   text,
+    raw          text NOT NULL,
+    PRIMARY KEY (consumer, txid, total_order)
+);
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_transactions (
+    consumer     text NOT NULL,
+    txid         bigint NOT NULL,
+    commit_lsn   bigint NOT NULL,                -- from its END: the order transactions are applied in
+    event_count  integer NOT NULL,
+    PRIMARY KEY (consumer, txid)
+);
+-- The last source transaction applied, per consumer: one at or before it is a redelivery (a no-op).
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_positions (
+    consumer     text PRIMARY KEY,
+    commit_lsn   bigint NOT NULL,
+    txid         bigint NOT NULL,
+    source_ms    bigint,                         -- when the source committed it
+    applied_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+-- Every key a source DELETE removed from the serving view, with its old values: a deletion is a
+-- finding, never silent. Append-only, as repair_deletions.
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_deletions (
+    id            bigserial PRIMARY KEY,
+    pipeline      text NOT NULL,
+    key           jsonb NOT NULL,                -- [key column values as text]
+    old_values    jsonb NOT NULL,                -- the source row as the DELETE saw it
+    txid          bigint NOT NULL,
+    commit_lsn    bigint NOT NULL,
+    deleted_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+DROP TRIGGER IF EXISTS cdc_deletions_append_only ON tidemark_control.cdc_deletions;
+CREATE TRIGGER cdc_deletions_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON tidemark_control.cdc_deletions
+    FOR EACH STATEMENT EXECUTE FUNCTION tidemark_control.refuse_change();
+REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.cdc_deletions FROM PUBLIC, CURRENT_USER;

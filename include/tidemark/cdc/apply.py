@@ -1,0 +1,212 @@
+"""Change events applied with exactly-once effect, one source transaction at a time.
+
+The standing sink hands each micro-batch's records of the CDC topics to ``ChangeWriter.apply``,
+inside the warehouse transaction that also stores their Kafka offsets. Change events and END
+boundaries wait in ``tidemark_control.cdc_pending`` / ``cdc_transactions`` until a transaction's END
+and all of its events have come (the two topics interleave freely); then the transaction is
+applied whole, in commit order: per key its last version (a DELETE as a tombstone with the row it
+deleted, audited in ``cdc_deletions``), and the commit position recorded in ``cdc_positions``. A
+reader of the serving view never sees part of a source transaction.
+
+Exactly once: the offsets commit with the rows; a transaction Debezium delivers again (after a
+crash of the worker, at new offsets) ends at or before the position applied and is a no-op. What
+cannot be applied exactly goes to the dead-letter topic whole, with the reason, and the next
+transaction still applies: a transaction with an event that cannot be read or that the real-time
+table refuses, and one whose events did not all arrive while a later one did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg2.errors
+from psycopg2.extras import Json, execute_values
+
+from tidemark.cdc.changes import boundary, change
+from tidemark.cdc.tables import CDC_COLUMNS
+from tidemark.records import target_columns
+from tidemark.spec import PipelineSpec, quote
+
+log = logging.getLogger(__name__)
+Reject = Callable[[dict[str, Any], str], None]
+TABLE_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded)
+
+
+class ChangeWriter:
+    def __init__(self, spec: PipelineSpec, consumer: str):
+        assert spec.cdc is not None
+        self.spec, self.cdc, self.consumer = spec, spec.cdc, consumer
+        self.data_topic, self.tx_topic = spec.cdc_topic, spec.cdc_transaction_topic
+        self._columns: list[str] | None = None
+
+    def rules(self, cur) -> None:
+        """At start: the real-time table exists (else ``LookupError``). Change events are checked
+        here, at the driver, not on the executors: there are no executor rules."""
+        self.columns(cur)
+        return None
+
+    def columns(self, cur) -> list[str]:
+        if self._columns is None:
+            names = [c.name for c in target_columns(cur, self.cdc.target_table) if c.name not in CDC_COLUMNS]
+            if not names:
+                raise LookupError(f"pipeline {self.spec.name}: the real-time table {self.cdc.target_table} does not "
+                                  "exist")
+            self._columns = names
+        return self._columns
+
+    # --- one micro-batch ---------------------------------------------------------------------
+    def apply(self, cur, records, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
+        columns = set(self.columns(cur))
+        pending: list[tuple] = []
+        ends: list[tuple] = []
+        for rec in records.to_pylist():
+            where = {k: rec.get(k) for k in ("topic", "partition", "offset", "key", "value")}
+            if rec["topic"] == self.tx_topic:
+                try:
+                    edge = boundary(rec["value"])
+                except ValueError as exc:
+                    reject(where, f"transaction boundary rejected: {exc}")
+                    continue
+                if edge.status == "END":
+                    ends.append((self.consumer, edge.txid, edge.commit_lsn, edge.event_count))
+                continue
+            raw = _text(rec["value"])
+            try:
+                event = change(rec["value"], columns)
+            except ValueError as exc:
+                place = _place(rec["value"])
+                if place is None:  # belongs to no transaction we can name: a dead letter now
+                    reject(where, f"change event rejected: {exc}")
+                else:  # its transaction is dead-lettered whole once complete: never applied in part
+                    pending.append((self.consumer, *place, "x", Json({"reason": str(exc)}), None,
+                                    rec["topic"], rec["partition"], rec["offset"], _text(rec.get("key")), raw))
+                continue
+            pending.append((self.consumer, event.txid, event.order, event.lsn, event.op, Json(event.row),
+                            event.source_ms, rec["topic"], rec["partition"], rec["offset"], _text(rec.get("key")), raw))
+        if pending:
+            kept = execute_values(cur, """INSERT INTO tidemark_control.cdc_pending (consumer, txid, total_order, lsn,
+                                              op, row_values, source_ms, topic, partition, "offset", record_key, raw)
+                                          VALUES %s ON CONFLICT DO NOTHING RETURNING 1""", pending, page_size=1000,
+                                  fetch=True)
+            report.duplicates += len(pending) - len(kept)  # the same event again, still waiting: a redelivery
+        if ends:
+            execute_values(cur, """INSERT INTO tidemark_control.cdc_transactions (consumer, txid, commit_lsn,
+                                       event_count) VALUES %s ON CONFLICT DO NOTHING""", ends)
+        self._resolve(cur, fence, micro_batch, report, reject)
+
+    def _resolve(self, cur, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
+        """Apply every transaction that is complete, in commit order, up to the first that is not."""
+        cur.execute("SELECT commit_lsn FROM tidemark_control.cdc_positions WHERE consumer = %s FOR UPDATE",
+                    (self.consumer,))
+        row = cur.fetchone()
+        applied = row[0] if row else -1
+        cur.execute("""SELECT t.txid, t.commit_lsn, t.event_count, count(p.txid), count(p.txid) FILTER (WHERE p.op = 'x')
+                         FROM tidemark_control.cdc_transactions t
+                         LEFT JOIN tidemark_control.cdc_pending p ON p.consumer = t.consumer AND p.txid = t.txid
+                        WHERE t.consumer = %s GROUP BY 1, 2, 3 ORDER BY t.commit_lsn""", (self.consumer,))
+        txs = cur.fetchall()
+        for i, (txid, lsn, count, got, bad) in enumerate(txs):
+            tag = f"pipeline={self.spec.name} source transaction {txid} (commit {_lsn(lsn)}, {count} change(s))"
+            if lsn <= applied:  # delivered again after the position moved past it
+                report.duplicates += got
+                log.info("%s: already applied (position %s): %s redelivered change(s) skipped", tag, _lsn(applied), got)
+            elif got < count and not any(g >= c for _, _, c, g, _ in txs[i + 1:]):
+                break  # the rest may still come; transactions apply in commit order
+            elif got != count or bad:
+                why = (f"only {got} of its {count} change events arrived before a later transaction's did"
+                       if got < count else f"{bad} of its change events cannot be applied" if bad else
+                       f"{got} change events arrived for an END that counts {count}")
+                self._dead_letter(cur, txid, f"{tag} not applied: {why}", reject)
+            else:
+                refused = self._apply_transaction(cur, txid, lsn, fence, micro_batch)
+                if refused is None:
+                    report.events += got
+                else:
+                    self._dead_letter(cur, txid, f"{tag} not applied: the real-time table {self.cdc.target_table} "
+                                      f"refused it: {refused}", reject)
+            if lsn > applied:  # the position moves past it, applied or dead-lettered: never twice
+                applied = lsn
+                cur.execute("""INSERT INTO tidemark_control.cdc_positions (consumer, commit_lsn, txid, source_ms)
+                               VALUES (%s, %s, %s, (SELECT max(source_ms) FROM tidemark_control.cdc_pending
+                                                     WHERE consumer = %s AND txid = %s))
+                               ON CONFLICT (consumer) DO UPDATE SET commit_lsn = EXCLUDED.commit_lsn,
+                                   txid = EXCLUDED.txid,
+                                   source_ms = coalesce(EXCLUDED.source_ms, cdc_positions.source_ms),
+                                   applied_at = clock_timestamp()""", (self.consumer, lsn, txid, self.consumer, txid))
+            cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = %s",
+                        (self.consumer, txid))
+            cur.execute("DELETE FROM tidemark_control.cdc_transactions WHERE consumer = %s AND txid = %s",
+                        (self.consumer, txid))
+
+    def _apply_transaction(self, cur, txid: int, lsn: int, fence: int, micro_batch: int | None) -> str | None:
+        """Write one complete transaction: per key its last version. None, or PostgreSQL's refusal
+        (then nothing of it is written)."""
+        table, names, pk = quote(self.cdc.target_table), self.columns(cur), [quote(c) for c in self.spec.primary_key]
+        cols = ", ".join(quote(c) for c in names)
+        sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*map(quote, names), "_tm_txid", "_tm_lsn", "_tm_deleted",
+                                                          "_tm_fence", "_tm_micro_batch"))
+        cur.execute("SAVEPOINT cdc_transaction")
+        try:
+            cur.execute(
+                f"""INSERT INTO {table} ({cols}, _tm_txid, _tm_lsn, _tm_deleted, _tm_fence, _tm_micro_batch)
+                    SELECT DISTINCT ON ({', '.join(f'r.{c}' for c in pk)})
+                           {', '.join(f'r.{quote(c)}' for c in names)}, %(txid)s, %(lsn)s, p.op = 'd', %(fence)s, %(mb)s
+                      FROM tidemark_control.cdc_pending p
+                     CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, p.row_values) r
+                     WHERE p.consumer = %(consumer)s AND p.txid = %(txid)s
+                     ORDER BY {', '.join(f'r.{c}' for c in pk)}, p.total_order DESC
+                    ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp()
+                     WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""",
+                {"txid": txid, "lsn": lsn, "fence": fence, "mb": micro_batch, "consumer": self.consumer})
+            key = ", ".join(f"p.row_values ->> {_literal(c)}" for c in self.spec.primary_key)
+            cur.execute(f"""INSERT INTO tidemark_control.cdc_deletions (pipeline, key, old_values, txid, commit_lsn)
+                            SELECT %s, jsonb_build_array({key}), p.row_values, p.txid, %s
+                              FROM tidemark_control.cdc_pending p
+                             WHERE p.consumer = %s AND p.txid = %s AND p.op = 'd' ORDER BY p.total_order""",
+                        (self.spec.name, lsn, self.consumer, txid))
+            if cur.rowcount:
+                log.warning("pipeline=%s source transaction %s (commit %s) deleted %s key(s) at the source: hidden from "
+                            "%s, each kept with its old values in tidemark_control.cdc_deletions", self.spec.name,
+                            txid, _lsn(lsn), cur.rowcount, self.cdc.serving_view)
+        except TABLE_REFUSED as exc:
+            cur.execute("ROLLBACK TO SAVEPOINT cdc_transaction")
+            return " ".join(str(exc).split())
+        cur.execute("RELEASE SAVEPOINT cdc_transaction")
+        return None
+
+    def _dead_letter(self, cur, txid: int, reason: str, reject: Reject) -> None:
+        cur.execute("""SELECT topic, partition, "offset", record_key, raw, op, row_values ->> 'reason'
+                         FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = %s ORDER BY total_order""",
+                    (self.consumer, txid))
+        for topic, partition, offset, key, raw, op, why in cur.fetchall():
+            reject({"topic": topic, "partition": partition, "offset": offset, "key": key, "value": raw},
+                   f"{reason}{f' (this event: {why})' if op == 'x' else ''}")
+
+
+def _place(value: Any) -> tuple[int, int, int] | None:
+    """(txid, total_order, lsn) of an event otherwise unreadable, when those at least can be read."""
+    try:
+        payload = json.loads(value)["payload"]
+        txid, order = int(payload["source"]["txId"]), int(payload["transaction"]["total_order"])
+        return txid, order, int(payload["source"].get("lsn") or 0)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    return text.replace("\x00", "\\x00")
+
+
+def _lsn(lsn: int) -> str:
+    """PostgreSQL's own spelling of a WAL position (as pg_replication_slots shows it)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def _literal(name: str) -> str:
+    return "'" + name.replace("'", "''") + "'"

@@ -1,0 +1,63 @@
+"""A CDC pipeline's real-time table and serving view in the warehouse.
+
+The real-time table holds, per key, the newest version the change stream applied: the batch
+target's columns, plus the source transaction that wrote it (``_tm_txid``, ``_tm_lsn`` its commit
+position) and ``_tm_deleted`` (a DELETE at the source: the row as the DELETE saw it, kept so that
+the serving view hides the key and the batch's older version of it). The serving view merges it
+with the batch target: per key, the version with the newest cursor, the batch's on a tie, except
+that a deletion wins a tie (it deleted that very version); deleted keys are not shown.
+"""
+
+from __future__ import annotations
+
+from tidemark import catalog
+from tidemark.ledger import consumer_for
+from tidemark.records import target_columns
+from tidemark.spec import PipelineSpec, quote
+
+CDC_COLUMNS = ("_tm_txid", "_tm_lsn", "_tm_deleted", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")
+
+
+def ensure_cdc_target(cur, spec: PipelineSpec) -> bool:
+    """Create the real-time table (``cdc.target_table``) like the batch target, and the serving
+    views; ``LookupError`` while the batch target does not exist. Whether the table was created."""
+    assert spec.cdc is not None
+    created = catalog.ensure_realtime_table(cur, spec, spec.cdc.target_table, "cdc.target_table", """
+        _tm_txid bigint NOT NULL, _tm_lsn bigint NOT NULL, _tm_deleted boolean NOT NULL DEFAULT false,
+        _tm_fence bigint NOT NULL, _tm_micro_batch bigint,
+        _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp()""")
+    ensure_cdc_serving_view(cur, spec)
+    return created
+
+
+def ensure_cdc_serving_view(cur, spec: PipelineSpec) -> None:
+    """The serving view, and ``<view>_freshness``: the batch watermark, the source commit time of
+    the last transaction applied, and the later of the two (up to when the view is complete)."""
+    cdc = spec.cdc
+    assert cdc is not None
+    view, freshness = cdc.serving_view, f"{cdc.serving_view}_freshness"
+    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(view), quote(freshness)))
+    if None not in cur.fetchone():
+        return
+    catalog.ensure_schema(cur, spec, view, "cdc.serving_view")
+    names = [c.name for c in target_columns(cur, spec.target_table)]
+    batch, live, cursor = quote(spec.target_table), quote(cdc.target_table), quote(spec.cursor.column)
+    same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
+    cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
+        SELECT {", ".join(f"b.{quote(c)}" for c in names)} FROM {batch} b
+         WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key}
+                             AND (r.{cursor} > b.{cursor} OR (r._tm_deleted AND r.{cursor} >= b.{cursor})))
+        UNION ALL
+        SELECT {", ".join(f"r.{quote(c)}" for c in names)} FROM {live} r
+         WHERE NOT r._tm_deleted AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
+    cur.execute(f"COMMENT ON VIEW {quote(view)} IS %s",
+                (f"Tidemark pipeline {spec.name}: {spec.target_table} merged with the source's changes in "
+                 f"{cdc.target_table}, one row per key, newest {spec.cursor.column} wins, deleted keys hidden; "
+                 f"complete up to {freshness}.complete_up_to",))
+    cur.execute(f"""CREATE OR REPLACE VIEW {quote(freshness)} AS
+        SELECT w.batch_watermark, s.stream_watermark, greatest(w.batch_watermark, s.stream_watermark) AS complete_up_to
+          FROM (SELECT (SELECT cursor_ts FROM tidemark_control.watermarks WHERE pipeline = %(pipeline)s)
+                       AS batch_watermark) w,
+               (SELECT (SELECT to_timestamp(source_ms / 1000.0) FROM tidemark_control.cdc_positions
+                         WHERE consumer = %(consumer)s) AS stream_watermark) s""",
+                {"pipeline": spec.name, "consumer": consumer_for(spec.name)})

@@ -1,0 +1,94 @@
+"""Change data capture on the local stack, as the tests and the demo set it up: the DBA's grants,
+the replication role's secret for the Connect worker, the pipeline's connector, and its removal."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psycopg2
+
+from tidemark.cdc.connect import ConnectClient
+from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.cdc.source import grant_sql, slot
+from tidemark.config import CONN_CDC
+from tidemark.spec import PipelineSpec
+from tidemark_workshop.settings import SOURCE_DB, Settings
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeline, until
+
+STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
+
+
+def make_cdc_pipeline(settings: Settings, tmp_path: Path) -> Pipeline:
+    """A fresh PAYMENTS_DDL pipeline whose real-time input is the source table's own changes."""
+    unique = uuid.uuid4().hex[:10]
+    return make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink=STANDING,
+                         cdc={"target_table": f"public.it_{unique}_rt", "serving_view": f"public.it_{unique}_serving",
+                              "heartbeat": "PT1S"})
+
+
+def grant(settings: Settings, spec: PipelineSpec) -> None:
+    """What the table's owner runs once per pipeline (tidemark.cdc.source.grant_sql)."""
+    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
+    try:
+        with owner, owner.cursor() as cur:
+            for statement in grant_sql(spec, settings.cdc_user):
+                cur.execute(statement)
+    finally:
+        owner.close()
+
+
+def write_secret(settings: Settings) -> str:
+    """The replication role's password where the worker resolves ``${dir:...:tidemark_cdc}``; its file name."""
+    settings.connect_secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(settings.connect_secrets_dir / CONN_CDC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(settings.cdc_password)
+    return CONN_CDC
+
+
+def read_slot(settings: Settings, spec: PipelineSpec):
+    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    try:
+        with conn, conn.cursor() as cur:
+            return slot(cur, spec)
+    finally:
+        conn.close()
+
+
+def start_connector(settings: Settings, spec: PipelineSpec) -> ConnectClient:
+    """Create the pipeline's connector and wait until its task runs and reads its slot."""
+    client = ConnectClient(settings.connect_url)
+    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user,
+                              write_secret(settings), str(settings.connect_secrets_dir))
+    client.put_config(connector_name(spec), connector_config(spec, endpoint))
+    until("the connector and its task running", lambda: client.state(connector_name(spec)).running, timeout=120)
+    until("Debezium reading its slot", lambda: (s := read_slot(settings, spec)) is not None and s.active, timeout=120)
+    return client
+
+
+def remove_capture(settings: Settings, spec: PipelineSpec) -> None:
+    """Stop capturing for good: the connector, then its slot, publication and topics."""
+    from confluent_kafka.admin import AdminClient
+
+    client = ConnectClient(settings.connect_url)
+    if client.config(connector_name(spec)) is not None:
+        client.delete(connector_name(spec))
+    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
+    owner.autocommit = True
+    try:
+        with owner.cursor() as cur:
+            deadline = time.monotonic() + 60
+            while (held := slot(cur, spec)) is not None and held.active and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if held is not None:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (spec.cdc_slot,))
+            cur.execute(f'DROP PUBLICATION IF EXISTS "{spec.cdc_slot}"')
+    finally:
+        owner.close()
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    mine = [t for t in admin.list_topics(timeout=10).topics if spec.cdc_topic_prefix in t]
+    for future in admin.delete_topics(mine).values() if mine else ():
+        future.result(timeout=30)

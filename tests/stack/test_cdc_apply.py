@@ -1,0 +1,143 @@
+"""Change data capture, the apply half (issue 31, item 3): the standing sink applies Debezium's change
+events to the real-time table with exactly-once effect, one source transaction at a time.
+
+Real PostgreSQL with logical decoding, a real Connect worker with Debezium, a real broker, the real
+Spark standing sink started by the supervisor's cycle. A source transaction of 1,000 inserts is
+never seen in part by a reader of the serving view; an update and a delete reach it, the delete
+audited with the row it deleted; Debezium's records delivered a second time (as after a crash of
+its worker, at new offsets) change nothing; a record no transaction can be named for is a dead
+letter and the next transaction still applies.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from tidemark import jobs, ledger
+from tidemark.kafka_io import end_offsets, producer_config
+from tidemark.launch import LocalLauncher
+from tidemark.supervisor import prepare_stream_tables, run_cycle
+from tidemark_workshop.stack.batchrun import dead_letters, until
+from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, remove_capture, start_connector
+from tidemark_workshop.stack.spark import submit_command
+
+
+@pytest.fixture
+def cdc_pipeline(settings, tmp_path, bootstrap):
+    pipe = make_cdc_pipeline(settings, tmp_path)
+    launcher = LocalLauncher(tmp_path / "streams")
+    yield pipe, launcher
+    launcher.stop(pipe.spec.name, grace_s=5)
+    remove_capture(settings, pipe.spec)
+
+
+def _source(pipe, *statements: str) -> None:
+    """One source transaction."""
+    src = pipe.src()
+    try:
+        with src, src.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement.format(table=pipe.spec.table))
+    finally:
+        src.close()
+
+
+def _copy_records(bootstrap: str, topic: str) -> int:
+    """Every record of a one-partition topic produced to it again: Debezium's redelivery after a crash."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"it-copy-{uuid.uuid4().hex[:8]}"})
+    end = end_offsets(bootstrap, topic)[0]
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    producer, copied = Producer(producer_config(bootstrap)), 0
+    try:
+        while copied < end:
+            msg = consumer.poll(5)
+            assert msg is not None, f"{topic}: read {copied} of {end}"
+            if not msg.error():
+                producer.produce(topic, key=msg.key(), value=msg.value())
+                copied += 1
+    finally:
+        consumer.close()
+    assert producer.flush(30) == 0
+    return copied
+
+
+def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_dead_letter(settings, cdc_pipeline):
+    pipe, launcher = cdc_pipeline
+    spec = pipe.spec
+    view, live = spec.cdc.serving_view, spec.cdc.target_table
+
+    def command(s):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    wh = pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+        prepare_stream_tables(spec, wh, pipe.src)  # the target from the source, then the real-time table and view
+        grant(settings, spec)
+        start_connector(settings, spec)
+        assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+
+        def count() -> int:
+            return pipe.query_wh(f"SELECT count(*) FROM {view}")[0][0]
+
+        _source(pipe, "INSERT INTO {table} (id, amount) VALUES (1, 0.37), (2, 0.74), (3, 1.11)")
+        _source(pipe, "UPDATE {table} SET amount = 99999999999999.99, updated_at = now() WHERE id = 2",
+                "DELETE FROM {table} WHERE id = 3")
+        until("the update and the delete in the serving view", lambda: pipe.query_wh(
+            f"SELECT id, amount::text FROM {view} ORDER BY id") == [(1, "0.37"), (2, "99999999999999.99")])
+        deleted = pipe.query_wh("SELECT key, old_values ->> 'amount' FROM tidemark_control.cdc_deletions "
+                                "WHERE pipeline = %s", (spec.name,))
+        assert deleted == [(["3"], "1.11")]  # a deletion is a finding, with the row it deleted
+
+        # 1,000 inserts in one source transaction: a reader polling the view sees none of them or all
+        seen: set[int] = set()
+        done = threading.Event()
+
+        def poll():
+            while not done.is_set():
+                seen.add(count())
+
+        reader = threading.Thread(target=poll)
+        reader.start()
+        try:
+            _source(pipe, "INSERT INTO {table} (id, amount) SELECT g, g * 0.01 FROM generate_series(1000, 1999) g")
+            until("the 1,000-row transaction", lambda: count() == 1002)
+        finally:
+            done.set()
+            reader.join()
+        assert seen <= {2, 1002} and 1002 in seen, f"a reader saw part of a source transaction: {sorted(seen)}"
+
+        # Debezium's records again, at new offsets (its worker crashed before it stored its offsets)
+        before = pipe.query_wh(f"SELECT id, amount, _tm_lsn FROM {live} ORDER BY id")
+        copied = _copy_records(settings.kafka_bootstrap, spec.cdc_topic)
+        _copy_records(settings.kafka_bootstrap, spec.cdc_transaction_topic)
+        # then a record no transaction can be named for (Debezium never writes one), and a good transaction
+        producer = Producer(producer_config(settings.kafka_bootstrap))
+        producer.produce(spec.cdc_topic, value=json.dumps({"schema": {}, "payload": {"op": "c", "after": {"id": 5000}}}))
+        assert producer.flush(30) == 0
+        _source(pipe, "INSERT INTO {table} (id, amount) VALUES (6000, 60.00)")
+        until("the transaction after them", lambda: pipe.query_wh(f"SELECT 1 FROM {view} WHERE id = 6000"))
+        assert pipe.query_wh(f"SELECT id, amount, _tm_lsn FROM {live} WHERE id <> 6000 ORDER BY id") == before
+        assert count() == 1003
+        consumer = ledger.consumer_for(spec.name)
+        until("every record read", lambda: pipe.query_wh(
+            "SELECT sum(next_offset) FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
+            (consumer, spec.cdc_topic))[0][0] == end_offsets(settings.kafka_bootstrap, spec.cdc_topic)[0])
+        rejects = pipe.query_wh("SELECT reason FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))
+        assert rejects == [("change event rejected: no source or transaction block (provide.transaction.metadata "
+                            "must be on)",)]
+        letters = dead_letters(settings.kafka_bootstrap, spec.cdc_topic)
+        assert len(letters) == 1 and b'"id": 5000' in letters[0]["value"]
+        assert pipe.query_wh("SELECT count(*) FROM tidemark_control.cdc_pending WHERE consumer = %s",
+                             (consumer,))[0][0] == 0  # nothing left waiting
+        applied, duplicates = pipe.query_wh("SELECT sum(events), sum(duplicates) FROM tidemark_control.sink_micro_batches "
+                                            "WHERE consumer = %s", (consumer,))[0]
+        assert (applied, duplicates) == (3 + 2 + 1000 + 1, copied) and copied == 1005  # each change counted once
+    finally:
+        wh.close()
