@@ -103,11 +103,42 @@ def supervise() -> list[str]:
                                                                           application_name="tidemark-supervisor"))
         report = run_cycle([spec for _, spec in standing], warehouse, launcher(),
                            kafka_bootstrap(CONN_KAFKA), sink_command({spec.name: path for path, spec in standing}))
+        failures = [*report.crash_looping, *_supervise_capture([spec for _, spec in standing if spec.cdc], warehouse,
+                                                               report.lines)]
     finally:
         warehouse.close()
-    if report.crash_looping:
-        raise AirflowFailException(" | ".join(report.crash_looping))
+    if failures:
+        raise AirflowFailException(" | ".join(failures))
     return report.lines
+
+
+def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
+    """Each CDC pipeline's connector and slot (``tidemark.cdc.supervise``); the failures, one line each."""
+    if not specs:
+        return []
+    from datetime import datetime, timezone
+
+    from tidemark.cdc.supervise import supervise_capture
+    from tidemark.config import CONN_CDC
+    from tidemark.supervisor import policy_for
+    from tidemark_airflow.hooks import capture
+
+    client, endpoint = capture()
+    failures = []
+    for spec in specs:
+        source = pg_connect(CONN_CDC, application_name="tidemark-supervisor")
+        try:
+            line, failure = supervise_capture(spec, warehouse, source, client, endpoint, policy_for(spec),
+                                              datetime.now(timezone.utc))
+        except Exception as exc:  # one pipeline's capture must not hide the others'
+            line, failure = f"pipeline={spec.name} capture: {exc}", f"pipeline {spec.name}: capture: {exc}"
+        finally:
+            source.close()
+        log.log(logging.ERROR if failure else logging.INFO, "%s", line)
+        lines.append(line)
+        if failure:
+            failures.append(failure)
+    return failures
 
 
 def control(pipeline: str, action: str, reason: str, actor: str) -> str:

@@ -67,4 +67,8 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         "topic.creation.default.partitions": "1",  # one partition: the events of a transaction stay in order
         "topic.creation.default.cleanup.policy": "delete",
         "errors.tolerance": "none",  # a change Debezium cannot read stops the task loudly, never skipped
+        # a lost connection is retried twice by Debezium, then the task fails: the supervisor's restart
+        # budget counts it (Debezium's default retries forever while the task looks RUNNING)
+        "errors.max.retries": "2",
+        "retriable.restart.connector.wait.ms": "5000",
     }

@@ -58,15 +58,16 @@ def record_stream_event(cur, pipeline: str, kind: str, actor: str, detail: str |
                 (pipeline, kind, actor, detail))
 
 
-def restarts_since(cur, pipeline: str, window: Any) -> list[Any]:
-    """When the supervisor restarted the stream within ``window`` (a duration) of now and since a
-    person last cleared a crash loop (the budget starts afresh then), oldest first."""
+def restarts_since(cur, pipeline: str, window: Any, kind: str = "restart") -> list[Any]:
+    """When the supervisor restarted the stream (``kind``: or its CDC connector, ``connector_restart``)
+    within ``window`` (a duration) of now and since a person last cleared a crash loop (the budget
+    starts afresh then), oldest first."""
     cur.execute("""SELECT at FROM tidemark_control.stream_events
-                    WHERE pipeline = %(p)s AND kind = 'restart' AND at >= clock_timestamp() - %(w)s
+                    WHERE pipeline = %(p)s AND kind = %(k)s AND at >= clock_timestamp() - %(w)s
                       AND at > coalesce((SELECT max(at) FROM tidemark_control.stream_events
                                           WHERE pipeline = %(p)s AND kind = 'cleared'), '-infinity')
                     ORDER BY at""",
-                {"p": pipeline, "w": window})
+                {"p": pipeline, "w": window, "k": kind})
     return [r[0] for r in cur.fetchall()]
 
 

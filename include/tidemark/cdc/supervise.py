@@ -1,0 +1,166 @@
+"""What the supervisor does about a CDC pipeline's connector, each cycle, beside its standing sink.
+
+The same rules as for sinks (``tidemark.supervise``): the desired state a person set from
+``tidemark_stream_control`` (running, paused, stopped) is the one both follow; a failed connector
+or task is restarted with backoff within the spec's restart budget, and past it the cycle fails
+naming the task's own error line until a person clears the pipeline. The source is checked first
+(grants, publication, ``wal_level``) and the slot watched: the WAL it keeps on the source warns past
+``cdc.retained_wal_warning`` and fails the cycle past ``cdc.retained_wal_limit``; a lost slot fails
+it with the re-snapshot as the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from tidemark import ledger
+from tidemark.cdc.connect import ConnectClient, ConnectorState
+from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.cdc.source import CaptureNotReady, Slot, check_capture, slot
+from tidemark.spec import PipelineSpec
+from tidemark.supervise import Policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectorDecision:
+    action: str  # none, create, update, resume, pause, stop, restart, wait, crash_loop
+    reason: str
+
+
+def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: list[datetime], now: datetime,
+           policy: Policy, unread_for: timedelta | None = None) -> ConnectorDecision:
+    """Pure: what to do about the connector now. ``unread_for``: how long its slot has had no reader
+    (a task Connect keeps retrying looks RUNNING: an unread slot past the stall window is a failure)."""
+    if desired == "stopped":
+        done = state.state in ("STOPPED", "MISSING")
+        return ConnectorDecision("none" if done else "stop", "stopped on purpose: its slot keeps the position")
+    if desired == "paused":
+        done = state.state in ("PAUSED", "STOPPED", "MISSING")
+        return ConnectorDecision("none" if done else "pause", "paused on purpose")
+    if state.state == "MISSING":
+        return ConnectorDecision("create", "the spec has a cdc section and Connect has no connector for it")
+    if config_differs:
+        return ConnectorDecision("update", "its configuration differs from the spec's")
+    if state.state in ("PAUSED", "STOPPED"):
+        return ConnectorDecision("resume", f"{state.state.lower()}, but desired running")
+    stalled = state.running and unread_for is not None and unread_for > policy.stall_after
+    if state.state == "FAILED" or state.failed_tasks or stalled:
+        if len(restarts) >= policy.restart_budget:
+            how = "failed" if not stalled else f"its slot unread for {_duration(unread_for)}"
+            return ConnectorDecision("crash_loop", f"{how} again after {len(restarts)} restart(s) within "
+                                                   f"{policy.budget_window}")
+        wait = policy.backoff_for(len(restarts))
+        if restarts and now - restarts[-1] < wait:
+            return ConnectorDecision("wait", f"failed; next restart after {restarts[-1] + wait:%H:%M:%S} (backoff)")
+        why = (f"running, but its slot has had no reader for {_duration(unread_for)}" if stalled and not
+               (state.state == "FAILED" or state.failed_tasks) else "failed")
+        return ConnectorDecision("restart", f"{why} ({len(restarts)} restart(s) within {policy.budget_window})")
+    if not state.running:
+        return ConnectorDecision("wait", f"{state.state.lower()}: Connect is assigning its task")
+    return ConnectorDecision("none", "running")
+
+
+def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, endpoint: SourceEndpoint,
+                      policy: Policy, now: datetime) -> tuple[str, str | None]:
+    """One look at the pipeline's capture: act, and return its log line and, when a person must act,
+    the failure line (the supervisor's task fails with it)."""
+    name, connector = spec.name, connector_name(spec)
+    with source, source.cursor() as cur:
+        try:
+            check_capture(cur, spec, endpoint.user)
+        except CaptureNotReady as exc:
+            return f"pipeline={name} capture: not set up", str(exc)
+        held = slot(cur, spec)
+    with wh, wh.cursor() as cur:
+        desired = ledger.stream_state(cur, name).desired
+        restarts = ledger.restarts_since(cur, name, policy.budget_window, kind="connector_restart")
+        cur.execute("""INSERT INTO tidemark_control.cdc_slot_watch (pipeline, inactive_since)
+                       VALUES (%(p)s, CASE WHEN %(unread)s THEN %(now)s END)
+                       ON CONFLICT (pipeline) DO UPDATE SET inactive_since =
+                           CASE WHEN %(unread)s THEN coalesce(cdc_slot_watch.inactive_since, %(now)s) END
+                       RETURNING inactive_since""",
+                    {"p": name, "unread": held is not None and not held.active, "now": now})
+        inactive_since = cur.fetchone()[0]
+    wanted = connector_config(spec, endpoint)
+    state = client.state(connector)
+    stored = client.config(connector) if state.state != "MISSING" else None
+    differs = stored is not None and any(stored.get(k) != v for k, v in wanted.items())
+    # unread since it was last restarted, if that is later: a restarted task gets the whole window
+    unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
+    decision = decide(desired, state, differs, restarts, now, policy,
+                      now - unread_since if unread_since is not None else None)
+    failure = _act(spec, decision, state, client, wanted, wh)
+    slot_text, slot_failure = _slot(spec, held, state)
+    tasks = ",".join(f"{t.id}:{t.state}" for t in state.tasks) or "-"
+    line = (f"pipeline={name} connector={connector} state={state.state} tasks={tasks} desired={desired} "
+            f"action={decision.action}: {decision.reason}; {slot_text}")
+    return line, failure or slot_failure
+
+
+def _act(spec: PipelineSpec, decision: ConnectorDecision, state: ConnectorState, client: ConnectClient,
+         wanted: dict[str, str], wh) -> str | None:
+    name, connector = spec.name, connector_name(spec)
+    if decision.action in ("create", "update"):
+        client.put_config(connector, wanted)
+    elif decision.action == "resume":
+        client.resume(connector)
+    elif decision.action == "pause":
+        client.pause(connector)
+    elif decision.action == "stop":
+        client.stop(connector)
+    elif decision.action == "restart":
+        client.restart(connector)
+    elif decision.action == "crash_loop":
+        errors = ([t.error_line for t in state.failed_tasks if t.error_line]
+                  or ([state.trace.splitlines()[0]] if state.trace else [])
+                  or ["its task looks RUNNING while Connect retries it (no trace in Connect's status); the task's "
+                      "errors are in the Connect worker's log"])
+        return (f"pipeline {name}: its connector {connector} is crash-looping ({decision.reason}): last error: "
+                f"{errors[0][:500]}. Next: fix the cause, then run the DAG tidemark_stream_control with "
+                f"pipeline={name} action=clear")
+    if decision.action not in ("none", "wait"):
+        with wh, wh.cursor() as cur:
+            ledger.record_stream_event(cur, name, f"connector_{decision.action}", "supervisor", decision.reason)
+    return None
+
+
+def _slot(spec: PipelineSpec, held: Slot | None, state: ConnectorState) -> tuple[str, str | None]:
+    """The slot's part of the line, and a failure when the WAL it keeps is past the limit or lost."""
+    cdc = spec.cdc
+    assert cdc is not None
+    if held is None:
+        created = "Debezium creates it at its first start" if state.state in ("MISSING", "UNASSIGNED") else "missing"
+        return f"slot={spec.cdc_slot} ({created})", None
+    text = (f"slot={held.name} active={held.active} wal_status={held.wal_status} "
+            f"retained_wal={_bytes(held.retained_bytes)} confirmed_flush={held.confirmed_flush_lsn}")
+    if held.wal_status == "lost":
+        return text, (f"pipeline {spec.name}: its replication slot {held.name} is lost (the source removed WAL it "
+                      "still needed, past max_slot_wal_keep_size): changes since its last position are gone from the "
+                      "stream. Next: drop the slot and load the table again (a new snapshot), then resume")
+    if held.retained_bytes > cdc.retained_wal_limit:
+        return text, (f"pipeline {spec.name}: slot {held.name} keeps {_bytes(held.retained_bytes)} of WAL on the "
+                      f"source, past cdc.retained_wal_limit {_bytes(cdc.retained_wal_limit)}: the source's disk fills "
+                      "while it is not read. Next: resume the pipeline (tidemark_stream_control action=resume) or "
+                      "fix its connector; to stop capturing for good, drop the slot")
+    if held.retained_bytes > cdc.retained_wal_warning:
+        log.warning("pipeline=%s slot %s keeps %s of WAL on the source, past cdc.retained_wal_warning %s%s",
+                    spec.name, held.name, _bytes(held.retained_bytes), _bytes(cdc.retained_wal_warning),
+                    "" if held.active else " (nobody reads it)")
+        text += " WARNING past retained_wal_warning"
+    return text, None
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _duration(d: timedelta | None) -> str:
+    return f"{int(d.total_seconds())} s" if d is not None else "-"

@@ -1,0 +1,108 @@
+"""Change data capture, supervised (issue 31, items 2 and 7): each supervisor cycle creates the
+pipeline's connector from its spec, follows the desired state a person sets (pause, resume, stop),
+restarts a failed task within the budget and then reports the crash loop with the task's own error,
+and watches the WAL the slot keeps on the source: a warning, then a failure past the spec's limit.
+
+Real PostgreSQL with logical decoding, a real Connect worker with Debezium. The cycle is
+``tidemark.cdc.supervise.supervise_capture``, as the ``tidemark_supervisor`` DAG runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import psycopg2
+
+from tidemark import ledger
+from tidemark.cdc.connect import ConnectClient
+from tidemark.cdc.connector import SourceEndpoint, connector_name
+from tidemark.cdc.supervise import supervise_capture
+from tidemark.config import CONN_CDC
+from tidemark.supervise import Policy
+from tidemark_workshop.settings import SOURCE_DB
+from tidemark_workshop.stack.batchrun import until
+from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, remove_capture, write_secret
+
+POLICY = Policy(trigger_interval=timedelta(seconds=1), restart_budget=1, backoff=timedelta(seconds=1),
+                stall_factor=5, min_stall=timedelta(seconds=5))  # the stall window: 5 s
+
+
+def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watches_the_slot(
+        settings, tmp_path, bootstrap):
+    pipe = make_cdc_pipeline(settings, tmp_path)
+    pipe = pipe.with_fields(cdc={**json.loads(pipe.path.read_text())["cdc"], "retained_wal_warning": "64KiB",
+                                 "retained_wal_limit": "2MiB"})
+    spec, client, name = pipe.spec, ConnectClient(settings.connect_url), connector_name(pipe.spec)
+    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user, write_secret(settings),
+                              str(settings.connect_secrets_dir))
+    wh = pipe.wh()
+
+    def cycle() -> tuple[str, str | None]:
+        source = psycopg2.connect(settings.dsn(SOURCE_DB))
+        try:
+            return supervise_capture(spec, wh, source, client, endpoint, POLICY, datetime.now(timezone.utc))
+        finally:
+            source.close()
+
+    def desired(state: str) -> None:
+        with wh, wh.cursor() as cur:
+            ledger.set_desired(cur, spec.name, state, "it-person", "test")
+
+    try:
+        with wh, wh.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+        line, failure = cycle()  # the DBA has not granted anything yet: nothing is created
+        assert "capture: not set up" in line and f"CREATE PUBLICATION \"{spec.cdc_slot}\"" in failure
+        assert client.state(name).state == "MISSING"
+
+        grant(settings, spec)
+        line, failure = cycle()
+        assert "action=create" in line and failure is None, line
+        until("the connector running", lambda: client.state(name).running)
+        until("its slot read", lambda: "active=True" in cycle()[0])
+        line, failure = cycle()
+        assert "state=RUNNING tasks=0:RUNNING desired=running action=none" in line and failure is None, line
+
+        # a wrong password: Debezium's task fails to connect and Connect retries its poll forever while the
+        # task looks RUNNING; the supervisor sees its slot unread, restarts it once, then reports the crash loop
+        write_secret_text(settings, "not-the-password")
+        client.restart(name, only_failed=False)
+        line, failure = until("the crash loop", lambda: (r := cycle())[1] is not None and r, timeout=120)
+        assert "action=crash_loop" in line and f"its connector {name} is crash-looping" in failure, (line, failure)
+        assert "its slot unread for" in failure and "Connect worker's log" in failure and "action=clear" in failure
+        write_secret(settings)  # fixed: the task reads its slot again
+        client.restart(name, only_failed=False)
+        until("the slot read again", lambda: "active=True" in cycle()[0], timeout=120)
+
+        desired("paused")  # a paused pipeline's slot keeps WAL on the source: shown, warned, then a failure
+        assert "action=pause" in cycle()[0]
+        until("the connector paused", lambda: client.state(name).state == "PAUSED")
+        src = pipe.src()
+        try:
+            with src, src.cursor() as cur:
+                cur.execute(f"INSERT INTO {spec.table} (id, amount) SELECT g, g FROM generate_series(1, 30000) g")
+        finally:
+            src.close()
+        line, failure = cycle()
+        assert "active=False" in line or "active=True" in line
+        assert failure is not None and "past cdc.retained_wal_limit 2.0 MiB" in failure, (line, failure)
+        assert "Next: resume the pipeline" in failure
+
+        with wh, wh.cursor() as cur:
+            cur.execute("SELECT kind, actor FROM tidemark_control.stream_events WHERE pipeline = %s AND kind LIKE "
+                        "'connector_%%' ORDER BY at", (spec.name,))
+            assert cur.fetchall() == [("connector_create", "supervisor"), ("connector_restart", "supervisor"),
+                                      ("connector_pause", "supervisor")]
+
+        desired("stopped")
+        assert "action=stop" in cycle()[0]
+        until("the connector stopped", lambda: client.state(name).state == "STOPPED")
+    finally:
+        write_secret(settings)
+        wh.close()
+        remove_capture(settings, spec)
+
+
+def write_secret_text(settings, text: str) -> None:
+    (settings.connect_secrets_dir / CONN_CDC).write_text(text)
