@@ -141,3 +141,77 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         assert (applied, duplicates) == (3 + 2 + 1000 + 1, copied) and copied == 1005  # each change counted once
     finally:
         wh.close()
+
+
+def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(settings, cdc_pipeline):
+    """kill -9 of the Connect worker while writers commit: Debezium starts again from the offsets it
+    had stored and delivers what followed them a second time; the serving view ends equal to the
+    source, key by key (the lesson of its users: duplicates after a connector crash)."""
+    import os
+    import signal
+    import time
+
+    from tidemark_workshop.stack.connect import Connect
+
+    pipe, launcher = cdc_pipeline
+    spec = pipe.spec
+
+    def command(s):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    wh = pipe.wh()
+    worker = Connect(settings)
+    try:
+        with wh, wh.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+        prepare_stream_tables(spec, wh, pipe.src)
+        grant(settings, spec)
+        start_connector(settings, spec)
+        assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+        stop = threading.Event()
+        written = [0]
+
+        def write():  # one source transaction at a time: 3 inserts and an update of an earlier row
+            src = pipe.src()
+            try:
+                while not stop.is_set():
+                    n = written[0]
+                    with src, src.cursor() as cur:
+                        cur.execute(f"INSERT INTO {spec.table} (id, amount) SELECT g, g * 0.01 FROM "
+                                    f"generate_series({n * 3 + 1}, {n * 3 + 3}) g")
+                        cur.execute(f"UPDATE {spec.table} SET amount = amount + 1, updated_at = now() WHERE id = %s",
+                                    (max(1, n * 3 - 5),))
+                    written[0] += 1
+                    time.sleep(0.02)
+            finally:
+                src.close()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            until("a few hundred transactions", lambda: written[0] >= 150, timeout=60)
+            os.kill(int(worker.pid_file.read_text().split()[0]), signal.SIGKILL)
+            until("the worker gone", lambda: not worker.is_running(), timeout=30)
+            until("more transactions while it is down", lambda: written[0] >= 300, timeout=60)
+            worker.start()  # what the stack (or compose's restart policy) does
+            until("more transactions after it", lambda: written[0] >= 450, timeout=120)
+        finally:
+            stop.set()
+            writer.join()
+
+        def same() -> bool:
+            source = pipe.rows("source", "amount")
+            return source == {r[0]: r[1:] for r in pipe.query_wh(
+                f"SELECT id, amount FROM {spec.cdc.serving_view} ORDER BY id")}
+
+        until("the serving view equal to the source, key by key", same, timeout=180)
+        consumer = ledger.consumer_for(spec.name)
+        assert pipe.query_wh("SELECT count(*) FROM tidemark_control.sink_rejects WHERE consumer = %s",
+                             (consumer,))[0][0] == 0
+        applied = pipe.query_wh("SELECT sum(events) FROM tidemark_control.sink_micro_batches WHERE consumer = %s",
+                                (consumer,))[0][0]
+        assert applied == written[0] * 4, (applied, written[0])  # every change applied once
+    finally:
+        wh.close()
+        if not worker.is_running():
+            worker.start()
