@@ -111,7 +111,8 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         finally:
             done.set()
             reader.join()
-        assert seen <= {2, 1002} and 1002 in seen, f"a reader saw part of a source transaction: {sorted(seen)}"
+        # (the poller may not look again after the apply: the count it must never see is one in between)
+        assert seen and seen <= {2, 1002}, f"a reader saw part of a source transaction: {sorted(seen)}"
 
         # Debezium's records again, at new offsets (its worker crashed before it stored its offsets)
         before = pipe.query_wh(f"SELECT id, amount, _tm_lsn FROM {live} ORDER BY id")
@@ -129,6 +130,9 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         until("every record read", lambda: pipe.query_wh(
             "SELECT sum(next_offset) FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
             (consumer, spec.cdc_topic))[0][0] == end_offsets(settings.kafka_bootstrap, spec.cdc_topic)[0])
+        # the outbox publishes a dead letter after its micro-batch commits: wait for it
+        until("the dead letter published", lambda: pipe.query_wh(
+            "SELECT bool_and(in_dlq) FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))[0][0])
         rejects = pipe.query_wh("SELECT reason FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))
         assert rejects == [("change event rejected: no source or transaction block (provide.transaction.metadata "
                             "must be on)",)]
