@@ -52,22 +52,15 @@ def capture(conn_id: str = CONN_CONNECT, cdc_conn_id: str = CONN_CDC):
     """Kafka Connect's REST client, and the source endpoint Debezium logs in with: the replication
     role's connection, its password written (0600) where the worker resolves it (the Connect
     connection's extra ``secrets_dir``), never into a connector config."""
-    import os
-    from pathlib import Path
-
     from tidemark.cdc.connect import ConnectClient
-    from tidemark.cdc.connector import SourceEndpoint
+    from tidemark.cdc.connector import SourceEndpoint, write_secret
 
     connect, cdc = Connection.get(conn_id), Connection.get(cdc_conn_id)
     secrets_dir = connect.extra_dejson.get("secrets_dir")
     if not secrets_dir:
         raise ValueError(f"Airflow connection {conn_id} has no 'secrets_dir' in its extra: where its worker reads "
                          "the replication role's password")
-    path = Path(secrets_dir) / cdc_conn_id
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(cdc.password or "")
+    write_secret(secrets_dir, cdc_conn_id, cdc.password or "")
     url = f"{connect.schema or 'http'}://{connect.host}:{connect.port or 8083}"
     endpoint = SourceEndpoint(cdc.host, cdc.port or 5432, cdc.schema, cdc.login, cdc_conn_id, secrets_dir)
     return ConnectClient(url), endpoint

@@ -17,6 +17,7 @@ import psycopg2
 from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_name
+from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.cdc.supervise import supervise_capture
 from tidemark.config import CONN_CDC
 from tidemark.supervise import Policy
@@ -66,7 +67,7 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
 
         # a wrong password: Debezium's task fails to connect and Connect retries its poll forever while the
         # task looks RUNNING; the supervisor sees its slot unread, restarts it once, then reports the crash loop
-        write_secret_text(settings, "not-the-password")
+        write_secret_file(settings.connect_secrets_dir, CONN_CDC, "not-the-password")
         client.restart(name, only_failed=False)
         line, failure = until("the crash loop", lambda: (r := cycle())[1] is not None and r, timeout=120)
         assert "action=crash_loop" in line and f"its connector {name} is crash-looping" in failure, (line, failure)
@@ -102,7 +103,3 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
         write_secret(settings)
         wh.close()
         remove_capture(settings, spec)
-
-
-def write_secret_text(settings, text: str) -> None:
-    (settings.connect_secrets_dir / CONN_CDC).write_text(text)

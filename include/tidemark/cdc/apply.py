@@ -29,6 +29,7 @@ from tidemark.cdc.changes import boundary, change
 from tidemark.cdc.tables import CDC_COLUMNS
 from tidemark.records import target_columns
 from tidemark.spec import PipelineSpec, quote
+from tidemark.window import literal
 
 log = logging.getLogger(__name__)
 Reject = Callable[[dict[str, Any], str], None]
@@ -161,7 +162,7 @@ class ChangeWriter:
                     ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp()
                      WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""",
                 {"txid": txid, "lsn": lsn, "fence": fence, "mb": micro_batch, "consumer": self.consumer})
-            key = ", ".join(f"p.row_values ->> {_literal(c)}" for c in self.spec.primary_key)
+            key = ", ".join(f"p.row_values ->> {literal(c)}" for c in self.spec.primary_key)
             cur.execute(f"""INSERT INTO tidemark_control.cdc_deletions (pipeline, key, old_values, txid, commit_lsn)
                             SELECT %s, jsonb_build_array({key}), p.row_values, p.txid, %s
                               FROM tidemark_control.cdc_pending p
@@ -206,7 +207,3 @@ def _text(value: bytes | str | None) -> str | None:
 def _lsn(lsn: int) -> str:
     """PostgreSQL's own spelling of a WAL position (as pg_replication_slots shows it)."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def _literal(name: str) -> str:
-    return "'" + name.replace("'", "''") + "'"

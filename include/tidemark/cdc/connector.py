@@ -7,8 +7,10 @@ config topic nor its REST API nor a log line shows it.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from tidemark.spec import PipelineSpec
 
@@ -72,3 +74,14 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         "errors.max.retries": "2",
         "retriable.restart.connector.wait.ms": "5000",
     }
+
+
+def write_secret(secrets_dir: str | Path, name: str, value: str) -> str:
+    """Write ``value`` where the worker resolves ``${dir:<secrets_dir>:<name>}``: the directory 0700, the
+    file 0600, rewritten each time. Returns ``name`` (the connector config's reference to it)."""
+    directory = Path(secrets_dir)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(value)
+    return name

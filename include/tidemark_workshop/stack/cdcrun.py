@@ -3,7 +3,6 @@ the replication role's secret for the Connect worker, the pipeline's connector, 
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from pathlib import Path
@@ -12,6 +11,7 @@ import psycopg2
 
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.cdc.source import grant_sql, slot
 from tidemark.config import CONN_CDC
 from tidemark.spec import PipelineSpec
@@ -42,11 +42,7 @@ def grant(settings: Settings, spec: PipelineSpec) -> None:
 
 def write_secret(settings: Settings) -> str:
     """The replication role's password where the worker resolves ``${dir:...:tidemark_cdc}``; its file name."""
-    settings.connect_secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(settings.connect_secrets_dir / CONN_CDC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(settings.cdc_password)
-    return CONN_CDC
+    return write_secret_file(settings.connect_secrets_dir, CONN_CDC, settings.cdc_password)
 
 
 def read_slot(settings: Settings, spec: PipelineSpec):
