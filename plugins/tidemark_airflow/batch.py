@@ -425,14 +425,19 @@ class PipelineTurnSensor(BaseSensorOperator):
 class BatchCommittedSensor(BaseSensorOperator):
     """Wait until the sink has committed this run's attempt; fail at once if it was refused.
 
-    Runs in reschedule mode by default: between pokes it holds no worker slot.
+    Runs in reschedule mode by default: between pokes it holds no worker slot. A batch sink has
+    committed by the first poke; a standing sink within seconds, or later when it is behind: the
+    pokes start 2-5 s apart and back off to one a minute (a fixed 30 s kept every standing batch
+    waiting half a minute for nothing).
     """
 
     template_fields = ("spec_path",)
 
     def __init__(self, *, spec_path: str, warehouse_conn_id: str = CONN_WAREHOUSE, **kwargs: Any):
         kwargs.setdefault("mode", "reschedule")
-        kwargs.setdefault("poke_interval", 30)
+        kwargs.setdefault("poke_interval", 5)
+        kwargs.setdefault("exponential_backoff", True)
+        kwargs.setdefault("max_wait", timedelta(minutes=1))
         kwargs.setdefault("timeout", timedelta(hours=6).total_seconds())
         super().__init__(**kwargs)
         self.spec_path = spec_path
