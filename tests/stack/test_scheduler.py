@@ -1,6 +1,7 @@
 """Tidemark as its users run it: the real Airflow services (api-server, scheduler with
 LocalExecutor, dag-processor, triggerer), with runs, backfills and clears made through the REST
-API the UI uses, and the warehouse checked key by key.
+API the UI uses, and the warehouse checked key by key. A backfill and a repair run are proven from the
+UI's own dialogs (test_ui_clicks.py), which check all the REST versions of them did and more.
 
 The module's pipelines are written before the services start, into a pipelines directory of
 their own; the services of `make ui`, if running, are stopped first (two dag-processors on one
@@ -152,63 +153,6 @@ def test_a_scheduled_nightly_run_loads_its_window_with_checksums_past_2_63(sched
     assert {v for _, v in verdicts} == {"pass"}
     assert pipe.query_wh("SELECT reconciliation FROM tidemark_control.batches WHERE batch_id = %s",
                          (batch_id,)) == [("reconciled",)]
-
-
-def test_a_repair_run_from_the_trigger_form_reloads_a_changed_row_and_reconciles_again(scheduled):
-    """A committed row changed in the warehouse: the reconciliation DAG run with repair=true (as from
-    the UI's Trigger form) plans a repair batch of that key, the nightly DAG loads it through
-    BEGIN/END without moving the watermark, and the second verdict passes; the evidence keeps both."""
-    api, pipe, *_ = scheduled
-    reconcile_id = f"tidemark_reconcile_{pipe.spec.name}"
-    (batch_id,), = pipe.query_wh("SELECT batch_id FROM tidemark_control.batches WHERE pipeline = %s AND state = "
-                                 "'committed' AND NOT backfill ORDER BY committed_at LIMIT 1", (pipe.spec.name,))
-    watermark = pipe.watermark()
-    wh = pipe.wh()
-    with wh, wh.cursor() as cur:
-        cur.execute(f"UPDATE {pipe.spec.target_table} SET amount = amount + 0.01 WHERE id = "
-                    f"(SELECT min(id) FROM {pipe.spec.target_table})")
-    wh.close()
-    api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": False})
-    try:
-        run_id = api.trigger(reconcile_id, {"batch_id": batch_id, "scope": "batch", "repair": True})
-        run = api.wait_finished(reconcile_id, run_id)
-    finally:
-        api.call("PATCH", f"/dags/{reconcile_id}", {"is_paused": True})
-    states = api.task_states(reconcile_id, run_id)
-    assert run["state"] == "success", (states, api.log_text(reconcile_id, run_id, "reconcile_again", 1)[-3000:])
-    assert states == {"reconcile": "success", "repair_planned": "success", "repair": "success",
-                      "reconcile_again": "success"}
-    first = api.log_text(reconcile_id, run_id, "reconcile", 1)
-    assert "1 rows differ: 1 amount changed" in first and "repair batch" in first, first[-3000:]
-    (repair_batch, state, rows), = pipe.query_wh(
-        "SELECT batch_id, state, rows FROM tidemark_control.batches WHERE repair_of = %s", (batch_id,))
-    assert (state, rows) == ("committed", 1) and pipe.watermark() == watermark
-    assert _rows(pipe, "target") == _rows(pipe, "source", "created_at > %s", (WATERMARK_START,))
-    verdicts = pipe.query_wh("SELECT bool_and(verdict = 'pass') FROM tidemark_control.reconciliation_results "
-                             "WHERE batch_id = %s GROUP BY run_id ORDER BY min(id)", (batch_id,))
-    assert verdicts[1:3] == [(False,), (True,)], verdicts  # after the nightly run's own passing verdict
-
-
-def test_a_three_day_backfill_loads_exactly_those_days_and_keeps_the_watermark(scheduled):
-    api, pipe, *_ = scheduled
-    dag_id = f"tidemark_batch_{pipe.spec.name}"
-    watermark = pipe.watermark()
-    start, end = BACKFILL
-    api.call("POST", "/backfills", {"dag_id": dag_id, "from_date": start.isoformat(), "to_date": end.isoformat(),
-                                    "max_active_runs": 1})
-    runs = api.wait_for("three backfill runs", lambda: (r := api.runs(dag_id, run_type="backfill")) and len(r) == 3 and r)
-    finished = [api.wait_finished(dag_id, r["dag_run_id"]) for r in runs]
-    assert [r["state"] for r in finished] == ["success"] * 3, [api.task_states(dag_id, r["dag_run_id"]) for r in finished]
-    intervals = sorted((r["data_interval_start"], r["data_interval_end"]) for r in finished)
-    assert [(datetime.fromisoformat(a), datetime.fromisoformat(b)) for a, b in intervals] == [
-        (start + timedelta(days=d), start + timedelta(days=d + 1)) for d in range(3)]
-
-    loaded_days = _rows(pipe, "source", "created_at >= %s AND created_at < %s",
-                        (start, end + timedelta(days=1)))
-    assert len(loaded_days) == 3 * ROWS_PER_DAY
-    expected = {**loaded_days, **_rows(pipe, "source", "created_at > %s", (WATERMARK_START,))}
-    assert _rows(pipe, "target") == expected  # nothing of Oct 1 or Oct 5, every row of Oct 2-4
-    assert pipe.watermark() == watermark  # backfills never move it
 
 
 def test_clearing_a_committed_run_changes_nothing(scheduled):
@@ -461,9 +405,9 @@ def test_the_supervisor_keeps_a_standing_sink_running_and_a_person_pauses_it_fro
     name, dag_id = streamed.spec.name, f"tidemark_batch_{streamed.spec.name}"
     launcher = LocalLauncher(settings.state_dir / "streams")  # TIDEMARK_STREAMS_DIR of the stack's services
     try:
-        api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": False})  # a cycle every minute
-        api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})
-        run_id = api.trigger(dag_id)  # its sink step leaves the batch to the standing sink
+        api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": False})  # a cycle every minute...
+        api.trigger("tidemark_supervisor")  # ...and one now, as the Trigger button makes it
+        run_id = _scheduled_run(api, dag_id)  # its sink step leaves the batch to the standing sink
         api.wait_for("the supervisor to start the standing sink", lambda: streamed.query_wh(
             "SELECT 1 FROM tidemark_control.stream_heartbeats WHERE pipeline = %s AND ended_at IS NULL", (name,)),
             timeout_s=240)
@@ -481,11 +425,9 @@ def test_the_supervisor_keeps_a_standing_sink_running_and_a_person_pauses_it_fro
             "SELECT desired, changed_by, reason FROM tidemark_control.streams WHERE pipeline = %s", (name,))
         assert (desired, why) == ("paused", "maintenance") and who not in (None, "", "unknown", "supervisor"), who
 
-        paused_at = datetime.now(UTC)  # a supervisor cycle after the pause leaves it stopped, and says so
-        later = api.wait_for("a supervisor cycle after the pause", lambda: [
-            r for r in api.runs("tidemark_supervisor", state="success", order_by="-start_date")
-            if datetime.fromisoformat(r["start_date"]) > paused_at], timeout_s=150)[0]
-        log = api.log_text("tidemark_supervisor", later["dag_run_id"], "supervise", 1)
+        later = api.trigger("tidemark_supervisor")  # a cycle after the pause leaves it stopped, and says so
+        assert api.wait_finished("tidemark_supervisor", later, timeout_s=180)["state"] == "success"
+        log = api.log_text("tidemark_supervisor", later, "supervise", 1)
         assert f"pipeline={name} desired=paused" in log and "action=none" in log, log[-3000:]
         assert not launcher.status(name).alive
     finally:

@@ -464,6 +464,8 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     run = api.wait_finished(dag_id, manual["dag_run_id"], timeout_s=RUN_TIMEOUT_S)
     states = api.task_states(dag_id, run["dag_run_id"])
     assert run["state"] == "success" and set(states.values()) == {"success"}, states
+    first = api.log_text(dag_id, run["dag_run_id"], "reconcile", 1)
+    assert "1 rows differ: 1 amount changed" in first and "repair batch" in first, first[-3000:]
     # the repair batch's load updates the pipeline's Asset: the now unpaused DAG reconciles it once more
     api.wait_for("the run the repair's Asset event schedules", lambda: api.runs(dag_id, run_type="asset_triggered"),
                  timeout_s=120)

@@ -89,8 +89,13 @@ class AirflowUI:
                    alive=lambda: all(read_pid(self._pid(n)) is not None for n in self.components), log=log)
 
     def stop(self, only: tuple[str, ...] | None = None) -> None:
-        for name in self._chosen(only):
-            if stop_pid(self._pid(name)):
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = self._chosen(only)
+        with ThreadPoolExecutor(max_workers=len(names) or 1) as pool:  # at once: each may take its grace period
+            stopped = list(pool.map(lambda name: stop_pid(self._pid(name)), names))
+        for name, was_running in zip(names, stopped):
+            if was_running:
                 say("airflow", f"{name} stopped")
             elif only:
                 say("airflow", f"{name} not running")
@@ -178,7 +183,7 @@ class RestApi:
             got = check()
             if got:
                 return got
-            time.sleep(3)
+            time.sleep(1)
         raise StackError(f"timed out after {timeout_s or self.timeout_s:.0f}s waiting for {what}")
 
     def wait_finished(self, dag_id: str, run_id: str, timeout_s: float | None = None) -> dict:
