@@ -118,7 +118,7 @@ def test_the_report_gives_both_versions_and_the_ledger_adds_the_keys_it_holds(tm
         ("unreachable_rows", "rows whose updated_at is NULL", "0", "2", "2")]))[0]
     assert evidence.differing_rows(tmp_path, stranded, []) == (
         [], "no differing row recorded: the failed checks above are the finding")
-    assert evidence._plain_key("(7, 'EUR')") == "7 EUR" and evidence._plain_key("'a b'") == "a b"
+    assert evidence.verdicts._plain_key("(7, 'EUR')") == "7 EUR" and evidence.verdicts._plain_key("'a b'") == "a b"
 
 
 def _evidence(tmp_path: Path) -> evidence.BatchEvidence:
