@@ -1,0 +1,278 @@
+"""What the status page shows: one frozen record per thing, and how its values are written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from tidemark.spec import PipelineSpec, load_specs
+from tidemark.window import SourceClock
+
+FAILURE_WINDOW = timedelta(days=7)
+APPLICATION_NAME = "tidemark-status"  # how the page's own sessions show in pg_stat_activity
+UNFINISHED = ("open", "sealed")
+FAILED = ("refused", "aborted")
+CHECK_TIMEOUT_S = 2.0  # each health check: a connect (libpq's minimum is 2 s) or a broker's metadata
+
+
+# --- pipeline specs ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PipelineEntry:
+    """One spec file: its spec, or why it does not load (shown as a row, like the broken DAG)."""
+
+    path: Path
+    spec: PipelineSpec | None
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name if self.spec else self.path.stem
+
+
+def load_pipelines(directory: Path) -> list[PipelineEntry]:
+    """Every spec file, valid or not, judged as the DAG factory judges it (``load_specs``)."""
+    valid, errors = load_specs(directory)
+    specs = dict(valid)
+    entries = []
+    for path in sorted(directory.glob("*.yaml")):
+        if path in specs:
+            entries.append(PipelineEntry(path, specs[path]))
+        else:  # every SpecError message starts with its file
+            messages = [str(e) for e in errors if str(e).startswith(f"{path}:")]
+            entries.append(PipelineEntry(path, None, "; ".join(messages) or "not loaded"))
+    return entries
+
+
+# --- what the page shows ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    batch_id: str
+    window: str
+    backfill: bool
+    rows: int | None
+    committed_at: datetime | None
+    attempt: int | None
+    reconciliation: str | None = None  # reconciled, reconciliation_failed, or None (not yet)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    bound: str
+    cursor: datetime | int
+    batch_id: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Attempt:
+    batch_id: str
+    attempt: int
+    state: str
+    rows: int | None
+    message: str | None
+    begun_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class PipelineLedger:
+    last_committed: CommittedBatch | None = None
+    watermark: Watermark | None = None
+    unfinished: list[Attempt] = field(default_factory=list)  # open or sealed, oldest first
+    recent_failures: list[Attempt] = field(default_factory=list)  # refused or aborted, newest first
+    last_failure: Attempt | None = None  # the newest refused or aborted attempt, however old
+    # Rejects committed but not yet in the dead-letter topic (the outbox sends them at the sink's next
+    # flush): a count that stays up means the DLQ cannot be written.
+    dead_letters_pending: int = 0
+    oldest_pending_reject: datetime | None = None
+
+
+@dataclass(frozen=True)
+class SourceSession:
+    pid: int
+    application_name: str
+    usename: str | None
+    client_addr: str | None
+    state: str
+    xact_start: datetime
+    age: timedelta
+
+
+@dataclass(frozen=True)
+class PreparedXact:
+    gid: str
+    prepared: datetime
+    owner: str
+    count: int  # prepared transactions of the source database in all (this is the oldest)
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    conn_id: str
+    now: datetime | None = None
+    oldest_open_xact: SourceSession | None = None  # the clamp: windows end before its xact_start
+    oldest_prepared: PreparedXact | None = None  # holds every window at its watermark until it ends
+    error: str | None = None
+    clock: SourceClock | None = field(default=None, metadata={"json": False})  # what the planner reads
+
+@dataclass(frozen=True)
+class Lag:
+    """How far the watermark is behind the source: a duration, or a number of ids."""
+
+    seconds: float | None = None
+    ids: int | None = None
+    held_back: bool = False  # an open or prepared source transaction, not the safe lag, sets the next window's end
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StageTable:
+    table: str
+    bytes: int | None  # None: the table vanished or was locked while measuring
+    batch_id: str | None = None  # None: no attempt in the ledger has this stage name
+    attempt: int | None = None
+    pipeline: str | None = None
+    state: str | None = None
+
+
+@dataclass(frozen=True)
+class Health:
+    """One component's check: the Kafka broker, the warehouse, or a source database."""
+
+    component: str  # "kafka", "warehouse" or "source <conn_id>": the key in the health file
+    kind: str  # broker, warehouse, source
+    conn_id: str
+    address: str | None  # bootstrap servers, or host:port/database (never a password)
+    reachable: bool
+    checked_at: datetime
+    since: datetime | None = None  # unreachable: the first failed check of this outage
+    last_ok: datetime | None = None  # the last check that found it reachable
+    error: str | None = None
+    next_step: str | None = None  # unreachable: what to do
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Something that keeps a pipeline from moving, and the next step that works."""
+
+    by: str  # warehouse, source, broker, sink, person, transaction
+    what: str
+    since: datetime | None
+    next: str
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    name: str
+    spec_path: str
+    error: str | None = None  # the spec file does not load
+    source_conn_id: str | None = None
+    cursor_kind: str | None = None
+    ledger: PipelineLedger = field(default_factory=PipelineLedger)
+    lag: Lag | None = None
+    held_by: list[Hold] = field(default_factory=list)  # what keeps it from moving, root causes first
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    """A standing sink: what a person wants, what its instance last said, what the supervisor did."""
+
+    pipeline: str
+    desired: str
+    changed_by: str | None = None  # None: never set (running by default)
+    changed_at: datetime | None = None
+    reason: str | None = None
+    crash_looping_since: datetime | None = None
+    fence: int | None = None
+    holder: str | None = None
+    heartbeat_at: datetime | None = None
+    progress_at: datetime | None = None
+    records: int | None = None  # read by the current instance since it started
+    lag: dict[str, int] | None = None  # records behind per partition, at its last beat
+    ended_at: datetime | None = None  # the instance stopped (or was seen dead)
+    restarts: int = 0  # within the spec's budget window
+    restart_budget: int = 0
+    serving_view: str | None = None  # the spec's stream merges into it
+    complete_up_to: datetime | None = None  # the serving view's freshness: the later of both watermarks
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    generated_at: datetime
+    pipelines_dir: str
+    control_schema: bool  # False: no batch has ever been planned in this warehouse
+    pipelines: list[PipelineStatus]
+    sources: list[SourceStatus]
+    orphan_stage_tables: list[StageTable]
+    streams: list[StreamStatus] = field(default_factory=list)
+    health: list[Health] = field(default_factory=list)  # broker, warehouse, sources (what was checked)
+    warehouse_error: str | None = None  # the warehouse did not answer: no ledger to show
+
+    def broker_down(self) -> bool:
+        return any(h.kind == "broker" and not h.reachable for h in self.health)
+
+    def to_json(self) -> dict[str, Any]:
+        return jsonable(self)
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses to plain JSON: times as UTC ISO 8601, durations in seconds."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value) if f.metadata.get("json", True)}
+    if isinstance(value, datetime):
+        return utc_iso(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    return value
+
+
+def utc_iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # timestamptz arrives aware; a naive value is UTC, as in tidemark.window
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc).isoformat()
+
+
+def format_duration(value: timedelta | float | None) -> str:
+    """A short human duration: 42s, 3m 05s, 2h 07m, 4d 03h (negative: the clock is behind)."""
+    if value is None:
+        return ""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    s = int(seconds)
+    if s < 60:
+        text = f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    elif s < 3600:
+        text = f"{s // 60}m {s % 60:02d}s"
+    elif s < 86400:
+        text = f"{s // 3600}h {s % 3600 // 60:02d}m"
+    else:
+        text = f"{s // 86400}d {s % 86400 // 3600:02d}h"
+    return sign + text
+
+
+def format_bytes(value: int | None) -> str:
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def error_text(exc: BaseException) -> str:
+    """What went wrong, for the page (connection errors name host, database and user, never the password)."""
+    return f"{type(exc).__name__}: {str(exc).strip()}"

@@ -1,0 +1,109 @@
+"""The status page's queries: read-only sessions, one short transaction per query."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tidemark import catalog, ledger
+from tidemark.stage import STAGE_SCHEMA, stage_table
+from tidemark.spec import PipelineSpec
+from tidemark.window import read_source_clock
+from tidemark.status.model import APPLICATION_NAME, Attempt, CommittedBatch, FAILED, FAILURE_WINDOW, Lag, PipelineLedger, PreparedXact, SourceSession, SourceStatus, StageTable, StreamStatus, UNFINISHED, Watermark
+
+def read_only_session(conn) -> None:
+    """Autocommit + read only: one short transaction per query, no lock or snapshot kept between
+    them. Timeouts so that a page never hangs behind a sink holding a lock."""
+    conn.set_session(readonly=True, autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute("SET lock_timeout = '2s'")
+        cur.execute("SET statement_timeout = '20s'")
+        cur.execute("SET application_name = %s", (APPLICATION_NAME,))
+
+
+def pipeline_ledger(cur, pipeline: str, failure_window: timedelta = FAILURE_WINDOW) -> PipelineLedger:
+    committed = ledger.last_committed(cur, pipeline)
+    if committed is not None:
+        batch_id, window, rows, committed_at, attempt, verdict = committed
+        committed = CommittedBatch(batch_id, str(window), window.backfill, rows, committed_at, attempt, verdict)
+    mark = ledger.watermark_row(cur, pipeline)
+    watermark = Watermark(str(mark[0]), mark[0].cursor, mark[1], mark[2]) if mark else None
+    unfinished = [Attempt(*r) for r in ledger.attempts(cur, pipeline, UNFINISHED)]
+    recent = [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, since=failure_window)]
+    last = recent[:1] or [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, limit=1)]
+    pending, oldest = ledger.pending_reject_summary(cur, ledger.consumer_for(pipeline))
+    return PipelineLedger(committed, watermark, unfinished, recent, last[0] if last else None, pending, oldest)
+
+
+def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
+    state = ledger.stream_state(cur, spec.name)
+    beat = ledger.heartbeat(cur, spec.name) or {}
+    restarts = ledger.restarts_since(cur, spec.name, spec.sink.budget_window)
+    fresh = catalog.freshness(cur, spec) or {}
+    return StreamStatus(
+        spec.name, state.desired, state.changed_by, state.changed_at, state.reason, state.crash_looping_since,
+        beat.get("fence"), beat.get("holder"), beat.get("heartbeat_at"), beat.get("progress_at"), beat.get("records"),
+        beat.get("lag"), beat.get("ended_at"), len(restarts), spec.sink.restart_budget,
+        spec.stream.serving_view if spec.stream else None, fresh.get("complete_up_to"))
+
+
+def orphan_stage_tables(cur, *, control_schema: bool = True) -> list[StageTable]:
+    """Stage tables whose attempt is finished (committed, refused, aborted, superseded) or unknown.
+
+    Stage names are a hash of (batch id, attempt), which PostgreSQL cannot compute without
+    pgcrypto, so the ledger's attempts are hashed here; only when stage tables exist at all."""
+    cur.execute(
+        """SELECT c.oid, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = %s AND c.relkind IN ('r', 'p') ORDER BY c.relname""",
+        (STAGE_SCHEMA,),
+    )
+    present = {f"{STAGE_SCHEMA}.{name}": oid for oid, name in cur.fetchall()}
+    if not present:
+        return []
+    owners: dict[str, tuple[str, int, str, str]] = {}
+    if control_schema:
+        for batch_id, attempt, pipeline, state in ledger.every_attempt(cur):
+            name = stage_table(batch_id, attempt)
+            if name in present:
+                owners[name] = (batch_id, attempt, pipeline, state)
+    orphans = []
+    for table, oid in present.items():
+        owner = owners.get(table)
+        if owner and owner[3] in UNFINISHED:
+            continue  # the sink is still filling it
+        orphans.append(StageTable(table, _relation_size(cur, oid), *(owner or ())))
+    return orphans
+
+
+def _relation_size(cur, oid: int) -> int | None:
+    """pg_total_relation_size takes a share lock: a table being dropped right now (lock timeout) or
+    already gone (NULL) has no size rather than failing the page."""
+    import psycopg2
+
+    try:
+        cur.execute("SELECT pg_total_relation_size(%s::oid)", (oid,))
+        return cur.fetchone()[0]
+    except psycopg2.errors.LockNotAvailable:
+        return None
+
+
+def source_status(cur, conn_id: str) -> SourceStatus:
+    """The source as the planner sees it: one read of its clock, its oldest open transaction and
+    its oldest prepared one (``window.read_source_clock``, the same query the plan runs)."""
+    clock = read_source_clock(cur)
+    h, p = clock.holder, clock.prepared
+    session = (SourceSession(h["pid"], h["application_name"], h["usename"], h["client_addr"], h["state"],
+                             clock.oldest_open_xact, clock.now - clock.oldest_open_xact) if h else None)
+    prepared = PreparedXact(p["gid"], clock.prepared_at, p["owner"], p.get("count", 1)) if p else None
+    return SourceStatus(conn_id, clock.now, session, prepared, clock=clock)
+
+
+def watermark_lag(cur, spec: PipelineSpec, watermark: Watermark | None, source: SourceStatus) -> Lag | None:
+    """Lag behind the source: its clock minus the watermark (timestamp cursors), or ids not yet
+    loaded, max(id) minus the watermark (id cursors). None: no watermark yet."""
+    clock = source.clock
+    if watermark is None or clock is None:
+        return None
+    if spec.cursor.kind == "id":
+        high = catalog.observe_id_high(cur, spec)[0]
+        return Lag(ids=max(int(high or 0) - int(watermark.cursor), 0))
+    return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=clock.holds_back(spec.safe_lag))

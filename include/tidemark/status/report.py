@@ -1,0 +1,200 @@
+"""The whole page (``collect``) and its text for `make status` and logs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from tidemark import ledger
+from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
+from tidemark.status.model import FAILURE_WINDOW, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
+from tidemark.status.queries import orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
+from tidemark.status.health import Probe, pg_address, probe_broker, remember_health
+from tidemark.status.holds import hold_text, pipeline_holds
+
+def collect(
+    entries: Iterable[PipelineEntry],
+    warehouse_conn,
+    open_source: Callable[[str], Any],
+    *,
+    pipelines_directory: Path | None = None,
+    failure_window: timedelta = FAILURE_WINDOW,
+    open_warehouse: Callable[[], Any] | None = None,
+    kafka_bootstrap: str | BaseException | None = None,
+    kafka_conn_id: str = CONN_KAFKA,
+    health_path: Path | None = None,
+    broker_probe: Callable[[str], str | None] = probe_broker,
+) -> StatusReport:
+    """The status of every pipeline. ``warehouse_conn`` is the caller's, or None: then
+    ``open_warehouse()`` opens one (closed here), and a warehouse that does not answer is shown as
+    unreachable instead of failing the report. ``open_source(conn_id)`` opens a connection to a
+    source, closed here; a source that fails shows its error. ``kafka_bootstrap``: the broker to
+    check (an exception: its connection could not be resolved; None: no broker check). Each
+    outage's first failed check is kept in ``health_path`` (None: the outage dates from this check)."""
+    import psycopg2
+
+    entries = list(entries)
+    probes: list[Probe] = []
+    own_warehouse = warehouse_conn is None
+    warehouse_error = None
+    has_control, orphans, streams = False, [], []
+    ledgers = {e.name: PipelineLedger() for e in entries if e.spec}
+    if own_warehouse:
+        try:
+            warehouse_conn = open_warehouse()
+        except Exception as exc:
+            warehouse_error = error_text(exc)
+    try:
+        if warehouse_conn is not None:
+            try:
+                read_only_session(warehouse_conn)
+                with warehouse_conn.cursor() as wh:
+                    has_control = ledger.control_schema_exists(wh)
+                    ledgers = {e.name: pipeline_ledger(wh, e.name, failure_window) if has_control else PipelineLedger()
+                               for e in entries if e.spec}
+                    orphans = orphan_stage_tables(wh, control_schema=has_control)
+                    streams = [stream_status(wh, e.spec) for e in entries if e.spec and e.spec.sink.mode == "standing"] \
+                        if has_control and ledger.stream_tables_exist(wh) else []
+            except psycopg2.OperationalError as exc:  # the connection broke or a query timed out
+                if not own_warehouse or isinstance(exc, psycopg2.errors.LockNotAvailable):
+                    raise
+                warehouse_error = error_text(exc)
+                has_control, orphans, streams = False, [], []
+                ledgers = {e.name: PipelineLedger() for e in entries if e.spec}
+        probes.append(Probe("warehouse", "warehouse", CONN_WAREHOUSE,
+                            pg_address(warehouse_conn) if warehouse_conn is not None else None, warehouse_error))
+    finally:
+        if own_warehouse and warehouse_conn is not None:
+            warehouse_conn.close()
+
+    specs = [e.spec for e in entries if e.spec]
+    conn_ids = sorted({CONN_SOURCE, *(s.source_conn_id for s in specs)})
+    sources: dict[str, SourceStatus] = {}
+    lags: dict[str, Lag | None] = {}
+    for conn_id in conn_ids:
+        try:
+            conn = open_source(conn_id)
+        except Exception as exc:
+            sources[conn_id] = SourceStatus(conn_id, error=error_text(exc))
+            probes.append(Probe(f"source {conn_id}", "source", conn_id, None, error_text(exc)))
+            continue
+        unreachable = None
+        try:
+            read_only_session(conn)
+            with conn.cursor() as src:
+                sources[conn_id] = source = source_status(src, conn_id)
+                for spec in (s for s in specs if s.source_conn_id == conn_id):
+                    try:
+                        lags[spec.name] = watermark_lag(src, spec, ledgers[spec.name].watermark, source)
+                    except Exception as exc:  # e.g. the source table is missing: this row only
+                        lags[spec.name] = Lag(error=error_text(exc))
+        except Exception as exc:
+            sources[conn_id] = SourceStatus(conn_id, error=error_text(exc))
+            if isinstance(exc, psycopg2.OperationalError):
+                unreachable = error_text(exc)
+        finally:
+            probes.append(Probe(f"source {conn_id}", "source", conn_id, pg_address(conn), unreachable))
+            conn.close()
+
+    if isinstance(kafka_bootstrap, BaseException):
+        probes.append(Probe("kafka", "broker", kafka_conn_id, None, f"connection {kafka_conn_id}: "
+                                                                    f"{error_text(kafka_bootstrap)}"))
+    elif kafka_bootstrap is not None:
+        try:
+            broken = broker_probe(kafka_bootstrap)
+        except Exception as exc:  # the probe itself failed (e.g. no Kafka client here): say so, never fail the page
+            broken = error_text(exc)
+        probes.append(Probe("kafka", "broker", kafka_conn_id, kafka_bootstrap, broken))
+
+    now = datetime.now(timezone.utc)
+    health = remember_health(probes, health_path, now)
+    stream_of = {t.pipeline: t for t in streams}
+    pipelines = []
+    for e in entries:
+        if e.spec is None:
+            pipelines.append(PipelineStatus(e.name, str(e.path), error=e.error))
+            continue
+        source = sources[e.spec.source_conn_id]
+        lag = lags.get(e.name) if source.error is None else Lag(error=f"source {source.conn_id}: {source.error}")
+        row = PipelineStatus(e.name, str(e.path), None, e.spec.source_conn_id, e.spec.cursor.kind, ledgers[e.name], lag)
+        held = pipeline_holds(row, health=health, source=source, stream=stream_of.get(e.name), now=now,
+                              lease=e.spec.sink.lease if e.spec.sink.mode == "standing" else None)
+        pipelines.append(dataclasses.replace(row, held_by=held))
+    return StatusReport(
+        generated_at=now,
+        pipelines_dir=str(pipelines_directory) if pipelines_directory else "",
+        control_schema=has_control,
+        pipelines=pipelines,
+        sources=[sources[c] for c in conn_ids],
+        orphan_stage_tables=orphans,
+        streams=streams,
+        health=health,
+        warehouse_error=warehouse_error,
+    )
+
+
+# --- text, for `make status` and logs ---------------------------------------------------------
+
+def health_lines(report: StatusReport) -> list[str]:
+    """One line per component checked: reachable, or since when not and the next step."""
+    lines = []
+    for h in report.health:
+        where = f" {h.address}" if h.address else ""
+        if h.reachable:
+            lines.append(f"{h.component}:{where} reachable")
+            continue
+        since = f" since {utc_iso(h.since)} ({format_duration(report.generated_at - h.since)})" if h.since else ""
+        seen = f", last reachable {utc_iso(h.last_ok)}" if h.last_ok else ""
+        lines.append(f"{h.component}:{where} UNREACHABLE{since}{seen}: {h.error}; next: {h.next_step}")
+    return lines
+
+
+def status_lines(report: StatusReport) -> list[str]:
+    """One line per pipeline: last committed batch, watermark, how far behind the source it is,
+    and for a standing sink its desired state, instance, lag and restarts; then one line per thing
+    that holds it ("  held by: ..., next: ...")."""
+    streams = {t.pipeline: t for t in report.streams}
+    broker_down = report.broker_down()
+    lines = []
+    if report.warehouse_error:
+        lines.append(f"warehouse unreachable, no ledger to show: {report.warehouse_error}")
+    for p in report.pipelines:
+        if p.error:
+            lines.append(f"{p.name}: invalid spec: {p.error}")
+            continue
+        c, w = p.ledger.last_committed, p.ledger.watermark
+        verdict = ("nothing to compare yet" if c and c.rows == 0 and c.reconciliation == "reconciled"
+                   else c.reconciliation if c and c.reconciliation else "not reconciled yet")  # as the evidence page says
+        batch = f"last batch {c.batch_id} ({c.rows} rows, {utc_iso(c.committed_at)}, {verdict})" if c else "no batch yet"
+        lag = p.lag
+        behind = ("-" if lag is None else lag.error if lag.error else f"{lag.ids} ids" if lag.ids is not None
+                  else format_duration(lag.seconds) + (" (held back by a source transaction)" if lag.held_back else ""))
+        line = f"{p.name}: {batch}; watermark {w.bound if w else '-'}; behind the source {behind}"
+        if p.ledger.dead_letters_pending:
+            line += (f"; {p.ledger.dead_letters_pending} dead letter(s) not yet in the DLQ, oldest from "
+                     f"{utc_iso(p.ledger.oldest_pending_reject)}")
+        t = streams.get(p.name)
+        if t is not None:
+            lag = f"{sum((t.lag or {}).values())} records"
+            if broker_down:  # the sink's last beat still says what it saw before the broker went away
+                lag = f"unknown (broker unreachable; {lag} at its last beat)"
+            line += f"; stream desired={t.desired} {_instance(t, report.generated_at)} lag {lag}, " \
+                    f"restarts {t.restarts}/{t.restart_budget}"
+            if t.serving_view:
+                line += f"; {t.serving_view} complete up to {utc_iso(t.complete_up_to) if t.complete_up_to else '-'}"
+        lines.append(line)
+        lines.extend(f"  {hold_text(h, report.generated_at)}" for h in p.held_by)
+    return lines
+
+
+def _instance(t: StreamStatus, now: datetime) -> str:
+    if t.crash_looping_since:
+        return f"CRASH-LOOPING since {utc_iso(t.crash_looping_since)}"
+    if t.heartbeat_at is None:
+        return "never started"
+    if t.ended_at is not None:
+        return f"stopped at {utc_iso(t.ended_at)}"
+    return f"running (beat {format_duration(now - t.heartbeat_at)} ago)"
