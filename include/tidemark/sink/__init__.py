@@ -34,7 +34,8 @@ A crash anywhere rolls the whole micro-batch back, and the next start resumes fr
 offsets, so every record has exactly one effect. No reader sees part of a batch: the target is
 only touched by step 5, inside the same transaction as the ledger row that says "committed".
 
-Where each part lives: ``apply`` (``BatchSink``, the steps above), ``stages`` (the stage tables),
+Where each part lives: ``apply`` (``BatchSink``, the steps above), ``intake`` (steps 2 to 4: control
+messages, records, dead letters), ``commit`` (step 5: END, verify, apply or refuse), ``stages`` (the stage tables),
 ``controls`` (what the ledger says of a control message), ``merge`` (the SQL that writes a verified
 batch), ``report`` (``MicroBatchReport`` and the two errors). The totals check is
 ``tidemark.totals.staged_mismatch``; the executors' staging is ``tidemark.stage``.
