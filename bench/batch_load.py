@@ -50,7 +50,7 @@ from tidemark.catalog import ensure_target
 from tidemark.spec import PipelineSpec, load_spec, quote
 from tidemark_workshop.stack.batchrun import Pipeline
 from tidemark_workshop.stack.spark import PeakRss, Submitted, submit, submit_command
-from tidemark.summary import parse_summaries
+from tidemark.progress import parse_summaries
 from tidemark.window import predicate
 
 BENCH = Path(__file__).resolve().parent

@@ -15,8 +15,8 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from tidemark.sparkjob import jdbc_args, password, session
-    from tidemark.summary import summary_line
+    from tidemark.spark.entry import jdbc_args, password, session
+    from tidemark.progress import summary_line
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jdbc_args(p)
@@ -36,6 +36,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from tidemark.sparkjob import run
+    from tidemark.spark.entry import run
 
     sys.exit(run(main, sys.argv[1:], "naive_jdbc_copy"))

@@ -98,9 +98,9 @@ def _job(jdbc_url: str, user: str, spec_path: str, bootstrap: str, *, rounds: in
 
     from tidemark import avro, pgbinary, stage, totals
     from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring
-    from tidemark.jobs import PASSWORD_ENV
+    from tidemark.spark.jobs import PASSWORD_ENV
     from tidemark.sink import BatchSink
-    from tidemark.sparkjob import connect, connect_params, password, session
+    from tidemark.spark.entry import connect, connect_params, password, session
     from tidemark.spec import load_spec
 
     secret = password(argparse.Namespace(password_env=PASSWORD_ENV))  # as submit_command passes it

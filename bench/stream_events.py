@@ -34,11 +34,12 @@ import threading
 import time
 from pathlib import Path
 
-from tidemark import jobs, ledger
+from tidemark import ledger
+from tidemark.spark import jobs
 from tidemark.kafka_io import delete_topic, ensure_topic, produce_waiting, producer_config
-from tidemark.launch import LocalLauncher
+from tidemark.streams.launch import LocalLauncher
 from tidemark.spec import quote
-from tidemark.supervisor import prepare_stream_tables
+from tidemark.streams.cycle import prepare_stream_tables
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeline
 from tidemark_workshop.stack.spark import submit_command

@@ -24,7 +24,7 @@ from airflow.sdk import Connection, dag, task
 
 from tidemark import smoke
 from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
-from tidemark.summary import summary_line
+from tidemark.progress import summary_line
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
 
 

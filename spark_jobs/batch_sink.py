@@ -8,7 +8,7 @@ offsets stored in the warehouse (not from a Spark checkpoint), after taking a fe
 
 ``--available-now`` processes what is on the topic and stops (the nightly DAG runs it so);
 without it the sink *stands*: it runs until stopped, with a heartbeat and lease
-(``tidemark.standing``), trigger and intake from the spec's ``sink`` section, and stops between two
+(``tidemark.streams.lifeline``), trigger and intake from the spec's ``sink`` section, and stops between two
 micro-batches when its desired state leaves ``running`` or SIGTERM arrives (exit 0), or when
 another instance took its fence (exit 3). The ``tidemark_supervisor`` DAG launches it so.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from tidemark.sparkjob import jdbc_args
+    from tidemark.spark.entry import jdbc_args
     from tidemark.spec import DEAD_LETTER_TOPIC
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,10 +72,10 @@ def main(argv: list[str]) -> int:
     from tidemark.cdc.tables import ensure_cdc_target
     from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
     from tidemark.sink import BatchSink
-    from tidemark.sparkjob import JobError, connect, connect_params, password, session
-    from tidemark.standing import StandingControl
+    from tidemark.spark.entry import JobError, connect, connect_params, password, session
+    from tidemark.streams.lifeline import StandingControl
     from tidemark.spec import load_spec
-    from tidemark.summary import summary_line
+    from tidemark.progress import summary_line
 
     spec = load_spec(args.spec)
     try:  # control messages are verified against it: without one the sink does not start
@@ -241,6 +241,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from tidemark.sparkjob import run
+    from tidemark.spark.entry import run
 
     sys.exit(run(main, sys.argv[1:], "batch_sink"))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from tidemark.sparkjob import jdbc_args
+    from tidemark.spark.entry import jdbc_args
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jdbc_args(p)
@@ -51,9 +51,9 @@ def main(argv: list[str]) -> int:
     from tidemark.progress import Steps, Ticker
     import psycopg2
 
-    from tidemark.sparkjob import JSON_OPTIONS, JobError, TransientJobError, password, session, side_queries
+    from tidemark.spark.entry import JSON_OPTIONS, JobError, TransientJobError, password, session, side_queries
     from tidemark.spec import load_spec, quote
-    from tidemark.summary import summary_line
+    from tidemark.progress import summary_line
     from tidemark.window import Window, split_predicates
 
     spec = load_spec(args.spec)
@@ -188,7 +188,7 @@ def named_url(jdbc_url: str, application: str) -> str:
 def _non_finite(args: argparse.Namespace, secret: str, spec, window, relation: str, numerics: list[str]) -> list[str]:
     """After a failed read: the window's NaN and infinite numerics (none if the source cannot say)."""
     from tidemark import extract
-    from tidemark.sparkjob import side_queries
+    from tidemark.spark.entry import side_queries
 
     try:
         with side_queries(args.jdbc_url, args.user, secret, application=application_name(spec.name)) as source, \
@@ -199,6 +199,6 @@ def _non_finite(args: argparse.Namespace, secret: str, spec, window, relation: s
 
 
 if __name__ == "__main__":
-    from tidemark.sparkjob import run
+    from tidemark.spark.entry import run
 
     sys.exit(run(main, sys.argv[1:], "extract_window"))

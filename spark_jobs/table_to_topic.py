@@ -16,7 +16,7 @@ import sys
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from tidemark.sparkjob import jdbc_args
+    from tidemark.spark.entry import jdbc_args
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jdbc_args(p)
@@ -29,9 +29,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from tidemark.sparkjob import JSON_OPTIONS, JobError, password, session
+    from tidemark.spark.entry import JSON_OPTIONS, JobError, password, session
     from tidemark.spec import quote
-    from tidemark.summary import summary_line
+    from tidemark.progress import summary_line
 
     secret = password(args)
     table = quote(args.table)  # validated identifier: nothing else reaches Spark's SQL
@@ -65,6 +65,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from tidemark.sparkjob import run
+    from tidemark.spark.entry import run
 
     sys.exit(run(main, sys.argv[1:], "table_to_topic"))

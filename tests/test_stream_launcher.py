@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tidemark.launch import LocalLauncher
-from tidemark.standalone import StandaloneLauncher
+from tidemark.streams.launch import LocalLauncher
+from tidemark.streams.standalone import StandaloneLauncher
 
 
 def _spark_conn(monkeypatch, **conn):

@@ -159,7 +159,7 @@ def record_key(pk_columns: list[Any]):
     ``pk_columns``: Spark columns, in the spec's order. The extract and the sink's check share it."""
     from pyspark.sql import functions as F
 
-    from tidemark.sparkjob import JSON_OPTIONS
+    from tidemark.spark.entry import JSON_OPTIONS
 
     return pk_columns[0].cast("string") if len(pk_columns) == 1 else F.to_json(F.struct(*pk_columns), JSON_OPTIONS)
 

@@ -1,7 +1,11 @@
-"""Progress lines for long work: rows so far, of how many, percent, rate, time left."""
+"""What long work prints: progress lines (rows so far, of how many, percent, rate, time left), step
+timings, and one machine-readable summary line per step (``summary_line``, for the demo and for ops
+grepping task logs)."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,3 +70,16 @@ class Steps:
 
     def __str__(self) -> str:
         return ", ".join(f"{name} {s:.1f} s" for name, s in self.seconds.items()) or "no steps"
+
+
+# One machine-readable line per step, for the demo summary and for ops grepping task logs.
+MARKER = "tidemark-summary"
+
+
+def summary_line(step: str, **facts: object) -> str:
+    return f"{MARKER} {json.dumps({'step': step, **facts}, sort_keys=True, default=str)}"
+
+
+def parse_summaries(text: str) -> list[dict]:
+    """Summary lines found in a log, in order; tolerant of log prefixes and suffixes."""
+    return [json.loads(m) for m in re.findall(rf"{MARKER} (\{{.*?\}})(?=\s*(?:\[|$))", text, flags=re.M)]

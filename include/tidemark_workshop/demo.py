@@ -24,7 +24,7 @@ import time
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.proc import StackError
-from tidemark.summary import parse_summaries
+from tidemark.progress import parse_summaries
 
 PIPELINES = ("bank_customers", "bank_accounts", "bank_ledger_entries", "bank_daily_balances")
 
@@ -240,7 +240,7 @@ def _streams(settings: Settings, api) -> bool:
 
     import psycopg2
 
-    from tidemark.launch import LocalLauncher
+    from tidemark.streams.launch import LocalLauncher
     from tidemark_workshop.settings import WAREHOUSE_DB
     from tidemark_workshop.stack.__main__ import pipeline_lines
 

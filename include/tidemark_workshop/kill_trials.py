@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tidemark import jobs, ledger
+from tidemark import ledger
+from tidemark.spark import jobs
 from tidemark.faults import ENV as KILL_AT
 from tidemark.kafka_io import end_offsets, ensure_topic, producer_config
-from tidemark.launch import LocalLauncher
-from tidemark.supervisor import prepare_stream_tables
+from tidemark.streams.launch import LocalLauncher
+from tidemark.streams.cycle import prepare_stream_tables
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, dead_letters, insert_payments, make_pipeline
 from tidemark_workshop.stack.spark import submit_command

@@ -20,9 +20,9 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tidemark import jobs
+from tidemark.spark import jobs
 from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
-from tidemark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
+from tidemark.spark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
 
@@ -55,7 +55,7 @@ def _deterministic(exc: BaseException) -> bool:
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, SparkJobFailed):
         return str(exc)
-    from tidemark.sparkjob import one_line
+    from tidemark.spark.entry import one_line
 
     return one_line(exc)
 
@@ -349,7 +349,7 @@ class SinkBackpressureSensor(BaseSensorOperator):
         from datetime import datetime, timezone
 
         from tidemark.spec import load_spec
-        from tidemark.supervisor import backpressure
+        from tidemark.streams.lag import backpressure
 
         spec = load_spec(Path(self.spec_path))
         warehouse = pg_connect(self.warehouse_conn_id)
@@ -543,7 +543,7 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: 
         """Emit the Asset event for the committed batch (reconciliation is scheduled on it).
 
         An empty batch says so (``empty: true``), so nobody takes it for fresh data."""
-        from tidemark.summary import summary_line
+        from tidemark.progress import summary_line
 
         facts = ti.xcom_pull(task_ids=COMMITTED, key="summary")
         facts = {**facts, "empty": not facts.get("rows")}

@@ -14,8 +14,8 @@ from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
 from tidemark.config import CONN_SPARK, SPARK_DRIVER_MEMORY, jdbc_url, spark_job
-from tidemark.jobs import PASSWORD_ENV, jdbc_args, spark_conf
-from tidemark.sparkjob import ERROR_FILE_ENV, EXIT_JOB_ERROR
+from tidemark.spark.jobs import PASSWORD_ENV, jdbc_args, spark_conf
+from tidemark.spark.entry import ERROR_FILE_ENV, EXIT_JOB_ERROR
 
 
 class SparkJdbcSubmitOperator(SparkSubmitOperator):

@@ -1,7 +1,7 @@
 """The Airflow side of stream supervision: launch commands from Tidemark's connections, one
 supervisor cycle, and what a person asks of a stream (pause, resume, stop, clear a crash loop).
 
-The cycle itself is ``tidemark.supervisor.run_cycle``; this module only resolves connections
+The cycle itself is ``tidemark.streams.cycle.run_cycle``; this module only resolves connections
 (at run time) and turns crash loops into one failing line per pipeline.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowFailException
 
-from tidemark import jobs
+from tidemark.spark import jobs
 from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, jdbc_url, pipelines_dir, spark_job, streams_dir
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 
@@ -62,14 +62,14 @@ def launcher():
 
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    from tidemark.launch import LocalLauncher
+    from tidemark.streams.launch import LocalLauncher
 
     resolved = SparkSubmitHook(conn_id=CONN_SPARK)._connection  # master and deploy mode, as the operator submits
     if not (resolved["master"].startswith("spark://") and resolved["deploy_mode"] == "cluster"):
         return LocalLauncher(streams_dir())
     from urllib.parse import urlsplit
 
-    from tidemark.standalone import StandaloneLauncher
+    from tidemark.streams.standalone import StandaloneLauncher
 
     extra = Connection.get(CONN_SPARK).extra_dejson
     jars = [j for j in (os.environ.get("TIDEMARK_SPARK_JARS") or "").split(",") if j.endswith(".jar")]
@@ -85,7 +85,7 @@ def launcher():
 
 def supervise() -> list[str]:
     """One supervisor cycle over every standing pipeline; fails (one line per pipeline) on crash loops."""
-    from tidemark.supervisor import prepare_stream_tables, run_cycle
+    from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 
     standing = _standing_specs()
     if not standing:
@@ -120,7 +120,7 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
 
     from tidemark.cdc.supervise import supervise_capture
     from tidemark.config import CONN_CDC
-    from tidemark.supervisor import policy_for
+    from tidemark.streams.cycle import policy_for
     from tidemark_airflow.hooks import capture
 
     client, endpoint = capture()

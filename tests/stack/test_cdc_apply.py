@@ -18,10 +18,11 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tidemark import jobs, ledger
+from tidemark import ledger
+from tidemark.spark import jobs
 from tidemark.kafka_io import end_offsets, producer_config
-from tidemark.launch import LocalLauncher
-from tidemark.supervisor import prepare_stream_tables, run_cycle
+from tidemark.streams.launch import LocalLauncher
+from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark_workshop.stack.batchrun import dead_letters, until
 from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, remove_capture, start_connector
 from tidemark_workshop.stack.spark import submit_command

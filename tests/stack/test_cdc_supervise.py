@@ -20,7 +20,7 @@ from tidemark.cdc.connector import SourceEndpoint, connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.cdc.supervise import supervise_capture
 from tidemark.config import CONN_CDC
-from tidemark.supervise import Policy
+from tidemark.streams.policy import Policy
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import until
 from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, remove_capture, write_secret

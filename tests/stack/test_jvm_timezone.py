@@ -18,7 +18,7 @@ from datetime import datetime
 import psycopg2
 import pytest
 
-from tidemark import jobs
+from tidemark.spark import jobs
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark_workshop.stack.spark import submit

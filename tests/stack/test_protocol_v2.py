@@ -9,7 +9,8 @@ from decimal import Decimal
 
 import pytest
 
-from tidemark import faults, jobs
+from tidemark import faults
+from tidemark.spark import jobs
 from tidemark.control import loads_totals
 from tidemark.sink import stage_table
 from tidemark.window import PlanError

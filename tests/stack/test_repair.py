@@ -10,7 +10,8 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from tidemark import jobs, reconcile, repair
+from tidemark import reconcile, repair
+from tidemark.spark import jobs
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 

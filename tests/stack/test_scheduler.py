@@ -18,7 +18,7 @@ import pytest
 
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.batchrun import make_pipeline
-from tidemark.launch import LocalLauncher
+from tidemark.streams.launch import LocalLauncher
 from tidemark.sink import stage_table
 
 UTC = timezone.utc

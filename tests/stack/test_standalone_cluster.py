@@ -13,9 +13,10 @@ import urllib.request
 
 import pytest
 
-from tidemark import jobs, ledger
-from tidemark.standalone import StandaloneLauncher
-from tidemark.supervisor import run_cycle
+from tidemark import ledger
+from tidemark.spark import jobs
+from tidemark.streams.standalone import StandaloneLauncher
+from tidemark.streams.cycle import run_cycle
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline, until
 from tidemark_workshop.stack.spark import UDF_JAR, StandaloneCluster, submit_command
 

@@ -12,10 +12,12 @@ import os
 import signal
 import sys
 
-from tidemark import jobs, ledger
+from tidemark import ledger
+from tidemark.spark import jobs
 from tidemark.kafka_io import ensure_topic
-from tidemark.launch import LocalLauncher
-from tidemark.supervisor import backpressure, run_cycle
+from tidemark.streams.launch import LocalLauncher
+from tidemark.streams.cycle import run_cycle
+from tidemark.streams.lag import backpressure
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline, until
 from tidemark_workshop.stack.spark import submit_command
 

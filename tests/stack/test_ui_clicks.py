@@ -24,7 +24,7 @@ from urllib.parse import quote
 import pytest
 from selenium.webdriver.common.by import By
 
-from tidemark.launch import LocalLauncher
+from tidemark.streams.launch import LocalLauncher
 from tidemark.window import MICROSECOND
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.batchrun import make_pipeline

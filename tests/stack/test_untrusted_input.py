@@ -189,8 +189,8 @@ def _failed_extract(pipe, tmp_path, *changes: str):
     """The source changed by ``changes`` (SQL, ``{table}`` for the source table), a batch planned and
     begun, and its extract failed as a job error (exit 3: no retry helps): the plan, attempt and
     the extract's own cause."""
-    from tidemark import jobs
-    from tidemark.sparkjob import EXIT_JOB_ERROR
+    from tidemark.spark import jobs
+    from tidemark.spark.entry import EXIT_JOB_ERROR
 
     src = pipe.src()
     with src, src.cursor() as cur:

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from tidemark.cdc.connect import ConnectorState, TaskState
 from tidemark.cdc.supervise import decide
-from tidemark.supervise import Policy
+from tidemark.streams.policy import Policy
 
 NOW = datetime(2026, 11, 26, 3, 0, tzinfo=timezone.utc)
 POLICY = Policy(trigger_interval=timedelta(seconds=2), restart_budget=2)  # stall window: 2 minutes

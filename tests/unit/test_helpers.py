@@ -7,7 +7,7 @@ import pytest
 
 from tidemark import smoke
 from tidemark_workshop.stack.maven import artifact_name
-from tidemark.summary import parse_summaries, summary_line
+from tidemark.progress import parse_summaries, summary_line
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The detached local launcher (tidemark.launch) with real processes: no Spark, a few seconds; and the
-standalone launcher's command rewrite (tidemark.standalone, pure)."""
+"""The detached local launcher (tidemark.streams.launch) with real processes: no Spark, a few seconds; and the
+standalone launcher's command rewrite (tidemark.streams.standalone, pure)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.launch import LocalLauncher
-from tidemark.standalone import cluster_argv
+from tidemark.streams.launch import LocalLauncher
+from tidemark.streams.standalone import cluster_argv
 
 PY = sys.executable
 GRACEFUL = """
@@ -46,7 +46,7 @@ def _until(predicate, timeout: float = 10.0) -> None:
 
 
 def test_a_launched_job_outlives_the_process_that_started_it_and_stops_gracefully(launcher, tmp_path: Path):
-    starter = f"from tidemark.launch import LocalLauncher; LocalLauncher({str(tmp_path)!r}).start('p1', {[PY, '-c', GRACEFUL]!r})"
+    starter = f"from tidemark.streams.launch import LocalLauncher; LocalLauncher({str(tmp_path)!r}).start('p1', {[PY, '-c', GRACEFUL]!r})"
     subprocess.run([PY, "-c", starter], check=True, env={"PYTHONPATH": str(Path("include").resolve())})
     _until(lambda: "streaming" in _printed(launcher, "p1"))
     running = launcher.status("p1")  # another process finds it by its files

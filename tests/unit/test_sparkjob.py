@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidemark.jobs import JAVA_OPTIONS_KEYS, SPARK_CONF, UTC_JVM_OPTION, spark_conf, utc_java_options
-from tidemark.sparkjob import ERROR_FILE_ENV, JobError, TransientJobError, one_line, run
+from tidemark.spark.jobs import JAVA_OPTIONS_KEYS, SPARK_CONF, UTC_JVM_OPTION, spark_conf, utc_java_options
+from tidemark.spark.entry import ERROR_FILE_ENV, JobError, TransientJobError, one_line, run
 
 
 def _raising(exc):
@@ -94,7 +94,7 @@ def test_the_airflow_operator_merges_a_dag_s_conf_with_utc():
 def test_side_queries_run_in_autocommit_named_and_always_close(monkeypatch):
     import psycopg2
 
-    from tidemark.sparkjob import connect_params, side_queries
+    from tidemark.spark.entry import connect_params, side_queries
 
     made = []
 

@@ -1,4 +1,4 @@
-"""The stream supervisor's decisions (tidemark.supervise): pure logic, every rule with its reason."""
+"""The stream supervisor's decisions (tidemark.streams.policy): pure logic, every rule with its reason."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tidemark.supervise import Actual, History, Policy, decide, records_behind
+from tidemark.streams.policy import Actual, History, Policy, decide, records_behind
 
 NOW = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
 S = timedelta(seconds=1)

@@ -1,6 +1,6 @@
 """What the supervisor does about a CDC pipeline's connector, each cycle, beside its standing sink.
 
-The same rules as for sinks (``tidemark.supervise``): the desired state a person set from
+The same rules as for sinks (``tidemark.streams.policy``): the desired state a person set from
 ``tidemark_stream_control`` (running, paused, stopped) is the one both follow; a failed connector
 or task is restarted with backoff within the spec's restart budget, and past it the cycle fails
 naming the task's own error line until a person clears the pipeline. The source is checked first
@@ -20,7 +20,7 @@ from tidemark.cdc.connect import ConnectClient, ConnectorState
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
 from tidemark.cdc.source import CaptureNotReady, Slot, check_capture, slot
 from tidemark.spec import PipelineSpec
-from tidemark.supervise import Policy
+from tidemark.streams.policy import Policy
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""One cycle of the stream supervisor: gather the facts, decide (``tidemark.supervise``), act, log.
+"""One cycle of the stream supervisor: gather the facts, decide (``tidemark.streams.policy``), act, log.
 
 For every pipeline whose spec says ``sink: {mode: standing}``: the desired state and crash-loop
 flag (control schema), the instance the launcher knows (alive, exit code), the instance's own
@@ -16,10 +16,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from tidemark import catalog, ledger
-from tidemark.kafka_io import end_offsets
-from tidemark.launch import Launcher
+from tidemark.streams.launch import Launcher
 from tidemark.spec import PipelineSpec
-from tidemark.supervise import Actual, Decision, History, Policy, decide, records_behind
+from tidemark.streams.lag import sink_lag
+from tidemark.streams.policy import Actual, Decision, History, Policy, decide
 
 log = logging.getLogger(__name__)
 
@@ -162,35 +162,3 @@ def last_error(log_text: str) -> str:
         if found:
             return found[-1][:500]
     return lines[-1][:500] if lines else "the job printed nothing"
-
-
-def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0) -> dict[int | str, int] | None:
-    """Records per partition beyond the offsets the pipeline's sink committed in the warehouse: on
-    its topic (keys: partitions), and on its stream's events topic if it has one (keys:
-    ``<topic>/<partition>``). None when the broker cannot tell now (no topic yet, or it is away)."""
-    topics = [(spec.topic, True), *((t, False) for t in spec.realtime_topics)]
-    lag: dict[int | str, int] = {}
-    for topic, transactional in topics:
-        try:
-            ends = end_offsets(bootstrap, topic, timeout_s=timeout_s)
-        except Exception as exc:
-            log.warning("pipeline=%s lag unknown: cannot read end offsets of %s (%s)", spec.name, topic, exc)
-            return None
-        with wh, wh.cursor() as cur:
-            stored = ledger.stored_offsets(cur, ledger.consumer_for(spec.name), topic)
-        behind = records_behind(ends, stored, transactional=transactional)
-        lag.update(behind if topic == spec.topic else {f"{topic}/{p}": n for p, n in behind.items()})
-    return lag
-
-
-def backpressure(spec: PipelineSpec, wh, bootstrap: str) -> tuple[bool, str]:
-    """Whether a nightly batch may go on now (its sink is within ``sink.max_lag``), and why."""
-    if spec.sink.max_lag is None:
-        return True, f"pipeline={spec.name} has no sink.max_lag: no backpressure"
-    parts = sink_lag(spec, wh, bootstrap)
-    if parts is None:
-        return True, f"pipeline={spec.name} sink lag unknown (no topic yet, or the broker is away): going on"
-    lag = sum(parts.values())
-    verdict = "within" if lag <= spec.sink.max_lag else "beyond"
-    return lag <= spec.sink.max_lag, (f"pipeline={spec.name} sink lags {lag} records {parts} on {spec.topic}, "
-                                      f"{verdict} sink.max_lag {spec.sink.max_lag}")

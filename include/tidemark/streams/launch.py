@@ -1,7 +1,7 @@
 """Launch long-running jobs outside Airflow's worker slots, and find them again later.
 
 Every launcher has the ``Launcher`` interface; the supervisor knows no other. ``LocalLauncher``
-(here) runs a job on this machine; ``tidemark.standalone.StandaloneLauncher`` submits it to a Spark
+(here) runs a job on this machine; ``tidemark.streams.standalone.StandaloneLauncher`` submits it to a Spark
 standalone master in cluster mode and asks the master for its driver's state.
 
 ``LocalLauncher`` runs a command detached: its own session and process group, its pid, start

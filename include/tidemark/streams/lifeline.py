@@ -20,7 +20,7 @@ from typing import Any
 
 from tidemark import ledger
 from tidemark.spec import PipelineSpec
-from tidemark.supervisor import sink_lag
+from tidemark.streams.lag import sink_lag
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tidemark.launch import Instance
+from tidemark.streams.launch import Instance
 from tidemark.spec import NAME_PATTERN
 
 RUNNER = "org.apache.spark.deploy.PythonRunner"

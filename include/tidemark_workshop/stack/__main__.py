@@ -107,7 +107,7 @@ def status(s: Settings) -> None:
 
 def stop_streams(s: Settings) -> None:
     """Standing sinks the supervisor launched from this checkout (they outlive the Airflow tasks)."""
-    from tidemark.launch import LocalLauncher
+    from tidemark.streams.launch import LocalLauncher
 
     root = s.state_dir / "streams"
     launcher = LocalLauncher(root)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark import batch, jobs, ledger, repair
+from tidemark import batch, ledger, repair
+from tidemark.spark import jobs
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
 from tidemark_workshop.stack.spark import Submitted, submit
@@ -113,7 +114,7 @@ class Pipeline:
     def sink(self) -> dict:
         proc = self._submit(jobs.SINK_JOB, self.sink_args())
         assert proc.returncode == 0, f"sink failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
-        from tidemark.summary import parse_summaries
+        from tidemark.progress import parse_summaries
 
         return parse_summaries(proc.stdout)[-1]
 

@@ -100,7 +100,7 @@ def submit_command(settings: Settings, script: str | Path, args: list[str], *, s
     ``script`` is a file name in spark_jobs/ or a path. ``secret`` reaches the job only as the
     environment variable TIDEMARK_JDBC_PASSWORD.
     """
-    from tidemark.jobs import PASSWORD_ENV, SPARK_CONF  # the same settings the DAG's operators pass
+    from tidemark.spark.jobs import PASSWORD_ENV, SPARK_CONF  # the same settings the DAG's operators pass
 
     env = {**os.environ, **settings.runtime_env(), PASSWORD_ENV: secret}
     conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]

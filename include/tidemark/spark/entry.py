@@ -52,7 +52,7 @@ def session(app: str, **conf: Any):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")  # the job's own lines are what the person on call needs
     # When the JVM was ready for work: benchmarks report start-up apart from the job's work.
-    from tidemark.summary import summary_line
+    from tidemark.progress import summary_line
 
     print(summary_line("spark-session", app=app, ready_at=round(time.time(), 3)), flush=True)
     return spark

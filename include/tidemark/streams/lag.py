@@ -1,0 +1,44 @@
+"""How far a pipeline's sink is behind its topics, and the nightly batch's backpressure from it."""
+
+from __future__ import annotations
+
+import logging
+
+from tidemark import ledger
+from tidemark.kafka_io import end_offsets
+from tidemark.spec import PipelineSpec
+from tidemark.streams.policy import records_behind
+
+log = logging.getLogger(__name__)
+
+
+def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0) -> dict[int | str, int] | None:
+    """Records per partition beyond the offsets the pipeline's sink committed in the warehouse: on
+    its topic (keys: partitions), and on its stream's events topic if it has one (keys:
+    ``<topic>/<partition>``). None when the broker cannot tell now (no topic yet, or it is away)."""
+    topics = [(spec.topic, True), *((t, False) for t in spec.realtime_topics)]
+    lag: dict[int | str, int] = {}
+    for topic, transactional in topics:
+        try:
+            ends = end_offsets(bootstrap, topic, timeout_s=timeout_s)
+        except Exception as exc:
+            log.warning("pipeline=%s lag unknown: cannot read end offsets of %s (%s)", spec.name, topic, exc)
+            return None
+        with wh, wh.cursor() as cur:
+            stored = ledger.stored_offsets(cur, ledger.consumer_for(spec.name), topic)
+        behind = records_behind(ends, stored, transactional=transactional)
+        lag.update(behind if topic == spec.topic else {f"{topic}/{p}": n for p, n in behind.items()})
+    return lag
+
+
+def backpressure(spec: PipelineSpec, wh, bootstrap: str) -> tuple[bool, str]:
+    """Whether a nightly batch may go on now (its sink is within ``sink.max_lag``), and why."""
+    if spec.sink.max_lag is None:
+        return True, f"pipeline={spec.name} has no sink.max_lag: no backpressure"
+    parts = sink_lag(spec, wh, bootstrap)
+    if parts is None:
+        return True, f"pipeline={spec.name} sink lag unknown (no topic yet, or the broker is away): going on"
+    lag = sum(parts.values())
+    verdict = "within" if lag <= spec.sink.max_lag else "beyond"
+    return lag <= spec.sink.max_lag, (f"pipeline={spec.name} sink lags {lag} records {parts} on {spec.topic}, "
+                                      f"{verdict} sink.max_lag {spec.sink.max_lag}")
