@@ -113,12 +113,12 @@ def supervise() -> list[str]:
 
 
 def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
-    """Each CDC pipeline's connector and slot (``tidemark.cdc.supervise``); the failures, one line each."""
+    """Each CDC pipeline's connector and slot (``tidemark.streams.capture``); the failures, one line each."""
     if not specs:
         return []
     from datetime import datetime, timezone
 
-    from tidemark.cdc.supervise import supervise_capture
+    from tidemark.streams.capture import supervise_capture
     from tidemark.config import CONN_CDC
     from tidemark.streams.cycle import policy_for
     from tidemark_airflow.hooks import capture

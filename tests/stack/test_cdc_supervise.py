@@ -4,7 +4,7 @@ restarts a failed task within the budget and then reports the crash loop with th
 and watches the WAL the slot keeps on the source: a warning, then a failure past the spec's limit.
 
 Real PostgreSQL with logical decoding, a real Connect worker with Debezium. The cycle is
-``tidemark.cdc.supervise.supervise_capture``, as the ``tidemark_supervisor`` DAG runs it.
+``tidemark.streams.capture.supervise_capture``, as the ``tidemark_supervisor`` DAG runs it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
-from tidemark.cdc.supervise import supervise_capture
+from tidemark.streams.capture import supervise_capture
 from tidemark.config import CONN_CDC
 from tidemark.streams.policy import Policy
 from tidemark_workshop.settings import SOURCE_DB

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from tidemark.cdc.connect import ConnectorState, TaskState
-from tidemark.cdc.supervise import decide
+from tidemark.streams.capture import decide
 from tidemark.streams.policy import Policy
 
 NOW = datetime(2026, 11, 26, 3, 0, tzinfo=timezone.utc)

@@ -21,7 +21,7 @@ Pure SQL over psycopg2 cursors: no Spark, no Airflow. Both sessions run in UTC s
 value's text form (what localisation compares, and the row hash of types hashed as text) is the
 same on both sides.
 
-The rooms, each importing only those above it: ``verdict`` (checks, differences, the verdict),
+The rooms, each importing only those named before it: ``verdict`` (checks, differences, the verdict),
 ``passes`` (one pass per side), ``checks`` (what one pass cannot check), ``localise`` (down to the
 rows), ``compare`` (the whole reconciliation of a window), ``outcome`` (one run: ledger and report).
 """

@@ -19,7 +19,7 @@ each query is its own short transaction. The page therefore never holds a lock b
 source (it would clamp the very windows it reports on). Plain DB-API cursors (psycopg2), no
 Airflow import.
 
-The rooms, each importing only those above it: ``model`` (what the page shows, and how values are
+The rooms, each importing only those named before it: ``model`` (what the page shows, and how values are
 written), ``queries``, ``health``, ``holds`` (what holds a pipeline), ``report`` (the whole page,
 ``collect``, and its text).
 """
