@@ -18,7 +18,7 @@ for two small local files (``ASSETS``) that do what the pages need of them; ``of
 writes them into a Data Docs site for pages opened from disk, the evidence page serves them.
 
 Pure functions and DB-API queries (``tidemark.ledger``): no Airflow import. The rooms, each
-importing only those above it: ``verdicts`` (runs, findings, the verdict line), ``reports`` (the
+importing only those named before it: ``verdicts`` (runs, findings, the verdict line), ``reports`` (the
 differing rows' report), ``queries`` (one batch's evidence from the warehouse), ``page`` (HTML),
 ``datadocs`` (Great Expectations' Data Docs offline).
 """
