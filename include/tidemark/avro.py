@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tidemark.errors import Terminal
 from tidemark.window import Window
 
 RECORD_NAME = "row"
@@ -30,7 +31,7 @@ _NUMERIC = re.compile(r"^numeric\((\d+),(\d+)\)$")
 _VARCHAR = re.compile(r"^character varying\((\d+)\)$")
 
 
-class SchemaError(ValueError):
+class SchemaError(Terminal, ValueError):
     """Columns that protocol version 2 cannot carry exactly, or a change it cannot follow."""
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from tidemark import catalog, control, ledger
 from tidemark.avro import SchemaError, SourceColumn, fit
 from tidemark.control import PartitionTotals
+from tidemark.errors import Terminal
 from tidemark.kafka_io import ensure_topic
 from tidemark.spec import PipelineSpec
 from tidemark.window import Bound, PlanError, Window, cap_rows, plan_window, read_source_clock
@@ -218,7 +219,7 @@ def abort_in_ledger(spec: PipelineSpec, warehouse_conn, batch: Plan, reason: str
     return attempt
 
 
-class BatchFailed(RuntimeError):
+class BatchFailed(Terminal, RuntimeError):
     """The sink refused or discarded the attempt; the message says what to do next."""
 
 

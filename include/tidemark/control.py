@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
+from tidemark.errors import Terminal
+
 PROTOCOL_VERSION = 1  # JSON records; version 2: Avro records of a registered schema (tidemark.avro)
 PROTOCOL_VERSIONS = (1, 2)
 HEADER_CONTROL = "tidemark.control"  # header on control messages: BEGIN | END | ABORT
@@ -114,11 +116,11 @@ class ControlMessage(BaseModel):
         return f"{self.kind} {self.pipeline} batch={self.batch_id} attempt={self.attempt} p{self.partition}{extra}"
 
 
-class ProtocolError(ValueError):
+class ProtocolError(Terminal, ValueError):
     """A control message that cannot be parsed or does not fit the protocol."""
 
 
-class KeyringError(ValueError):
+class KeyringError(Terminal, ValueError):
     """No usable control keyring: messages can be neither signed nor verified. Says where it looked."""
 
 

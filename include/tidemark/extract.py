@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from tidemark.errors import Terminal, Transient
 from tidemark.spec import PipelineSpec, key_text, quote
 from tidemark.totals import Totals
 from tidemark.window import Window, predicate
@@ -14,12 +15,12 @@ from tidemark.window import Window, predicate
 CURSOR_TYPES = ("timestamp with time zone", "timestamp without time zone", "bigint", "integer", "smallint")
 
 
-class ExtractError(RuntimeError):
-    """The extract read or wrote something it must not seal; ``transient`` if a re-run may heal it."""
+class ExtractError(Terminal):
+    """The extract read something it must not seal, and a re-run would read it again."""
 
-    def __init__(self, message: str, *, transient: bool = False):
-        super().__init__(message)
-        self.transient = transient
+
+class ExtractInterrupted(Transient):
+    """The extract wrote something it must not seal, and a new attempt may not meet it again."""
 
 
 def edges(lo: datetime | int | None, hi: datetime | int | None, parts: int) -> list[datetime | int]:
@@ -154,6 +155,6 @@ def check_offsets(tag: str, before: dict[int, int], after: dict[int, int], writt
     moved = {p: after.get(p, 0) - before.get(p, 0) for p in range(partitions)}
     wrong = {p: (written[str(p)]["rows"], moved[p]) for p in moved if moved[p] != written[str(p)]["rows"]}
     if wrong:
-        raise ExtractError(
+        raise ExtractInterrupted(
             f"{tag}: Kafka offsets moved by other amounts than rows written (partition: counted, moved) {wrong}; "
-            "another writer on the topic or a retried write; this attempt must not be sealed", transient=True)
+            "another writer on the topic or a retried write; this attempt must not be sealed")

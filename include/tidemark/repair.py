@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from tidemark.errors import Terminal
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Bound, Window
 
@@ -33,7 +34,7 @@ MAX_KEYS = 1000  # what one reconciliation localises at most: more is a reload, 
 _TYPE = re.compile(r"^[a-z][a-z0-9_ ]*(\(\d+(,\s?\d+)?\)[a-z ]*)?$")
 
 
-class RepairError(ValueError):
+class RepairError(Terminal, ValueError):
     """A repair that cannot be planned or loaded as asked (the message says why and what to do); the
     same input fails again, so orchestration does not retry it."""
 

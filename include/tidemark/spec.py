@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from tidemark.errors import Terminal
+
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
 
@@ -377,7 +379,7 @@ class PipelineSpec(BaseModel):
         return {}
 
 
-class SpecError(ValueError):
+class SpecError(Terminal, ValueError):
     """An invalid pipeline spec file; the message names the file and every bad field."""
 
 

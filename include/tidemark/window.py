@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from tidemark.errors import Terminal
 from tidemark.spec import PipelineSpec, quote
 
 MICROSECOND = timedelta(microseconds=1)  # PostgreSQL's timestamp resolution
@@ -117,7 +118,7 @@ class Window:
         return f"{kind}({self.lo}, {self.hi}]"
 
 
-class PlanError(RuntimeError):
+class PlanError(Terminal, RuntimeError):
     """The source cannot be planned safely (e.g. missing rights to see open transactions)."""
 
 

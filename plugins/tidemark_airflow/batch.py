@@ -37,19 +37,21 @@ class BatchTaskError(RuntimeError):
 
 
 def _deterministic(exc: BaseException) -> bool:
-    """Errors that the same input reproduces: retrying only delays the page."""
+    """Errors that the same input reproduces: retrying only delays the page. Tidemark's own say so by
+    their kind (``tidemark.errors``); a Spark job's by its exit code."""
     import psycopg2
 
-    from tidemark.batch import BatchFailed
-    from tidemark.control import ProtocolError
-    from tidemark.spec import SpecError
-    from tidemark.window import PlanError
+    from tidemark.errors import Terminal, Transient
 
     if isinstance(exc, SparkJobFailed):
         return exc.deterministic
-    # ValueError: a topic with another partition count, an invalid value: the same input fails again
-    return isinstance(exc, (SpecError, PlanError, ProtocolError, BatchFailed, LookupError, ValueError,
-                            psycopg2.ProgrammingError, psycopg2.DataError, psycopg2.IntegrityError))
+    if isinstance(exc, (Terminal, Transient)):
+        return isinstance(exc, Terminal)
+    # Not yet given a kind: a builtin ValueError (a topic with another partition count, an invalid
+    # value) or LookupError (a missing table) from Tidemark's code, and the database's own verdicts
+    # on a statement, fail again on the same input.
+    return isinstance(exc, (LookupError, ValueError, psycopg2.ProgrammingError, psycopg2.DataError,
+                            psycopg2.IntegrityError))
 
 
 def _one_line(exc: BaseException) -> str:

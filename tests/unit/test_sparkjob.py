@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tidemark.spark.jobs import JAVA_OPTIONS_KEYS, SPARK_CONF, UTC_JVM_OPTION, spark_conf, utc_java_options
+from tidemark.extract import ExtractInterrupted
 from tidemark.spark.entry import ERROR_FILE_ENV, JobError, TransientJobError, one_line, run
+from tidemark.spec import SpecError
 
 
 def _raising(exc):
@@ -22,6 +24,10 @@ def test_exit_codes_and_the_cause_file(tmp_path, monkeypatch):
     assert run(_raising(JobError("table t has no column c")), [], "job") == 3
     assert cause.read_text() == "table t has no column c"
     assert run(_raising(TransientJobError("offsets moved by 2, counted 1")), [], "job") == 4
+    # any of Tidemark's own errors, by its kind (tidemark.errors): a spec error is not retried
+    assert run(_raising(SpecError("pipelines/p.yml: table: required")), [], "job") == 3
+    assert cause.read_text() == "pipelines/p.yml: table: required"
+    assert run(_raising(ExtractInterrupted("offsets moved")), [], "job") == 4
     with pytest.raises(ZeroDivisionError):
         run(_raising(ZeroDivisionError("division by zero")), [], "job")
     assert cause.read_text() == "ZeroDivisionError: division by zero"

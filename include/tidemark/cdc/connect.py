@@ -15,8 +15,10 @@ from typing import Any
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from tidemark.errors import Transient
 
-class ConnectError(RuntimeError):
+
+class ConnectError(Transient, RuntimeError):
     def __init__(self, call: str, status: int | None, message: str):
         super().__init__(f"Kafka Connect {call}: {f'HTTP {status}: ' if status else ''}{message}")
         self.status = status

@@ -13,16 +13,18 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from tidemark.errors import Terminal, TidemarkError, Transient
+
 # Every record's JSON carries timestamps to the microsecond, in UTC, like PostgreSQL stores them.
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "ignoreNullFields": "true"}
 
 
-class JobError(RuntimeError):
-    """A job-level inconsistency: the script prints it and exits non-zero."""
+class JobError(Terminal):
+    """A job-level inconsistency the same input meets again: the script prints it and exits 3."""
 
 
-class TransientJobError(JobError):
-    """An inconsistency a new attempt may not meet (e.g. a write retried across a broker restart)."""
+class TransientJobError(Transient):
+    """An inconsistency a new attempt may not meet (e.g. a write retried across a broker restart): exit 4."""
 
 
 def jdbc_args(parser: argparse.ArgumentParser) -> None:
@@ -93,8 +95,8 @@ def connect_params(jdbc_url: str, user: str, secret: str, *, application: str | 
 
 # Where a job writes the one-line cause of its failure, for the task that submitted it.
 ERROR_FILE_ENV = "TIDEMARK_JOB_ERROR_FILE"
-EXIT_JOB_ERROR = 3  # a JobError: the same input fails the same way, retrying cannot help
-EXIT_TRANSIENT_JOB_ERROR = 4  # a TransientJobError: a retry, as a new attempt, may succeed
+EXIT_JOB_ERROR = 3  # a Terminal error: the same input fails the same way, retrying cannot help
+EXIT_TRANSIENT_JOB_ERROR = 4  # a Transient error: a retry, as a new attempt, may succeed
 
 
 def one_line(exc: BaseException) -> str:
@@ -109,14 +111,15 @@ def one_line(exc: BaseException) -> str:
 
 
 def run(main, argv: list[str], name: str) -> int:
-    """Run ``main``; a JobError becomes one clear line on stderr and exit code 3 (4 if transient). Any failure's
-    one-line cause also goes to the file named by TIDEMARK_JOB_ERROR_FILE, if set."""
+    """Run ``main``; Tidemark's own error (``tidemark.errors``) becomes one clear line on stderr and exit
+    code 3, or 4 if ``Transient``. Any failure's one-line cause also goes to the file named by
+    TIDEMARK_JOB_ERROR_FILE, if set."""
     try:
         return main(argv) or 0
-    except JobError as exc:
+    except TidemarkError as exc:
         print(f"{name}: FAILED: {exc}", file=sys.stderr, flush=True)
         _write_cause(str(exc))
-        return EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, TransientJobError) else EXIT_JOB_ERROR
+        return EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, Transient) else EXIT_JOB_ERROR
     except Exception as exc:
         _write_cause(one_line(exc))
         raise

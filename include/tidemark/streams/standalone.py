@@ -27,6 +27,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tidemark.errors import Transient
 from tidemark.streams.launch import Instance
 from tidemark.spec import NAME_PATTERN
 
@@ -37,7 +38,7 @@ EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "ERROR": 1, "KILLED": 137}  # the mast
 FLAGS = frozenset({"--verbose", "-v", "--supervise", "--help", "-h", "--version"})
 
 
-class ClusterUnavailable(RuntimeError):
+class ClusterUnavailable(Transient, RuntimeError):
     """The master did not answer: nothing can be said about the driver now."""
 
 

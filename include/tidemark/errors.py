@@ -1,0 +1,28 @@
+"""One taxonomy of failure for every layer: what Tidemark raises says whether trying again can help.
+
+``Terminal``: the same input fails the same way (a bad spec, a plan the tables refuse, a batch the
+sink refused, a forged control message): a retry only delays the page, and the message names what
+to fix. ``Transient``: a later try may heal it (a broker or cluster away, a write retried across a
+broker restart, offsets that moved under the extract). The Airflow layer fails a task at once on
+``Terminal`` and lets Airflow retry ``Transient`` (``tidemark_airflow.batch.on_call``); a Spark
+entry script exits 3 for ``Terminal`` and 4 for ``Transient`` (``tidemark.spark.entry.run``), so the
+task that submitted it can tell them apart.
+
+Errors that are not Tidemark's own (a driver's, the broker client's) are judged at the Airflow
+layer by their kind; a builtin ``ValueError`` or ``LookupError`` raised by Tidemark's code counts as
+terminal there until it is given a class of its own here.
+"""
+
+from __future__ import annotations
+
+
+class TidemarkError(Exception):
+    """Every failure Tidemark raises on purpose: its message says what failed and what to do."""
+
+
+class Terminal(TidemarkError):
+    """The same input fails again: fix what the message names."""
+
+
+class Transient(TidemarkError):
+    """A later try may succeed: Airflow retries it, a new attempt of the batch is safe."""
