@@ -319,10 +319,9 @@ def _copy_pipe(settings: Settings, target: str, where: str) -> float:
 
 def _spark_jdbc(settings: Settings, target: str, where: str) -> dict:
     job = submit(settings, BENCH / "naive_jdbc_copy.py", [
-        "--jdbc-url", settings.jdbc_url(SOURCE_DB), "--user", settings.pg_user, "--password-env", "TIDEMARK_JDBC_PASSWORD",
+        *settings.database_args(SOURCE_DB),
         "--query", f"SELECT * FROM {bank.SCHEMA}.ledger_entries WHERE {where}",
-        # stringtype=unspecified: the usual fix so that uuid columns accept Spark's strings
-        "--target-url", settings.jdbc_url(WAREHOUSE_DB) + "?stringtype=unspecified", "--target-table", target,
+        "--target-database", settings.database_args(WAREHOUSE_DB)[1], "--target-table", target,
     ], secret=settings.pg_password, timeout_s=3600)
     done = time.time()
     if job.returncode != 0:

@@ -3,9 +3,9 @@
 What a hand-written job would do: ``spark.read.jdbc`` of the window's rows (no partitioning),
 then ``DataFrame.write.jdbc`` in append mode, with Spark's defaults.
 
-  spark-submit bench/naive_jdbc_copy.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/src \
+  spark-submit bench/naive_jdbc_copy.py --database 'host=127.0.0.1 port=25432 dbname=src' \
       --user tidemark --password-env PW --query "SELECT * FROM bank.ledger_entries WHERE ..." \
-      --target-url jdbc:postgresql://127.0.0.1:25432/wh --target-table bench_spark.ledger_entries
+      --target-database 'host=127.0.0.1 port=25432 dbname=wh' --target-table bench_spark.ledger_entries
 """
 
 from __future__ import annotations
@@ -15,20 +15,22 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from tidemark.spark.entry import jdbc_args, password, session
+    from tidemark.spark.entry import database_args, jdbc_url, password, session
     from tidemark.progress import summary_line
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    jdbc_args(p)
+    database_args(p)
     p.add_argument("--query", required=True, help="SELECT of the rows to copy")
-    p.add_argument("--target-url", required=True)
+    p.add_argument("--target-database", required=True, help="libpq parameters, as --database")
     p.add_argument("--target-table", required=True)
     args = p.parse_args(argv)
     props = {"user": args.user, "password": password(args), "driver": "org.postgresql.Driver"}
     spark = session("tidemark-bench-naive-jdbc")
     try:
-        df = spark.read.jdbc(args.jdbc_url, f"({args.query}) AS q", properties=props)
-        df.write.jdbc(args.target_url, args.target_table, mode="append", properties=props)
+        df = spark.read.jdbc(jdbc_url(args.database), f"({args.query}) AS q", properties=props)
+        # stringtype=unspecified: the usual fix so that uuid columns accept Spark's strings
+        target = jdbc_url(args.target_database, stringtype="unspecified")
+        df.write.jdbc(target, args.target_table, mode="append", properties=props)
         print(summary_line("naive-jdbc", table=args.target_table), flush=True)
     finally:
         spark.stop()

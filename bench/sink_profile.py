@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rows", type=int, default=400_000, help="ledger rows in the batch (even)")
     p.add_argument("--rounds", type=int, default=3, help="runs of every step; the first is warm-up")
     p.add_argument("--master", default=None, help="Spark master (default: the stack's, local[2])")
-    p.add_argument("--in-spark", nargs=4, metavar=("JDBC_URL", "USER", "SPEC", "BOOTSTRAP"), help=argparse.SUPPRESS)
+    p.add_argument("--in-spark", nargs=4, metavar=("DATABASE", "USER", "SPEC", "BOOTSTRAP"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.in_spark:
         return _job(*args.in_spark, rounds=args.rounds)
@@ -70,7 +70,7 @@ def _profile(args) -> int:
         attempt = pipe.begin(plan)
         pipe.extract(plan, attempt)
         cmd, env = submit_command(settings, Path(__file__).resolve(),
-                                  ["--in-spark", settings.jdbc_url(WAREHOUSE_DB), settings.pg_user, str(pipe.path),
+                                  ["--in-spark", settings.database_args(WAREHOUSE_DB)[1], settings.pg_user, str(pipe.path),
                                    settings.kafka_bootstrap, "--rounds", str(args.rounds)], secret=settings.pg_password)
         job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         lines = [line for line in job.stdout.splitlines() if line.startswith("[profile]")]
@@ -89,7 +89,7 @@ def _profile(args) -> int:
     return 0
 
 
-def _job(jdbc_url: str, user: str, spec_path: str, bootstrap: str, *, rounds: int) -> int:
+def _job(database: str, user: str, spec_path: str, bootstrap: str, *, rounds: int) -> int:
     import pyarrow as pa
     from pyspark import cloudpickle
     from pyspark.sql import functions as F
@@ -105,7 +105,7 @@ def _job(jdbc_url: str, user: str, spec_path: str, bootstrap: str, *, rounds: in
 
     secret = password(argparse.Namespace(password_env=PASSWORD_ENV))  # as submit_command passes it
     spec = load_spec(Path(spec_path))
-    sink = BatchSink(connect(jdbc_url, user, secret), spec, keyring=Keyring.from_env())  # as the sink job reads it
+    sink = BatchSink(connect(database, user, secret), spec, keyring=Keyring.from_env())  # as the sink job reads it
     sink.acquire_fence()
     formats = sink.formats()
     for module in (stage, totals, pgbinary):
@@ -128,7 +128,7 @@ def _job(jdbc_url: str, user: str, spec_path: str, bootstrap: str, *, rounds: in
                           spec.max_record_bytes)
     schema = StructType([*(StructField(f.name, f.dataType, True) for f in decoded.schema.fields),
                          *from_arrow_schema(stage.load_schema()).fields])
-    writer = sink.stager(formats, connect_params(jdbc_url, user, secret))
+    writer = sink.stager(formats, connect_params(database, user, secret))
 
     class EncodeOnly(stage.StageWriter):  # the stage's split and encoding, its COPY left out
         def _stage(self, held, batch_schema):

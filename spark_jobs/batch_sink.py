@@ -12,7 +12,7 @@ without it the sink *stands*: it runs until stopped, with a heartbeat and lease
 micro-batches when its desired state leaves ``running`` or SIGTERM arrives (exit 0), or when
 another instance took its fence (exit 3). The ``tidemark_supervisor`` DAG launches it so.
 
-  spark-submit spark_jobs/batch_sink.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/wh \
+  spark-submit spark_jobs/batch_sink.py --database 'host=127.0.0.1 port=25432 dbname=wh' \
       --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \
       --bootstrap 127.0.0.1:29092 --available-now
 """
@@ -32,11 +32,11 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from tidemark.spark.entry import jdbc_args
+    from tidemark.spark.entry import database_args
     from tidemark.spec import DEAD_LETTER_TOPIC
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    jdbc_args(p)
+    database_args(p)
     p.add_argument("--spec", required=True, type=Path)
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--available-now", action="store_true", help="process what is there, then stop")
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     except KeyringError as exc:
         raise JobError(f"pipeline {spec.name}: {exc}") from None
     load_fields = from_arrow_schema(stage_module.load_schema()).fields
-    conn = connect(args.jdbc_url, args.user, password(args))
+    conn = connect(args.database, args.user, password(args))
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
         if spec.stream is not None or spec.cdc is not None:
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
         sink.acquire_fence(lease=spec.sink.lease)
         if not args.available_now:
             ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
-            control = StandingControl(lambda: connect(args.jdbc_url, args.user, password(args)), spec, sink.fence,
+            control = StandingControl(lambda: connect(args.database, args.user, password(args)), spec, sink.fence,
                                       f"{socket.gethostname()}:{os.getpid()}", args.bootstrap)
             control.start()
     except LeaseHeld as exc:
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
             batch_df = batch_df.mapInArrow(checker, schema)
         loads = None
         if formats:  # the executors COPY the good records into the stage; the driver gets the rest and totals
-            stager = sink.stager(formats, connect_params(args.jdbc_url, args.user, password(args)))
+            stager = sink.stager(formats, connect_params(args.database, args.user, password(args)))
             with steps.step("spark read, checks and stage"):
                 # a load's row carries nulls where the records have none (row hash, checked): all nullable
                 nullable = [StructField(f.name, f.dataType, True) for f in batch_df.schema.fields]

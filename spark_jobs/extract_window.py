@@ -7,7 +7,7 @@ headers, and in the same pass counts rows and sums 64-bit row hashes per partiti
 to ``--report`` (JSON) for the END step. Any inconsistency (rows outside the window, Kafka offsets
 that moved by other amounts than counted) exits 3.
 
-  spark-submit spark_jobs/extract_window.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/src \
+  spark-submit spark_jobs/extract_window.py --database 'host=127.0.0.1 port=25432 dbname=src' \
       --user tidemark --password-env PW --spec include/pipelines/ledger_entries.yaml \
       --batch-id B --attempt 1 --window '{"lo": ..., "hi": ...}' --bootstrap 127.0.0.1:29092 \
       --report /tmp/report.json
@@ -23,10 +23,10 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from tidemark.spark.entry import jdbc_args
+    from tidemark.spark.entry import database_args
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    jdbc_args(p)
+    database_args(p)
     p.add_argument("--spec", required=True, type=Path, help="the pipeline's YAML spec")
     p.add_argument("--batch-id", required=True)
     p.add_argument("--attempt", required=True, type=int)
@@ -51,7 +51,8 @@ def main(argv: list[str]) -> int:
     from tidemark.progress import Steps, Ticker
     import psycopg2
 
-    from tidemark.spark.entry import JSON_OPTIONS, JobError, TransientJobError, password, session, side_queries
+    from tidemark.spark.entry import (JSON_OPTIONS, JobError, TransientJobError, jdbc_url, password, session,
+                                      side_queries)
     from tidemark.spec import load_spec, quote
     from tidemark.progress import summary_line
     from tidemark.window import Window, split_predicates
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> int:
             tag += f" repair of {len(keys['keys'])} key(s)"
         steps = Steps()
         with steps.step("span query"):  # straight to the source: a Spark job for one row cost seconds
-            with side_queries(args.jdbc_url, args.user, secret, application=application_name(spec.name)) as source, \
+            with side_queries(args.database, args.user, secret, application=application_name(spec.name)) as source, \
                     source.cursor() as cur:
                 numerics, temporal = extract.kinds_of_columns(cur, spec)
                 lo, hi, n, infinite = extract.read_span(cur, spec, window, table, temporal)
@@ -94,7 +95,7 @@ def main(argv: list[str]) -> int:
         # Each parallel read is one cursor in one transaction (the driver streams rows only outside
         # autocommit): `idle in transaction` between fetches while its rows go to Kafka, committed
         # and closed when its task ends (Spark's JDBC reader). Named, so pg_stat_activity tells whose.
-        df = spark.read.jdbc(named_url(args.jdbc_url, application_name(spec.name)), table,
+        df = spark.read.jdbc(jdbc_url(args.database, application=application_name(spec.name)), table,
                              predicates=split_predicates(spec, window, cuts), properties=props)
         missing = [c for c in (*spec.primary_key, spec.cursor.column) if c not in df.columns]
         if missing:
@@ -175,21 +176,13 @@ def application_name(pipeline: str) -> str:
     return f"tidemark-extract-{pipeline}"
 
 
-def named_url(jdbc_url: str, application: str) -> str:
-    """``jdbc_url`` naming its sessions ``application``: in the URL, as Spark hands the driver its
-    properties with their names lower-cased (and the driver knows ``ApplicationName`` only)."""
-    from urllib.parse import quote
-
-    return f"{jdbc_url}{'&' if '?' in jdbc_url else '?'}ApplicationName={quote(application, safe='')}"
-
-
 def _non_finite(args: argparse.Namespace, secret: str, spec, window, relation: str, numerics: list[str]) -> list[str]:
     """After a failed read: the window's NaN and infinite numerics (none if the source cannot say)."""
     from tidemark import extract
     from tidemark.spark.entry import side_queries
 
     try:
-        with side_queries(args.jdbc_url, args.user, secret, application=application_name(spec.name)) as source, \
+        with side_queries(args.database, args.user, secret, application=application_name(spec.name)) as source, \
                 source.cursor() as cur:
             return extract.unrepresentable(cur, spec, window, relation, numerics, extract.NAN_OR_INFINITE)
     except Exception:  # the diagnosis must never hide the read's own error

@@ -4,7 +4,7 @@ The smoke job of the local stack: it proves Spark, the JDBC driver and the Kafka
 together. The database password is read from an environment variable, never from argv, so it
 does not show up in process listings or spark-submit logs.
 
-  spark-submit spark_jobs/table_to_topic.py --jdbc-url jdbc:postgresql://127.0.0.1:25432/db \
+  spark-submit spark_jobs/table_to_topic.py --database 'host=127.0.0.1 port=25432 dbname=db' \
       --user tidemark --password-env TIDEMARK_SOURCE_PASSWORD --table smoke_accounts \
       --key id --topic tidemark.smoke.accounts --bootstrap 127.0.0.1:29092
 """
@@ -16,10 +16,10 @@ import sys
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from tidemark.spark.entry import jdbc_args
+    from tidemark.spark.entry import database_args
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    jdbc_args(p)
+    database_args(p)
     p.add_argument("--table", required=True)
     p.add_argument("--key", required=True, help="primary-key column, used as the Kafka key")
     p.add_argument("--topic", required=True)
@@ -29,7 +29,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from tidemark.spark.entry import JSON_OPTIONS, JobError, password, session
+    from tidemark.spark.entry import JSON_OPTIONS, JobError, jdbc_url, password, session
     from tidemark.spec import quote
     from tidemark.progress import summary_line
 
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     spark = session(f"tidemark-table-to-topic-{args.table}")
     try:
         props = {"user": args.user, "password": secret, "driver": "org.postgresql.Driver"}
-        df = spark.read.jdbc(args.jdbc_url, table, properties=props)
+        df = spark.read.jdbc(jdbc_url(args.database), table, properties=props)
         if args.key not in df.columns:
             raise JobError(f"key column {args.key!r} not in {args.table} columns {df.columns}")
         # Decimals are JSON numbers with every digit; readers parse them as Decimal, never float.

@@ -51,11 +51,6 @@ def spark_job(script: str) -> Path:
     return Path(os.environ.get("TIDEMARK_SPARK_JOBS_DIR") or PROJECT_DIR / "spark_jobs") / script
 
 
-def jdbc_url(host: str, port: int | None, database: str) -> str:
-    """The PostgreSQL JDBC URL for a host, port (default 5432) and database."""
-    return f"jdbc:postgresql://{host}:{port or 5432}/{database}"
-
-
 def streams_dir() -> Path:
     """Where the local launcher keeps each standing sink's pid, log and exit code:
     ``TIDEMARK_STREAMS_DIR``, or a folder in the system's temporary directory."""

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from tidemark.config import (  # noqa: F401 (re-exported: the stack wires these names)
     CONN_CONTROL, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, SPARK_DRIVER_MEMORY,
-    jdbc_url, pipelines_dir,
+    pipelines_dir,
 )
 from tidemark.control import CONTROL_KEYS_ENV, Keyring
 
@@ -158,8 +158,12 @@ class Settings:
             f"user={q(self.pg_user)} password={q(self.pg_password)}"
         )
 
-    def jdbc_url(self, database: str) -> str:
-        return jdbc_url(self.pg_host, self.pg_port, database)
+    def database_args(self, database: str, user: str | None = None) -> list[str]:
+        """A Spark job's ``--database``, ``--user`` and ``--password-env`` for one of the stack's
+        databases, as the DAG's operators make them from a connection (the password goes apart)."""
+        from tidemark.spark.jobs import database_args
+
+        return database_args(self.pg_host, self.pg_port, database, user or self.pg_user)
 
     def spark_jars(self) -> list[Path]:
         return sorted(self.spark_jars_dir.glob("*.jar"))

@@ -13,16 +13,18 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
-from tidemark.config import CONN_SPARK, SPARK_DRIVER_MEMORY, jdbc_url, spark_job
-from tidemark.spark.jobs import PASSWORD_ENV, jdbc_args, spark_conf
+from tidemark.config import CONN_SPARK, SPARK_DRIVER_MEMORY, spark_job
+from tidemark.spark.jobs import PASSWORD_ENV, database_args, spark_conf
 from tidemark.spark.entry import ERROR_FILE_ENV, EXIT_JOB_ERROR
 
 
 class SparkJdbcSubmitOperator(SparkSubmitOperator):
     """Submit a job from ``spark_jobs/`` that reads a PostgreSQL connection over JDBC.
 
-    At run time (never at parse time) it resolves ``jdbc_conn_id`` and adds ``--jdbc-url`` and
-    ``--user`` to the job's arguments; the password travels as an environment variable of
+    At run time (never at parse time) it resolves ``jdbc_conn_id`` and adds ``--database`` (libpq
+    parameters: host, port, database and the TLS options and connect timeout among the connection's
+    extras, ``tidemark.spark.jobs.DATABASE_OPTIONS``) and ``--user`` to the job's arguments, which its
+    psycopg2 and JDBC connections both honour; the password travels as an environment variable of
     spark-submit (``--password-env``), so it is in no command line, rendered field or log.
     The connector jars come from ``TIDEMARK_SPARK_JARS`` (resolved by the stack), so the job
     downloads nothing.
@@ -42,10 +44,10 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         conn = Connection.get(self.jdbc_conn_id)
-        url = jdbc_url(conn.host, conn.port, conn.schema)
-        self.application_args = [*jdbc_args(url, conn.login or ""), *self.job_args]
+        database = database_args(conn.host, conn.port, conn.schema, conn.login or "", conn.extra_dejson)
+        self.application_args = [*database, *self.job_args]
         self.jars = self.jars or os.environ.get("TIDEMARK_SPARK_JARS") or None
-        self.log.info("submitting %s against %s as %s", self.application, url, conn.login)
+        self.log.info("submitting %s against %s as %s", self.application, database[1], conn.login)
         with tempfile.TemporaryDirectory(prefix="tidemark-job-") as tmp:
             cause_file = Path(tmp) / "cause.txt"
             self.env_vars = {**(self.env_vars or {}), PASSWORD_ENV: conn.password or "", ERROR_FILE_ENV: str(cause_file)}

@@ -15,7 +15,7 @@ from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowFailException
 
 from tidemark.spark import jobs
-from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, jdbc_url, pipelines_dir, spark_job, streams_dir
+from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, pipelines_dir, spark_job, streams_dir
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ def sink_command(paths: dict[str, Path]):
     keyring = control_keyring()  # the sink verifies the control messages' signatures
 
     def command(spec):
-        args = [*jobs.jdbc_args(jdbc_url(warehouse.host, warehouse.port, warehouse.schema), warehouse.login or ""),
+        args = [*jobs.database_args(warehouse.host, warehouse.port, warehouse.schema, warehouse.login or "",
+                                    warehouse.extra_dejson),
                 *jobs.sink_args(paths[spec.name], bootstrap, available_now=False)]
         hook = SparkSubmitHook(conn_id=CONN_SPARK, conf=dict(jobs.SPARK_CONF), driver_memory=spec.sink.driver_memory,
                                jars=os.environ.get("TIDEMARK_SPARK_JARS") or None, name=f"tidemark-stream-{spec.name}",

@@ -96,7 +96,7 @@ def test_naive_timestamps_survive_a_worker_in_berlin_and_the_extract_ends_its_so
     attempt = pipe.begin(plan)
     report_path = tmp_path / "extract.report.json"
     # as the DAG runs it: the source read as the least-privilege reader role
-    args = [*jobs.jdbc_args(settings.jdbc_url(SOURCE_DB), settings.source_user),
+    args = [*settings.database_args(SOURCE_DB, settings.source_user),
             *jobs.extract_args(pipe.path, plan.batch_id, attempt, plan.window, settings.kafka_bootstrap, report_path)]
     started = time.time() - 1  # backend_start and this clock may differ by a rounding
     with Watch(settings, started) as watch:

@@ -114,7 +114,7 @@ def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(setting
     report = tmp_path / "tampered-report.json"
     s = settings
     proc = pipe._submit(jobs.EXTRACT_JOB, [
-        *jobs.jdbc_args(s.jdbc_url(SOURCE_DB), s.pg_user),
+        *s.database_args(SOURCE_DB),
         *jobs.extract_args(pipe.path, tampered.batch_id, attempt, tampered.window, s.kafka_bootstrap, report,
                            repair_keys=doc)])
     assert proc.returncode == 0, proc.stderr[-3000:]

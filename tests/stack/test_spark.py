@@ -20,8 +20,7 @@ def _submit(settings, topic: str) -> subprocess.CompletedProcess:
     from tidemark_workshop.stack.spark import submit
 
     return submit(settings, JOB.name, [
-        "--jdbc-url", settings.jdbc_url(SOURCE_DB), "--user", settings.pg_user,
-        "--password-env", "TIDEMARK_JDBC_PASSWORD", "--table", smoke.TABLE, "--key", "id",
+        *settings.database_args(SOURCE_DB), "--table", smoke.TABLE, "--key", "id",
         "--topic", topic, "--bootstrap", settings.kafka_bootstrap,
     ], secret=settings.pg_password)
 
@@ -78,10 +77,10 @@ def test_spark_and_python_agree_on_the_partition_of_a_key(spark_round_trip, boot
 
 def test_job_without_password_exits_non_zero_with_clear_message(settings):
     proc = subprocess.run(
-        [sys.executable, str(JOB), "--jdbc-url", "jdbc:postgresql://x/y", "--user", "u",
+        [sys.executable, str(JOB), "--database", "host=x dbname=y", "--user", "u",
          "--password-env", "TIDEMARK_UNSET_PASSWORD_VAR", "--table", "t", "--key", "id",
          "--topic", "t", "--bootstrap", "127.0.0.1:1"],
         capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "TIDEMARK_UNSET_PASSWORD_VAR"},
     )
-    assert proc.returncode == 3  # every job's exit code for a job-level error (sparkjob.run)
+    assert proc.returncode == 3  # every job's exit code for a terminal error (tidemark.spark.entry.run)
     assert "table_to_topic: FAILED: environment variable TIDEMARK_UNSET_PASSWORD_VAR" in proc.stderr

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tidemark_workshop.settings import CONNECTION_IDS, Settings, jdbc_url
+from tidemark_workshop.settings import CONNECTION_IDS, Settings
 
 
 def test_ports_and_paths_come_from_the_environment(monkeypatch, tmp_path):
@@ -37,9 +37,13 @@ def test_connections_are_json_with_the_shared_ids(monkeypatch):
     assert json.loads(conns["AIRFLOW_CONN_TIDEMARK_SPARK"])["host"] == "local[2]"
 
 
-def test_jdbc_url_defaults_the_port_like_an_airflow_connection_without_one():
-    assert jdbc_url("warehouse.internal", None, "tidemark_warehouse") == "jdbc:postgresql://warehouse.internal:5432/tidemark_warehouse"
-    assert jdbc_url("127.0.0.1", 25432, "src") == "jdbc:postgresql://127.0.0.1:25432/src"
+def test_a_job_s_database_defaults_the_port_like_an_airflow_connection_without_one():
+    from tidemark.spark.jobs import PASSWORD_ENV, database_args
+
+    assert database_args("warehouse.internal", None, "tidemark_warehouse", "tidemark") == [
+        "--database", "host=warehouse.internal port=5432 dbname=tidemark_warehouse", "--user", "tidemark",
+        "--password-env", PASSWORD_ENV]
+    assert database_args("127.0.0.1", 25432, "src", "u")[1] == "host=127.0.0.1 port=25432 dbname=src"
 
 
 def test_default_ports_are_below_the_ephemeral_range(monkeypatch):

@@ -115,13 +115,45 @@ def test_side_queries_run_in_autocommit_named_and_always_close(monkeypatch):
             self.closed = True
 
     monkeypatch.setattr(psycopg2, "connect", lambda **params: Conn(**params))
-    url = "jdbc:postgresql://db:5433/src?ssl=true"
+    url = "host=db port=5433 dbname=src sslmode=require"
     with side_queries(url, "reader", "pw", application="tidemark-extract-p") as conn:
         assert conn.autocommit and not conn.closed
-    assert conn.closed and conn.params == {"host": "db", "port": 5433, "dbname": "src", "user": "reader",
-                                           "password": "pw", "application_name": "tidemark-extract-p"}
+    assert conn.closed and conn.params == {"host": "db", "port": "5433", "dbname": "src", "sslmode": "require",
+                                           "user": "reader", "password": "pw", "application_name": "tidemark-extract-p"}
     with pytest.raises(JobError):
         with side_queries(url, "reader", "pw") as conn:
             raise JobError("refused")
     assert made[-1].closed and "application_name" not in made[-1].params
     assert "application_name" not in connect_params(url, "reader", "pw")
+
+
+# --- a job's database: libpq parameters, TLS included, on both of its connections ---------------
+
+def test_a_connection_s_tls_options_reach_both_the_job_s_psycopg2_and_jdbc_connections():
+    from tidemark.spark.entry import connect_params, database, jdbc_url
+    from tidemark.spark.jobs import database_args
+
+    extras = {"sslmode": "verify-full", "sslrootcert": "/etc/tidemark/ca.pem", "connect_timeout": 5,
+              "cursor": "dictcursor"}  # an Airflow-side extra stays with Airflow
+    dsn = database_args("db.bank.internal", 6432, "ledger db", "reader", extras)[1]
+    assert database(dsn) == {"host": "db.bank.internal", "port": "6432", "dbname": "ledger db", "sslmode": "verify-full",
+                             "sslrootcert": "/etc/tidemark/ca.pem", "connect_timeout": "5"}
+    assert connect_params(dsn, "reader", "pw")["sslmode"] == "verify-full"
+    assert jdbc_url(dsn, application="tidemark-extract-p") == (
+        "jdbc:postgresql://db.bank.internal:6432/ledger%20db?sslmode=verify-full&sslrootcert=%2Fetc%2Ftidemark%2Fca.pem"
+        "&connectTimeout=5&ApplicationName=tidemark-extract-p")
+    assert jdbc_url("host=::1 dbname=wh", stringtype="unspecified") == "jdbc:postgresql://[::1]:5432/wh?stringtype=unspecified"
+
+
+@pytest.mark.parametrize("dsn, named", [
+    ("host=db dbname=src password=hunter2", "must not hold the password"),
+    ("host=db dbname=src options=-cstatement_timeout=0", "got ['dbname', 'host', 'options']"),
+    ("jdbc:postgresql://db/src", "is not libpq parameters"),
+    ("dbname=src", "got ['dbname']"),
+])
+def test_a_database_argument_the_job_cannot_honour_exactly_is_refused_by_name(dsn, named):
+    from tidemark.spark.entry import database
+
+    with pytest.raises(JobError, match=None) as err:
+        database(dsn)
+    assert named in str(err.value) and "hunter2" not in str(err.value)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -27,9 +26,11 @@ class TransientJobError(Transient):
     """An inconsistency a new attempt may not meet (e.g. a write retried across a broker restart): exit 4."""
 
 
-def jdbc_args(parser: argparse.ArgumentParser) -> None:
-    """The arguments SparkJdbcSubmitOperator fills in from an Airflow connection."""
-    parser.add_argument("--jdbc-url", required=True)
+def database_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments SparkJdbcSubmitOperator fills in from an Airflow connection
+    (``tidemark.spark.jobs.database_args``)."""
+    parser.add_argument("--database", required=True,
+                        help="libpq parameters without the password, e.g. 'host=db port=5432 dbname=src sslmode=require'")
     parser.add_argument("--user", required=True)
     parser.add_argument("--password-env", required=True, help="name of the env var holding the password")
 
@@ -60,37 +61,72 @@ def session(app: str, **conf: Any):
     return spark
 
 
-def connect(jdbc_url: str, user: str, secret: str, *, application: str | None = None):
-    """A psycopg2 connection to the database a JDBC URL names (``application``: its
-    application_name, what pg_stat_activity shows the database's administrator)."""
+# libpq's names of the options a job honours (tidemark.spark.jobs.DATABASE_OPTIONS) -> the JDBC driver's
+JDBC_NAMES = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "sslcert": "sslcert", "sslkey": "sslkey",
+              "connect_timeout": "connectTimeout"}
+
+
+def database(dsn: str) -> dict[str, str]:
+    """The libpq parameters of ``--database``, read by libpq's own parser: host, port, dbname and the
+    options of ``JDBC_NAMES``. Anything else, the password above all, is refused by name."""
+    from psycopg2 import ProgrammingError
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        params = parse_dsn(dsn)
+    except ProgrammingError as exc:
+        raise JobError(f"--database is not libpq parameters ({str(exc).strip()}): {dsn!r}") from None
+    if "password" in params:
+        raise JobError("--database must not hold the password: it travels in the variable --password-env names")
+    unknown = sorted(set(params) - {"host", "port", "dbname", *JDBC_NAMES})
+    if unknown or not {"host", "dbname"} <= set(params):
+        raise JobError(f"--database takes host, port, dbname and {', '.join(JDBC_NAMES)}; got {sorted(params)}")
+    return params
+
+
+def connect_params(dsn: str, user: str, secret: str, *, application: str | None = None) -> dict[str, Any]:
+    """psycopg2.connect keywords for ``--database`` (the password among them)."""
+    params: dict[str, Any] = {**database(dsn), "user": user, "password": secret}
+    if application:
+        params["application_name"] = application
+    return params
+
+
+def jdbc_url(dsn: str, *, application: str | None = None, **driver: str) -> str:
+    """The JDBC URL of ``--database`` for Spark's reads and writes, with its TLS options and timeout
+    under the driver's names, the sessions' ``application`` name (Spark hands the driver its
+    properties lower-cased, and the driver knows ``ApplicationName`` only) and ``driver`` options."""
+    from urllib.parse import quote, urlencode
+
+    params = database(dsn)
+    host = params["host"]
+    query = {JDBC_NAMES[k]: params[k] for k in JDBC_NAMES if k in params}
+    if application:
+        query["ApplicationName"] = application
+    query.update(driver)
+    url = f"jdbc:postgresql://{f'[{host}]' if ':' in host else host}:{params.get('port') or 5432}/{quote(params['dbname'])}"
+    return f"{url}?{urlencode(query)}" if query else url
+
+
+def connect(dsn: str, user: str, secret: str, *, application: str | None = None):
+    """A psycopg2 connection to ``--database`` (``application``: its application_name, what
+    pg_stat_activity shows the database's administrator)."""
     import psycopg2
 
-    return psycopg2.connect(**connect_params(jdbc_url, user, secret, application=application))
+    return psycopg2.connect(**connect_params(dsn, user, secret, application=application))
 
 
 @contextmanager
-def side_queries(jdbc_url: str, user: str, secret: str, *, application: str | None = None) -> Iterator[Any]:
+def side_queries(dsn: str, user: str, secret: str, *, application: str | None = None) -> Iterator[Any]:
     """A psycopg2 connection for a job's few queries beside Spark's reads of a source: in
     autocommit, so no statement leaves a transaction open on the source (``idle in transaction``,
     holding back its vacuum while the job runs on), and closed on leaving, whatever happened."""
-    conn = connect(jdbc_url, user, secret, application=application)
+    conn = connect(dsn, user, secret, application=application)
     try:
         conn.autocommit = True
         yield conn
     finally:
         conn.close()
-
-
-def connect_params(jdbc_url: str, user: str, secret: str, *, application: str | None = None) -> dict[str, Any]:
-    """psycopg2.connect keywords for the database a JDBC URL names (the password among them)."""
-    match = re.fullmatch(r"jdbc:postgresql://([^:/]+)(?::(\d+))?/([^?]+)(?:\?.*)?", jdbc_url)
-    if not match:
-        raise JobError(f"not a PostgreSQL JDBC URL: {jdbc_url}")
-    host, port, db = match.groups()
-    params = {"host": host, "port": int(port or 5432), "dbname": db, "user": user, "password": secret}
-    if application:
-        params["application_name"] = application
-    return params
 
 
 # Where a job writes the one-line cause of its failure, for the task that submitted it.

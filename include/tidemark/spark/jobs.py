@@ -61,8 +61,21 @@ SPARK_CONF = spark_conf()  # every Tidemark job, in local mode and on a cluster 
 READ_PARTITIONS = 4  # parallel JDBC range reads of the extract
 
 
-def jdbc_args(url: str, user: str) -> list[str]:
-    return ["--jdbc-url", url, "--user", user, "--password-env", PASSWORD_ENV]
+# What of a connection's extras a job honours too, on its psycopg2 and its JDBC connections alike
+# (``tidemark.spark.entry.jdbc_url``): TLS and the connect timeout. The rest stays with Airflow.
+DATABASE_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout")
+
+
+def database_args(host: str, port: int | None, dbname: str, user: str,
+                  options: Mapping[str, object] | None = None) -> list[str]:
+    """A job's database as libpq parameters (port 5432 when a connection has none), with the
+    ``options`` of ``DATABASE_OPTIONS`` among a connection's extras; never the password, which
+    travels in the environment variable ``PASSWORD_ENV``."""
+    from psycopg2.extensions import make_dsn
+
+    kept = {k: str(v) for k, v in (options or {}).items() if k in DATABASE_OPTIONS and v not in (None, "")}
+    dsn = make_dsn(host=host, port=port or 5432, dbname=dbname, **kept)
+    return ["--database", dsn, "--user", user, "--password-env", PASSWORD_ENV]
 
 
 def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Window, bootstrap: str,

@@ -78,7 +78,7 @@ class Pipeline:
             finally:
                 src.close()
                 wh.close()
-        return [*jobs.jdbc_args(s.jdbc_url(SOURCE_DB), s.pg_user),
+        return [*s.database_args(SOURCE_DB),
                 *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report,
                                    repair_keys=keys, writer_schema=plan.writer_schema)]
 
@@ -108,7 +108,7 @@ class Pipeline:
 
     def sink_args(self, *, available_now: bool = True) -> list[str]:
         s = self.settings
-        return [*jobs.jdbc_args(s.jdbc_url(WAREHOUSE_DB), s.pg_user),
+        return [*s.database_args(WAREHOUSE_DB),
                 *jobs.sink_args(self.path, s.kafka_bootstrap, available_now=available_now)]
 
     def sink(self) -> dict:
