@@ -143,13 +143,29 @@ def test_a_connection_s_tls_options_reach_both_the_job_s_psycopg2_and_jdbc_conne
         "jdbc:postgresql://db.bank.internal:6432/ledger%20db?sslmode=verify-full&sslrootcert=%2Fetc%2Ftidemark%2Fca.pem"
         "&connectTimeout=5&ApplicationName=tidemark-extract-p")
     assert jdbc_url("host=::1 dbname=wh", stringtype="unspecified") == "jdbc:postgresql://[::1]:5432/wh?stringtype=unspecified"
+    # libpq's require checks the server against a root certificate when one is given; the driver's does not
+    assert "sslmode=verify-ca" in jdbc_url("host=db dbname=wh sslmode=require sslrootcert=/ca.pem")
+    assert "sslmode=require" in jdbc_url("host=db dbname=wh sslmode=require")
+
+
+def test_a_connection_that_logs_in_with_a_client_certificate_is_refused_by_name():
+    from tidemark.errors import Terminal
+    from tidemark.spark.jobs import UnsupportedOption, database_args
+
+    with pytest.raises(UnsupportedOption, match="sets sslcert, sslkey: Spark jobs cannot log in with a client") as err:
+        database_args("db", 5432, "src", "reader", {"sslmode": "verify-full", "sslcert": "/c.pem", "sslkey": "/k.pem"})
+    assert isinstance(err.value, Terminal)
 
 
 @pytest.mark.parametrize("dsn, named", [
     ("host=db dbname=src password=hunter2", "must not hold the password"),
     ("host=db dbname=src options=-cstatement_timeout=0", "got ['dbname', 'host', 'options']"),
-    ("jdbc:postgresql://db/src", "is not libpq parameters"),
+    ("jdbc:postgresql://db/src", "is not libpq key=value parameters"),
+    ("host=db password='hunter2 dbname=src", "is not libpq key=value parameters"),  # unparsable: not echoed
     ("dbname=src", "got ['dbname']"),
+    ("host=a,b dbname=src", "not a list or a socket directory"),
+    ("host=/var/run/postgresql dbname=src", "not a list or a socket directory"),
+    ("host=db dbname=src sslkey=/k.pem", "got ['dbname', 'host', 'sslkey']"),
 ])
 def test_a_database_argument_the_job_cannot_honour_exactly_is_refused_by_name(dsn, named):
     from tidemark.spark.entry import database

@@ -62,8 +62,7 @@ def session(app: str, **conf: Any):
 
 
 # libpq's names of the options a job honours (tidemark.spark.jobs.DATABASE_OPTIONS) -> the JDBC driver's
-JDBC_NAMES = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "sslcert": "sslcert", "sslkey": "sslkey",
-              "connect_timeout": "connectTimeout"}
+JDBC_NAMES = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "connect_timeout": "connectTimeout"}
 
 
 def database(dsn: str) -> dict[str, str]:
@@ -74,13 +73,17 @@ def database(dsn: str) -> dict[str, str]:
 
     try:
         params = parse_dsn(dsn)
-    except ProgrammingError as exc:
-        raise JobError(f"--database is not libpq parameters ({str(exc).strip()}): {dsn!r}") from None
+    except ProgrammingError:  # neither the text nor libpq's message quoting it: it may hold a secret
+        raise JobError("--database is not libpq key=value parameters (libpq cannot parse it; not shown here, "
+                       "it may hold a secret)") from None
     if "password" in params:
         raise JobError("--database must not hold the password: it travels in the variable --password-env names")
     unknown = sorted(set(params) - {"host", "port", "dbname", *JDBC_NAMES})
     if unknown or not {"host", "dbname"} <= set(params):
         raise JobError(f"--database takes host, port, dbname and {', '.join(JDBC_NAMES)}; got {sorted(params)}")
+    if "," in params["host"] or params["host"].startswith("/"):  # no one JDBC URL says the same
+        raise JobError(f"--database host {params['host']!r}: a job takes one host name or address, not a list "
+                       "or a socket directory")
     return params
 
 
@@ -101,6 +104,8 @@ def jdbc_url(dsn: str, *, application: str | None = None, **driver: str) -> str:
     params = database(dsn)
     host = params["host"]
     query = {JDBC_NAMES[k]: params[k] for k in JDBC_NAMES if k in params}
+    if params.get("sslmode") == "require" and "sslrootcert" in params:
+        query["sslmode"] = "verify-ca"  # what libpq's require does with a root certificate; the driver's does not
     if application:
         query["ApplicationName"] = application
     query.update(driver)

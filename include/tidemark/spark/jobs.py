@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from tidemark.errors import Terminal
 from tidemark.window import Window
 
 # plan -> begin -> extract -> end -> sink -> wait_committed, then publish; abort_unfinished is the
@@ -63,7 +64,14 @@ READ_PARTITIONS = 4  # parallel JDBC range reads of the extract
 
 # What of a connection's extras a job honours too, on its psycopg2 and its JDBC connections alike
 # (``tidemark.spark.entry.jdbc_url``): TLS and the connect timeout. The rest stays with Airflow.
-DATABASE_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout")
+DATABASE_OPTIONS = ("sslmode", "sslrootcert", "connect_timeout")
+# A client certificate's key is PEM to libpq and DER PKCS-8 to the JDBC driver (42.7.8): no one file
+# serves both of a job's connections, so a connection that logs in with one is refused, by name.
+CLIENT_CERTIFICATE = ("sslcert", "sslkey")
+
+
+class UnsupportedOption(Terminal, ValueError):
+    """A connection extra a Spark job cannot honour exactly on both of its connections."""
 
 
 def database_args(host: str, port: int | None, dbname: str, user: str,
@@ -73,7 +81,14 @@ def database_args(host: str, port: int | None, dbname: str, user: str,
     travels in the environment variable ``PASSWORD_ENV``."""
     from psycopg2.extensions import make_dsn
 
-    kept = {k: str(v) for k, v in (options or {}).items() if k in DATABASE_OPTIONS and v not in (None, "")}
+    given = {k: str(v) for k, v in (options or {}).items() if v not in (None, "")}
+    refused = sorted(set(given) & set(CLIENT_CERTIFICATE))
+    if refused:
+        raise UnsupportedOption(
+            f"the connection's extra sets {', '.join(refused)}: Spark jobs cannot log in with a client certificate "
+            "yet (libpq reads its key as PEM, the JDBC driver as DER PKCS-8). Next: give this connection's user a "
+            "password login (TLS with sslmode and sslrootcert still applies)")
+    kept = {k: v for k, v in given.items() if k in DATABASE_OPTIONS}
     dsn = make_dsn(host=host, port=port or 5432, dbname=dbname, **kept)
     return ["--database", dsn, "--user", user, "--password-env", PASSWORD_ENV]
 
