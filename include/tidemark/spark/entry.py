@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from tidemark.errors import Terminal, TidemarkError, Transient
+from tidemark.spark.jobs import DATABASE_OPTIONS
 
 # Every record's JSON carries timestamps to the microsecond, in UTC, like PostgreSQL stores them.
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "ignoreNullFields": "true"}
@@ -61,13 +62,11 @@ def session(app: str, **conf: Any):
     return spark
 
 
-# libpq's names of the options a job honours (tidemark.spark.jobs.DATABASE_OPTIONS) -> the JDBC driver's
-JDBC_NAMES = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "connect_timeout": "connectTimeout"}
 
 
 def database(dsn: str) -> dict[str, str]:
     """The libpq parameters of ``--database``, read by libpq's own parser: host, port, dbname and the
-    options of ``JDBC_NAMES``. Anything else, the password above all, is refused by name."""
+    options of ``DATABASE_OPTIONS``. Anything else, the password above all, is refused by name."""
     from psycopg2 import ProgrammingError
     from psycopg2.extensions import parse_dsn
 
@@ -78,9 +77,9 @@ def database(dsn: str) -> dict[str, str]:
                        "it may hold a secret)") from None
     if "password" in params:
         raise JobError("--database must not hold the password: it travels in the variable --password-env names")
-    unknown = sorted(set(params) - {"host", "port", "dbname", *JDBC_NAMES})
+    unknown = sorted(set(params) - {"host", "port", "dbname", *DATABASE_OPTIONS})
     if unknown or not {"host", "dbname"} <= set(params):
-        raise JobError(f"--database takes host, port, dbname and {', '.join(JDBC_NAMES)}; got {sorted(params)}")
+        raise JobError(f"--database takes host, port, dbname and {', '.join(DATABASE_OPTIONS)}; got {sorted(params)}")
     if "," in params["host"] or params["host"].startswith("/"):  # no one JDBC URL says the same
         raise JobError(f"--database host {params['host']!r}: a job takes one host name or address, not a list "
                        "or a socket directory")
@@ -103,7 +102,7 @@ def jdbc_url(dsn: str, *, application: str | None = None, **driver: str) -> str:
 
     params = database(dsn)
     host = params["host"]
-    query = {JDBC_NAMES[k]: params[k] for k in JDBC_NAMES if k in params}
+    query = {jdbc: params[k] for k, jdbc in DATABASE_OPTIONS.items() if k in params}
     if params.get("sslmode") == "require" and "sslrootcert" in params:
         query["sslmode"] = "verify-ca"  # what libpq's require does with a root certificate; the driver's does not
     if application:

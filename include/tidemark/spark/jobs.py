@@ -63,8 +63,9 @@ READ_PARTITIONS = 4  # parallel JDBC range reads of the extract
 
 
 # What of a connection's extras a job honours too, on its psycopg2 and its JDBC connections alike
-# (``tidemark.spark.entry.jdbc_url``): TLS and the connect timeout. The rest stays with Airflow.
-DATABASE_OPTIONS = ("sslmode", "sslrootcert", "connect_timeout")
+# (``tidemark.spark.entry.jdbc_url``): TLS and the connect timeout, libpq's name -> the JDBC driver's.
+# The rest stays with Airflow.
+DATABASE_OPTIONS = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "connect_timeout": "connectTimeout"}
 # A client certificate's key is PEM to libpq and DER PKCS-8 to the JDBC driver (42.7.8): no one file
 # serves both of a job's connections, so a connection that logs in with one is refused, by name.
 CLIENT_CERTIFICATE = ("sslcert", "sslkey")
