@@ -36,6 +36,20 @@ class MicroBatchReport:
     recorded: int = 0  # how many of ``rejects`` are already in sink_rejects
     steps: Steps = field(default_factory=Steps)  # where the micro-batch's time went, for its log line
 
+    COUNTS = ("replayed", "events", "duplicates", "superseded", "staged", "discarded", "rejected")
+
+    def add(self, other: MicroBatchReport) -> None:
+        """Adds ``other``'s counts and batches to these (a sink run's totals)."""
+        for name in self.COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.committed += other.committed
+        self.refused += other.refused
+
+    def totals(self) -> dict[str, Any]:
+        """The counts and batches, as the sink's summary line gives them."""
+        return {**{name: getattr(self, name) for name in self.COUNTS},
+                "committed": list(self.committed), "refused": list(self.refused)}
+
 
 def payload_text(payload: bytes | str | None) -> str | None:
     """The rejected value as PostgreSQL text can hold it: invalid UTF-8 escaped, NUL shown, capped."""

@@ -1,0 +1,269 @@
+"""The batch sink's Spark driver: what ``spark_jobs/batch_sink.py`` runs with its parsed arguments.
+
+``run`` prepares (spec, keyring, targets, fencing token, a standing sink's life line, stages swept,
+dead letters still owed published), then reads the pipeline's topics from the offsets stored in
+the warehouse with a Structured Streaming query whose every micro-batch ``MicroBatches`` hands to
+``BatchSink.apply``, and prints the run's totals as a summary line. Only the Spark driver imports
+this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+from argparse import Namespace
+
+from tidemark import avro
+from tidemark.config import executor_checks_from
+from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
+from tidemark.dead_letters import DeadLetterOutbox
+from tidemark.kafka_io import end_offsets, ensure_topic
+from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
+from tidemark.progress import Steps, progress_line, summary_line
+from tidemark.sink.apply import BatchSink
+from tidemark.sink.report import MicroBatchReport, loaded
+from tidemark.spark.entry import JobError, connect, connect_params, password, session
+from tidemark.spec import PipelineSpec, load_spec
+from tidemark.streams.lifeline import StandingControl
+
+
+def run(args: Namespace) -> int:
+    """The whole job: 0 when it stopped as asked; a ``JobError`` (exit 3) names what refused it."""
+    spec = load_spec(args.spec)
+    conn = connect(args.database, args.user, password(args))
+    control = None
+    try:
+        sink = open_sink(conn, spec, args)
+        control = take_over(sink, spec, args)
+        sink.sweep_stages()
+        sink.dead_letters.flush(conn)  # what an earlier instance committed but could not publish
+        if control is not None:
+            signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
+        starting = sink.starting_offsets()
+        batches = MicroBatches(sink, spec, control, connect_params(args.database, args.user, password(args)),
+                               backlog(args.bootstrap, starting))
+        spark = session(f"tidemark-batch-sink-{spec.name}")
+        try:
+            records = topic_records(spark, args, spec, starting)
+            print(summary_line("sink-started", pipeline=spec.name, offsets=starting, fence=sink.fence,
+                               standing=control is not None), flush=True)
+            stream(records, batches, spec, args.available_now, control)
+            print(summary_line("sink", pipeline=spec.name, **batches.total.totals(),
+                               **({"stopped": control.reason} if control else {})), flush=True)
+        finally:
+            spark.stop()
+    finally:
+        if control is not None:
+            control.finish()
+        conn.close()
+    if control is not None and not control.graceful:
+        raise JobError(f"pipeline {spec.name}: standing sink stopped: {control.reason}")
+    return 0
+
+
+def open_sink(conn, spec: PipelineSpec, args: Namespace) -> BatchSink:
+    """The sink over ``conn``, its control schema, real-time target and topics in place."""
+    from tidemark.catalog import ensure_stream_target
+    from tidemark.cdc.tables import ensure_cdc_target
+
+    try:  # control messages are verified against it: without one the sink does not start
+        keyring = Keyring.from_env()
+    except KeyringError as exc:
+        raise JobError(f"pipeline {spec.name}: {exc}") from None
+    with conn, conn.cursor() as cur:
+        ensure_control_schema(cur)
+        if spec.stream is not None or spec.cdc is not None:
+            try:  # the sink may start before the first event: the topics too (refused if their partitions differ)
+                ensure_stream_target(cur, spec) if spec.stream is not None else ensure_cdc_target(cur, spec)
+                for topic, partitions in spec.realtime_topics.items():
+                    ensure_topic(args.bootstrap, topic, partitions)
+            except (LookupError, ValueError) as exc:
+                raise JobError(f"pipeline {spec.name}: {'stream' if spec.stream else 'cdc'}: {exc}") from None
+    sink = BatchSink(conn, spec, keyring=keyring,
+                     dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic, consumer_for(spec.name)))
+    try:
+        sink.check_stream()
+    except LookupError as exc:
+        raise JobError(str(exc)) from None
+    return sink
+
+
+def take_over(sink: BatchSink, spec: PipelineSpec, args: Namespace) -> StandingControl | None:
+    """Take the fencing token; a standing sink (no ``--available-now``) also its lease and life line.
+    A live standing sink of this pipeline keeps its lease: a second copy never starts."""
+    try:
+        sink.acquire_fence(lease=spec.sink.lease)
+        if args.available_now:
+            return None
+        ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
+        control = StandingControl(lambda: connect(args.database, args.user, password(args)), spec, sink.fence,
+                                  f"{socket.gethostname()}:{os.getpid()}", args.bootstrap)
+        control.start()
+        return control
+    except LeaseHeld as exc:
+        raise JobError(str(exc)) from None
+
+
+def backlog(bootstrap: str, starting: dict[str, dict[int, int]]) -> int | None:
+    """How many records there are to read now: the progress lines' denominator (None: some
+    partition starts from its earliest offset, so the count is unknown)."""
+    total = 0
+    for topic, offsets in starting.items():
+        if any(o < 0 for o in offsets.values()):
+            return None
+        ends = end_offsets(bootstrap, topic)
+        total += sum(max(ends.get(p, 0) - o, 0) for p, o in offsets.items())
+    return total
+
+
+def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str, dict[int, int]]):
+    """The streaming read of the pipeline's topics (read_committed, from ``starting``), one row per
+    record with its position, control headers and row hash."""
+    from pyspark.sql import functions as F
+
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("assign", json.dumps({t: sorted(offsets) for t, offsets in starting.items()}))
+        .option("startingOffsets", json.dumps({t: {str(p): o for p, o in offsets.items()}
+                                               for t, offsets in starting.items()}))
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+        .option("maxOffsetsPerTrigger", args.max_records_per_trigger or spec.sink.max_offsets_per_trigger)
+        .option("maxRecordsPerPartition", spec.sink.max_records_per_task)
+        .load()
+    )
+
+    def header(name: str):
+        return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
+
+    # Key and value stay bytes: the sink checks their UTF-8 itself (a bad record is a dead letter,
+    # not a crash). The row hash is over the same bytes, as the extract hashed its strings.
+    key, value = F.col("key").cast("string"), F.col("value").cast("string")
+    return stream.select(
+        F.col("topic"), F.col("partition"), F.col("offset"), F.col("key"), F.col("value"),
+        header(HEADER_CONTROL).alias("control"), header(HEADER_BATCH).alias("batch_id"),
+        header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
+        F.xxhash64(key, value).alias("row_hash"),
+    )
+
+
+def ship_to_executors() -> None:
+    """The modules the executors run (checks, staging) travel by value with each task, so
+    executors need no Tidemark installed."""
+    from pyspark import cloudpickle
+
+    from tidemark import pgbinary, records, stage, totals, window
+
+    for module in (records, window, stage, pgbinary, totals):
+        cloudpickle.register_pickle_by_value(module)
+
+
+def stream(records, batches: MicroBatches, spec: PipelineSpec, available_now: bool,
+           control: StandingControl | None) -> None:
+    """Run the query: to the topic's end (``available_now``), or until the life line asks it to stop
+    (between two micro-batches: the one in flight finishes first)."""
+    ship_to_executors()
+    with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
+        writer = records.writeStream.foreachBatch(batches).option("checkpointLocation", checkpoint)
+        trigger_s = spec.sink.trigger.total_seconds()
+        writer = (writer.trigger(availableNow=True) if available_now
+                  else writer.trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds"))
+        query = writer.start()
+        if control is None:
+            query.awaitTermination()
+            return
+        while query.isActive and not control.stop_requested.wait(1.0):
+            pass
+        if not control.stop_requested.is_set():
+            query.awaitTermination()  # it ended by itself: this raises its error
+        with control.apply_lock:  # the micro-batch in flight, if any, finishes first
+            pass
+        query.stop()
+
+
+class MicroBatches:
+    """The query's ``foreachBatch`` function: reads one micro-batch (protocol version 2: decoded,
+    checked and staged by the executors), hands it to ``BatchSink.apply``, adds its report to
+    ``total`` and prints a progress line."""
+
+    def __init__(self, sink: BatchSink, spec: PipelineSpec, control: StandingControl | None,
+                 executor_db: dict, backlog: int | None):
+        self.sink, self.spec, self.control = sink, spec, control
+        self.executor_db = executor_db  # the executors' own connection parameters (their COPY)
+        self.backlog = backlog
+        self.total = MicroBatchReport()
+        self.records = 0
+        self.last = 0  # the previous micro-batch's records: a backlog is checked on the executors
+        self.since = time.monotonic()
+
+    def __call__(self, batch_df, epoch_id: int) -> None:
+        if self.control is None:
+            self.apply(batch_df, epoch_id)
+            return
+        with self.control.apply_lock:  # a stop waits for this micro-batch, and none starts after it
+            if not self.control.stop_requested.is_set():
+                started = time.monotonic()
+                rows = self.apply(batch_df, epoch_id)
+                self.control.progress(rows, self.sink.committed_offsets(), time.monotonic() - started)
+
+    def apply(self, batch_df, epoch_id: int) -> int:
+        started, steps = time.monotonic(), Steps()
+        table, loads = self.read(batch_df, steps)
+        self.last = table.num_rows + loaded(loads)
+        report = self.sink.apply(table, epoch_id, steps, loads, started)
+        self.records += self.last
+        self.total.add(report)
+        print(progress_line(f"pipeline={self.spec.name} sink micro-batch {epoch_id}", "records read", self.records,
+                            self.backlog, time.monotonic() - self.since)
+              + f"; staged {self.total.staged} so far, committed {self.total.committed or '-'}", flush=True)
+        return self.last
+
+    def read(self, batch_df, steps: Steps):
+        """The micro-batch as the driver's pyarrow table, and the executors' load rows (None under
+        protocol version 1, where the driver stages)."""
+        from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+        formats = self.sink.formats()
+        if formats:  # protocol version 2: decoded and checked in the JVM, beside the read
+            batch_df = avro.decode(batch_df, formats, self.spec.topic, list(self.spec.primary_key),
+                                   self.spec.cursor.column, self.spec.max_record_bytes)
+        checker = self.sink.checker(formats) if self.last >= executor_checks_from() else None
+        checking = checker is not None and checker.has_work
+        if checking:  # a backlog: check where the records are
+            schema = (batch_df.schema if "checked" in batch_df.columns else
+                      StructType([*batch_df.schema.fields, StructField("reason", StringType()),
+                                  StructField("checked", BooleanType())]))
+            batch_df = batch_df.mapInArrow(checker, schema)
+        if not formats:
+            with steps.step("spark read and checks" if checking else "spark read"):
+                return batch_df.toArrow(), None
+        return self.staged(batch_df, formats, steps)
+
+    def staged(self, batch_df, formats, steps: Steps):
+        """The executors COPY the good records into the stage; the driver gets the rest, and one
+        load row (totals) per task."""
+        import pyarrow.compute as pc
+        from pyspark.sql.pandas.types import from_arrow_schema
+        from pyspark.sql.types import StructField, StructType
+
+        from tidemark.stage import load_schema
+
+        stager = self.sink.stager(formats, self.executor_db)
+        with steps.step("spark read, checks and stage"):
+            # a load's row carries nulls where the records have none (row hash, checked): all nullable
+            nullable = [StructField(f.name, f.dataType, True) for f in batch_df.schema.fields]
+            table = batch_df.mapInArrow(stager, StructType([*nullable, *from_arrow_schema(load_schema()).fields])
+                                        ).toArrow()
+        is_load = pc.is_valid(table["load"])
+        loads = table.filter(is_load)
+        table = table.filter(pc.invert(is_load)).drop_columns(load_schema().names)
+        if loads.num_rows:
+            # within the Spark job, added up over its tasks: not a step of its own
+            steps.seconds["tasks' COPY summed"] = pc.sum(loads["load_seconds"]).as_py()
+        return table, loads
+
