@@ -1,5 +1,5 @@
 """What the extract decides, apart from Spark: read ranges, its report, and the checks that keep a
-wrong attempt from being sealed. ``spark_jobs/extract_window.py`` only wires these to Spark.
+wrong attempt from being sealed. ``tidemark.extract.job`` wires these to Spark.
 """
 
 from __future__ import annotations
