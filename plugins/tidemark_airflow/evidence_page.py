@@ -120,24 +120,39 @@ def links_for(request) -> Any:
 
 def add_routes(app) -> None:
     """The evidence routes, on the status page's app (its login dependency covers them)."""
+    add_file_routes(app)
+    add_batch_routes(app)
+
+
+def _page(text: str, status: int = 200):
+    from fastapi.responses import HTMLResponse
+
+    return HTMLResponse(text, status_code=status, headers={"Content-Security-Policy": PAGE_CSP})
+
+
+def _missing(request, what: str):
+    from tidemark import evidence
+
+    return _page(evidence.render_message("Tidemark evidence: not found", what,
+                                         f"{request.scope.get('root_path', '')}/"), 404)
+
+
+def _unavailable(request, exc: BaseException):
+    from tidemark import evidence
+    from tidemark.status import error_text
+
+    log.warning("Tidemark evidence unavailable: %s", error_text(exc))
+    return _page(evidence.render_message("Tidemark evidence unavailable", error_text(exc),
+                                         f"{request.scope.get('root_path', '')}/"), 503)
+
+
+def add_file_routes(app) -> None:
+    """The page's own assets, the offline Data Docs site and the reconciliation reports' files."""
     from fastapi import Request
-    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+    from fastapi.responses import FileResponse, HTMLResponse, Response
 
     from tidemark import evidence
     from tidemark.spec import NAME_PATTERN
-    from tidemark.status import error_text, jsonable
-
-    def page(text: str, status: int = 200) -> HTMLResponse:
-        return HTMLResponse(text, status_code=status, headers={"Content-Security-Policy": PAGE_CSP})
-
-    def missing(request: Request, what: str) -> HTMLResponse:
-        return page(evidence.render_message("Tidemark evidence: not found", what,
-                                            f"{request.scope.get('root_path', '')}/"), 404)
-
-    def unavailable(request: Request, exc: BaseException) -> HTMLResponse:
-        log.warning("Tidemark evidence unavailable: %s", error_text(exc))
-        return page(evidence.render_message("Tidemark evidence unavailable", error_text(exc),
-                                            f"{request.scope.get('root_path', '')}/"), 503)
 
     @app.get(EVIDENCE + "/_assets/{name}")
     def asset(name: str):
@@ -151,7 +166,7 @@ def add_routes(app) -> None:
         site = evidence.data_docs_site(reconcile_root())
         target = evidence.safe_file(site, path or "index.html")
         if target is None:
-            return missing(request, f"no Data Docs page {path!r} in {site}")
+            return _missing(request, f"no Data Docs page {path!r} in {site}")
         headers = {"Content-Security-Policy": DOCS_CSP}
         if target.suffix.lower() in (".html", ".htm"):
             base = f"{request.scope.get('root_path', '')}{EVIDENCE}"
@@ -165,10 +180,21 @@ def add_routes(app) -> None:
         if NAME_PATTERN.fullmatch(pipeline) and evidence.RUN_ID.match(run_id) and name in evidence.REPORT_FILES:
             target = evidence.safe_file(reconcile_root() / "reports", f"{pipeline}/{run_id}/{name}")
         if target is None:
-            return missing(request, f"no report {name!r} of run {run_id!r} of pipeline {pipeline!r}")
+            return _missing(request, f"no report {name!r} of run {run_id!r} of pipeline {pipeline!r}")
         if name.endswith(".csv"):
             return FileResponse(target, media_type="text/csv", filename=f"{pipeline}-{run_id}-{name}")
-        return page(target.read_text(errors="replace"))
+        return _page(target.read_text(errors="replace"))
+
+
+def add_batch_routes(app) -> None:
+    """A batch's evidence, as a page and as JSON (its latest batch, one batch, or the full
+    reconciliation)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    from tidemark import evidence
+    from tidemark.spec import NAME_PATTERN
+    from tidemark.status import error_text, jsonable
 
     @app.get(EVIDENCE + "/_api/{pipeline}/{batch_id:path}")
     def api(pipeline: str, batch_id: str):
@@ -182,16 +208,16 @@ def add_routes(app) -> None:
             return JSONResponse({"error": error_text(exc)}, status_code=503)
         return JSONResponse(jsonable(found))
 
-    def show(request: Request, pipeline: str, batch_id: str | None, latest: bool = False) -> HTMLResponse:
+    def show(request: Request, pipeline: str, batch_id: str | None, latest: bool = False):
         if not NAME_PATTERN.fullmatch(pipeline):
-            return missing(request, f"no pipeline {pipeline!r}")
+            return _missing(request, f"no pipeline {pipeline!r}")
         try:
             found = read_evidence(pipeline, batch_id, latest=latest)
         except evidence.NotFound as exc:
-            return missing(request, str(exc))
+            return _missing(request, str(exc))
         except Exception as exc:  # the warehouse down, a query refused: say so rather than a bare 500
-            return unavailable(request, exc)
-        return page(evidence.render_batch(found, links_for(request), reconcile_root()))
+            return _unavailable(request, exc)
+        return _page(evidence.render_batch(found, links_for(request), reconcile_root()))
 
     @app.get(EVIDENCE + "/{pipeline}")
     def latest_batch(pipeline: str, request: Request):  # sync handlers: the thread pool runs the queries

@@ -64,14 +64,7 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
         if target_invariants is not None:
             invariants = target_invariants.result()
             mark = timed("invariants (beside the passes), waited for", mark)
-    checks.append(check_equal("row_count", "", src.rows, tgt.rows))
-    checks.append(check_equal("hash_total", "", src.hash_total, tgt.hash_total))
-    tolerance = spec.reconcile.tolerance
-    for label_group in sorted(set(src.totals) | set(tgt.totals), key=lambda k: (k[0], [str(v) for v in k[1]])):
-        label, group = label_group
-        checks.append(check_equal(f"control_total {label}", ", ".join(str(v) for v in group),
-                               src.totals.get(label_group, Decimal(0)), tgt.totals.get(label_group, Decimal(0)),
-                               tolerance))
+    checks += totals_checks(spec, src, tgt)
     if invariants_cur is None:
         invariants = invariant_checks(target_cur, spec, where, timings)  # each timed on its own
         mark = time.perf_counter()
@@ -84,15 +77,34 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
                       timings=timings)
     verdict.seconds = time.perf_counter() - started
     if src.buckets != tgt.buckets:
-        differing = sorted(b for b in set(src.buckets) | set(tgt.buckets) if src.buckets.get(b) != tgt.buckets.get(b))
-        for b in differing:
-            lo = bounds[b - 1] if b > 0 else None
-            hi = bounds[b] if b < len(bounds) else None
-            size = max(src.buckets.get(b, (0, 0))[0], tgt.buckets.get(b, (0, 0))[0])
-            localise_range(spec, source_cur, target_cur, where, columns, kind, lo, hi, size, leaf_rows, verdict)
-            if len(verdict.differences) >= localise_limit:
-                verdict.complete = False
-                break
+        localise(spec, source_cur, target_cur, where, columns, kind, bounds, src, tgt, leaf_rows, localise_limit,
+                 verdict)
         tell_deletions_apart(target_cur, spec, where, verdict)
         verdict.seconds_localising = time.perf_counter() - started - verdict.seconds
     return verdict
+
+
+def totals_checks(spec: PipelineSpec, src, tgt) -> list[Check]:
+    """Row count, hash total and each control total, source against target."""
+    checks = [check_equal("row_count", "", src.rows, tgt.rows), check_equal("hash_total", "", src.hash_total, tgt.hash_total)]
+    for label_group in sorted(set(src.totals) | set(tgt.totals), key=lambda k: (k[0], [str(v) for v in k[1]])):
+        label, group = label_group
+        checks.append(check_equal(f"control_total {label}", ", ".join(str(v) for v in group),
+                                  src.totals.get(label_group, Decimal(0)), tgt.totals.get(label_group, Decimal(0)),
+                                  spec.reconcile.tolerance))
+    return checks
+
+
+def localise(spec: PipelineSpec, source_cur, target_cur, where: str, columns, kind: str, bounds, src, tgt,
+             leaf_rows: int, limit: int, verdict: Verdict) -> None:
+    """The differing rows of every key range whose bucket differs, up to ``limit`` (then the
+    verdict says it is incomplete)."""
+    differing = sorted(b for b in set(src.buckets) | set(tgt.buckets) if src.buckets.get(b) != tgt.buckets.get(b))
+    for b in differing:
+        lo = bounds[b - 1] if b > 0 else None
+        hi = bounds[b] if b < len(bounds) else None
+        size = max(src.buckets.get(b, (0, 0))[0], tgt.buckets.get(b, (0, 0))[0])
+        localise_range(spec, source_cur, target_cur, where, columns, kind, lo, hi, size, leaf_rows, verdict)
+        if len(verdict.differences) >= limit:
+            verdict.complete = False
+            break

@@ -70,17 +70,51 @@ class Commit:
         log.error("pipeline=%s %s", self.spec.name, message)
 
     def _verify_and_apply(self, cur, batch_id: str, attempt: int, report: MicroBatchReport) -> None:
+        if not self._sealed(cur, batch_id, attempt):
+            return
+        verified = self._verify(cur, batch_id, attempt, report)
+        if verified is None:
+            return
+        planned, rows, checksum, records = verified
+        merge_started = time.monotonic()
+        applied = self._merge(cur, batch_id, attempt, report, planned, rows, records)
+        if applied is None:
+            return
+        if not ledger.transition(cur, batch_id, attempt, "committed", rows=rows, checksum=checksum):
+            raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the ledger refused the move "
+                            "to committed (state changed under the lock?); rolled back")
+        window = planned.window
+        moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
+        # a repair covers its keys only: nothing real-time to compact
+        compacted = merge.compact(cur, self.spec, window) if planned.repair_keys is None else None
+        self.stages.drop(cur, batch_id, attempt)
+        report.committed.append(f"{batch_id}#{attempt}")
+        log.info(
+            "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s in %.1f s) "
+            "checksum=%s watermark %s%s", self.spec.name, batch_id, attempt, window, rows, applied,
+            time.monotonic() - merge_started, checksum,
+            f"-> {window.hi}" if moved else "unchanged (backfill, repair or older window)",
+            f"; {compacted} real-time row(s) it covers compacted away" if compacted is not None else "",
+        )
+
+    def _sealed(self, cur, batch_id: str, attempt: int) -> bool:
+        """Whether the attempt is sealed, read under its lock; one no longer open loses its stage."""
         # Lock the batch, then the attempt (the teardown's order): the orchestrator may abort the
         # attempt concurrently, and a state read under the lock is the one that counts.
         state = ledger.attempt_state(cur, batch_id, attempt, lock=True)
         if state not in ("open", "sealed"):
             log.warning("pipeline=%s batch=%s attempt=%s is %s: not applied", self.spec.name, batch_id, attempt, state)
             self.stages.drop(cur, batch_id, attempt)
-            return
+            return False
         if state != "sealed":  # ENDs recorded before the orchestrator sealed it (an earlier version's sink)
             log.warning("pipeline=%s batch=%s attempt=%s has END on every partition but the ledger shows it %s: "
                         "it waits for the orchestrator to seal it", self.spec.name, batch_id, attempt, state)
-            return
+            return False
+        return True
+
+    def _verify(self, cur, batch_id: str, attempt: int, report: MicroBatchReport):
+        """The planned batch, its rows, checksum and the query of its accepted records, when what
+        was staged is exactly what the ledger says the batch is; else the attempt is refused (None)."""
         written = ledger.extract_offsets(cur, batch_id, attempt)
         bad, reasons = ledger.data_rejects(cur, self.consumer, batch_id, attempt, FIRST_REASONS, written)
         if bad:
@@ -92,7 +126,7 @@ class Commit:
                 f"tidemark.source gives topic/partition@offset); where the target cannot hold a value, change the "
                 f"target table {self.spec.target_table} (or the spec); where a record is malformed, fix the source "
                 "rows they name")
-            return
+            return None
         # The ledger, written by the orchestrator alone, says what the batch is: the extract's totals
         # sealed there, which every END accepted equals, and the offsets it wrote.
         expected = {p: (t.rows, t.checksum) for p, t in ledger.extract_totals(cur, batch_id, attempt).items()}
@@ -102,9 +136,8 @@ class Commit:
             self._refuse(cur, batch_id, attempt, report,
                          "what the sink staged differs from the extract's totals sealed in the ledger: "
                          + "; ".join(wrong.findings), wrong.next_step.format(topic=self.spec.topic))
-            return
+            return None
         planned = ledger.planned_batch(cur, batch_id)
-        window, repair_keys = planned.window, planned.repair_keys
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
         records = self.stages.records(cur, batch_id, attempt)
@@ -116,23 +149,20 @@ class Commit:
                              f"the stage holds {readable} accepted record(s), the staged totals and the ledger say "
                              f"{rows}" + self._restart_since(cur, batch_id, attempt),
                              "nothing of this attempt was applied and a new attempt stages its records afresh")
-                return
+                return None
+        return planned, rows, checksum, records
+
+    def _merge(self, cur, batch_id: str, attempt: int, report: MicroBatchReport, planned, rows: int,
+               records: str) -> int | None:
+        """Writes the verified batch into the target (``tidemark.sink.merge``): the target rows
+        written, or None when the target or the repair's keys refused it (rolled back to before)."""
+        window, repair_keys = planned.window, planned.repair_keys
         cur.execute("SAVEPOINT merge")
-        merge_started = time.monotonic()
         try:
-            if repair_keys is not None:
-                outside, applied = merge.apply_repair(cur, self.spec, batch_id, attempt, repair_keys, window,
-                                                              self._batch_columns(cur, batch_id), records)
-                if outside:  # a staged record outside the repair's keys: nothing of it applies
-                    cur.execute("ROLLBACK TO SAVEPOINT merge")
-                    self._refuse(cur, batch_id, attempt, report,
-                                 f"repair batch: {outside} of {rows} staged record(s) carry keys that are not "
-                                 f"among its {len(repair_keys)} repair keys",
-                                 "plan the repair again from a new reconciliation (tidemark_reconcile_"
-                                 f"{self.spec.name} with repair=true)")
-                    return
-            else:
-                applied = merge.apply_batch(cur, self.spec, window, self._batch_columns(cur, batch_id), records)
+            if repair_keys is None:
+                return merge.apply_batch(cur, self.spec, window, self._batch_columns(cur, batch_id), records)
+            outside, applied = merge.apply_repair(cur, self.spec, batch_id, attempt, repair_keys, window,
+                                                  self._batch_columns(cur, batch_id), records)
         except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded, RepairError) as exc:
             # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
@@ -140,21 +170,16 @@ class Commit:
                          f"the target {self.spec.target_table} rejected a record: {' '.join(str(exc).split())}",
                          f"change the target table {self.spec.target_table} so it can hold the value (the error "
                          "names the type or constraint; e.g. ALTER TABLE ... ALTER COLUMN ... TYPE a wider type)")
-            return
-        if not ledger.transition(cur, batch_id, attempt, "committed", rows=rows, checksum=checksum):
-            raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: the ledger refused the move "
-                            "to committed (state changed under the lock?); rolled back")
-        moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
-        compacted = merge.compact(cur, self.spec, window) if repair_keys is None else None  # a repair covers its keys only
-        self.stages.drop(cur, batch_id, attempt)
-        report.committed.append(f"{batch_id}#{attempt}")
-        log.info(
-            "pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s (target rows written=%s in %.1f s) "
-            "checksum=%s watermark %s%s", self.spec.name, batch_id, attempt, window, rows, applied,
-            time.monotonic() - merge_started, checksum,
-            f"-> {window.hi}" if moved else "unchanged (backfill, repair or older window)",
-            f"; {compacted} real-time row(s) it covers compacted away" if compacted is not None else "",
-        )
+            return None
+        if outside:  # a staged record outside the repair's keys: nothing of it applies
+            cur.execute("ROLLBACK TO SAVEPOINT merge")
+            self._refuse(cur, batch_id, attempt, report,
+                         f"repair batch: {outside} of {rows} staged record(s) carry keys that are not "
+                         f"among its {len(repair_keys)} repair keys",
+                         "plan the repair again from a new reconciliation (tidemark_reconcile_"
+                         f"{self.spec.name} with repair=true)")
+            return None
+        return applied
 
     def _keep_written(self, cur, batch_id: str, attempt: int, written: dict[int, tuple[int, int]],
                       report: MicroBatchReport) -> dict[int, tuple[int, int]] | None:

@@ -34,46 +34,101 @@ def collect(
     source, closed here; a source that fails shows its error. ``kafka_bootstrap``: the broker to
     check (an exception: its connection could not be resolved; None: no broker check). Each
     outage's first failed check is kept in ``health_path`` (None: the outage dates from this check)."""
+    entries = list(entries)
+    specs = [e.spec for e in entries if e.spec]
+    wh = warehouse_view(specs, warehouse_conn, open_warehouse, failure_window)
+    conn_ids = sorted({CONN_SOURCE, *(s.source_conn_id for s in specs)})
+    sources, lags, probes = source_views(conn_ids, specs, wh.ledgers, open_source)
+    probes.insert(0, wh.probe)
+    broker = broker_view(kafka_bootstrap, kafka_conn_id, broker_probe)
+    if broker is not None:
+        probes.append(broker)
+    now = datetime.now(timezone.utc)
+    health = remember_health(probes, health_path, now)
+    stream_of = {t.pipeline: t for t in wh.streams}
+    pipelines = []
+    for e in entries:
+        if e.spec is None:
+            pipelines.append(PipelineStatus(e.name, str(e.path), error=e.error))
+            continue
+        source = sources[e.spec.source_conn_id]
+        lag = lags.get(e.name) if source.error is None else Lag(error=f"source {source.conn_id}: {source.error}")
+        row = PipelineStatus(e.name, str(e.path), None, e.spec.source_conn_id, e.spec.cursor.kind, wh.ledgers[e.name], lag)
+        held = pipeline_holds(row, health=health, source=source, stream=stream_of.get(e.name), now=now,
+                              lease=e.spec.sink.lease if e.spec.sink.mode == "standing" else None)
+        pipelines.append(dataclasses.replace(row, held_by=held))
+    return StatusReport(
+        generated_at=now,
+        pipelines_dir=str(pipelines_directory) if pipelines_directory else "",
+        control_schema=wh.has_control,
+        pipelines=pipelines,
+        sources=[sources[c] for c in conn_ids],
+        orphan_stage_tables=wh.orphans,
+        streams=wh.streams,
+        health=health,
+        warehouse_error=wh.error,
+    )
+
+
+@dataclasses.dataclass
+class WarehouseView:
+    """What the page reads from the warehouse, and the warehouse's own probe."""
+    ledgers: dict[str, PipelineLedger]
+    has_control: bool = False
+    orphans: list = dataclasses.field(default_factory=list)
+    streams: list[StreamStatus] = dataclasses.field(default_factory=list)
+    error: str | None = None
+    probe: Probe | None = None
+
+
+def warehouse_view(specs, warehouse_conn, open_warehouse, failure_window: timedelta) -> WarehouseView:
+    """Each pipeline's ledger, the orphan stages and the standing sinks. A connection the caller
+    gave that breaks raises; one opened here that does not answer is an unreachable warehouse."""
     import psycopg2
 
-    entries = list(entries)
-    probes: list[Probe] = []
     own_warehouse = warehouse_conn is None
-    warehouse_error = None
-    has_control, orphans, streams = False, [], []
-    ledgers = {e.name: PipelineLedger() for e in entries if e.spec}
+    view = WarehouseView({s.name: PipelineLedger() for s in specs})
     if own_warehouse:
         try:
             warehouse_conn = open_warehouse()
         except Exception as exc:
-            warehouse_error = error_text(exc)
+            view.error = error_text(exc)
     try:
         if warehouse_conn is not None:
             try:
                 read_only_session(warehouse_conn)
                 with warehouse_conn.cursor() as wh:
-                    has_control = ledger.control_schema_exists(wh)
-                    ledgers = {e.name: pipeline_ledger(wh, e.name, failure_window) if has_control else PipelineLedger()
-                               for e in entries if e.spec}
-                    orphans = orphan_stage_tables(wh, control_schema=has_control)
-                    streams = [stream_status(wh, e.spec) for e in entries if e.spec and e.spec.sink.mode == "standing"] \
-                        if has_control and ledger.stream_tables_exist(wh) else []
+                    view = read_warehouse(wh, specs, failure_window)
             except psycopg2.OperationalError as exc:  # the connection broke or a query timed out
                 if not own_warehouse or isinstance(exc, psycopg2.errors.LockNotAvailable):
                     raise
-                warehouse_error = error_text(exc)
-                has_control, orphans, streams = False, [], []
-                ledgers = {e.name: PipelineLedger() for e in entries if e.spec}
-        probes.append(Probe("warehouse", "warehouse", CONN_WAREHOUSE,
-                            pg_address(warehouse_conn) if warehouse_conn is not None else None, warehouse_error))
+                view = WarehouseView({s.name: PipelineLedger() for s in specs}, error=error_text(exc))
+        view.probe = Probe("warehouse", "warehouse", CONN_WAREHOUSE,
+                           pg_address(warehouse_conn) if warehouse_conn is not None else None, view.error)
     finally:
         if own_warehouse and warehouse_conn is not None:
             warehouse_conn.close()
+    return view
 
-    specs = [e.spec for e in entries if e.spec]
-    conn_ids = sorted({CONN_SOURCE, *(s.source_conn_id for s in specs)})
+
+def read_warehouse(wh, specs, failure_window: timedelta) -> WarehouseView:
+    if not ledger.control_schema_exists(wh):
+        return WarehouseView({s.name: PipelineLedger() for s in specs},
+                             orphans=orphan_stage_tables(wh, control_schema=False))
+    streams = ([stream_status(wh, s) for s in specs if s.sink.mode == "standing"]
+               if ledger.stream_tables_exist(wh) else [])
+    return WarehouseView({s.name: pipeline_ledger(wh, s.name, failure_window) for s in specs}, True,
+                         orphan_stage_tables(wh, control_schema=True), streams)
+
+
+def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger], open_source: Callable[[str], Any]):
+    """Each source's status and probe, and the watermark lag of each pipeline it feeds; a source
+    that fails shows its error (a failing table: that pipeline's row only)."""
+    import psycopg2
+
     sources: dict[str, SourceStatus] = {}
     lags: dict[str, Lag | None] = {}
+    probes: list[Probe] = []
     for conn_id in conn_ids:
         try:
             conn = open_source(conn_id)
@@ -98,42 +153,21 @@ def collect(
         finally:
             probes.append(Probe(f"source {conn_id}", "source", conn_id, pg_address(conn), unreachable))
             conn.close()
+    return sources, lags, probes
 
+
+def broker_view(kafka_bootstrap, kafka_conn_id: str, broker_probe) -> Probe | None:
+    """The broker's probe (``kafka_bootstrap`` an exception: its connection could not be resolved;
+    None: no broker check)."""
     if isinstance(kafka_bootstrap, BaseException):
-        probes.append(Probe("kafka", "broker", kafka_conn_id, None, f"connection {kafka_conn_id}: "
-                                                                    f"{error_text(kafka_bootstrap)}"))
-    elif kafka_bootstrap is not None:
-        try:
-            broken = broker_probe(kafka_bootstrap)
-        except Exception as exc:  # the probe itself failed (e.g. no Kafka client here): say so, never fail the page
-            broken = error_text(exc)
-        probes.append(Probe("kafka", "broker", kafka_conn_id, kafka_bootstrap, broken))
-
-    now = datetime.now(timezone.utc)
-    health = remember_health(probes, health_path, now)
-    stream_of = {t.pipeline: t for t in streams}
-    pipelines = []
-    for e in entries:
-        if e.spec is None:
-            pipelines.append(PipelineStatus(e.name, str(e.path), error=e.error))
-            continue
-        source = sources[e.spec.source_conn_id]
-        lag = lags.get(e.name) if source.error is None else Lag(error=f"source {source.conn_id}: {source.error}")
-        row = PipelineStatus(e.name, str(e.path), None, e.spec.source_conn_id, e.spec.cursor.kind, ledgers[e.name], lag)
-        held = pipeline_holds(row, health=health, source=source, stream=stream_of.get(e.name), now=now,
-                              lease=e.spec.sink.lease if e.spec.sink.mode == "standing" else None)
-        pipelines.append(dataclasses.replace(row, held_by=held))
-    return StatusReport(
-        generated_at=now,
-        pipelines_dir=str(pipelines_directory) if pipelines_directory else "",
-        control_schema=has_control,
-        pipelines=pipelines,
-        sources=[sources[c] for c in conn_ids],
-        orphan_stage_tables=orphans,
-        streams=streams,
-        health=health,
-        warehouse_error=warehouse_error,
-    )
+        return Probe("kafka", "broker", kafka_conn_id, None, f"connection {kafka_conn_id}: {error_text(kafka_bootstrap)}")
+    if kafka_bootstrap is None:
+        return None
+    try:
+        broken = broker_probe(kafka_bootstrap)
+    except Exception as exc:  # the probe itself failed (e.g. no Kafka client here): say so, never fail the page
+        broken = error_text(exc)
+    return Probe("kafka", "broker", kafka_conn_id, kafka_bootstrap, broken)
 
 
 # --- text, for `make status` and logs ---------------------------------------------------------
