@@ -160,7 +160,7 @@ def write_document(path, spec: PipelineSpec, source_conn, warehouse_conn, batch_
     _, found = load(spec, warehouse_conn, batch_id)
     with source_conn, source_conn.cursor() as cur:
         types = key_types(cur, spec.table, list(spec.primary_key))
-    Path(path).write_text(json.dumps({"columns": list(spec.primary_key), "types": types, "keys": found.keys}))
+    Path(path).write_text(json.dumps({"columns": list(spec.primary_key), "types": types, "keys": found.repair_keys}))
 
 
 def read_document(path, spec: PipelineSpec) -> dict[str, Any]:

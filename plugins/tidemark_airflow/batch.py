@@ -185,7 +185,7 @@ class PlanWindowOperator(_PipelineOperator):
             finally:
                 warehouse.close()
         self.log.info("%s repair of %s key(s) found by reconciliation run %s (of %s), planned; the watermark "
-                      "stays where it is", _tag(spec, plan), len(found.keys), found.repair_run,
+                      "stays where it is", _tag(spec, plan), len(found.repair_keys), found.repair_run,
                       f"batch {found.repair_of}" if found.repair_of else "the whole table")
         return plan.to_xcom()
 

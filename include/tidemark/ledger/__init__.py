@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from tidemark.ledger.schema import CONTROL_SCHEMA_LOCK, ensure_control_schema  # noqa: F401
 from tidemark.ledger.batches import (  # noqa: F401
-    AlreadyCommitted, LedgerBatch, PlannedBatch, Repair, RepairDeletion, batch_id_for, column_fills,
+    AlreadyCommitted, LedgerBatch, RepairDeletion, batch_id_for, column_fills,
     committed_watermark, consumer_for, planned_batch, record_column_fills, record_plan, record_repair_plan,
     record_schema, register_schema, repair, repair_deletes, repair_deletions, safe_id_high,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tidemark.avro import SourceColumn, columns_from_json, drift
@@ -33,15 +33,39 @@ def _recordable(window: Window, batch_id: str) -> None:
 
 
 @dataclass(frozen=True)
-class PlannedBatch:
+class LedgerBatch:
+    """A batch as the orchestrator recorded it in tidemark_control.batches: the one record of what a
+    batch is (window, attempts, record schema, and a repair batch's keys), whoever reads it."""
     batch_id: str
+    pipeline: str
     window: Window
-    reused: bool  # the run was planned before (a retry or a cleared run): same window
+    state: str = "planned"
+    latest_attempt: int = 0
+    reused: bool = False  # read back by record_plan: the run was planned before (a retry, a cleared run)
     schema_version: int | None = None  # protocol version 2's record schema (None: version 1, JSON)
+    repair_keys: list[list[str]] | None = None  # a repair batch: only these keys (text forms) are re-loaded
+    repair_of: str | None = None  # the repaired batch; None: the whole table
+    repair_run: str | None = None  # the reconciliation run that found the keys
+    repair_deletes: dict[str, Any] | None = None  # what its apply may delete (``repair.deletes``); None: every key
+
+
+_BATCH_COLUMNS = ("pipeline, state, window_lo, window_hi, backfill, attempt, schema_version, repair_keys, repair_of, "
+                  "repair_run::text, repair_deletes")
+
+
+def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
+    """What the orchestrator planned for a batch (None: never planned)."""
+    cur.execute(f"SELECT {_BATCH_COLUMNS} FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    pipeline, state, lo, hi, backfill, latest, version, keys, repair_of, run, deletes = row
+    return LedgerBatch(batch_id, pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), state, latest,
+                       False, version, keys, repair_of, run, deletes)
 
 
 def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window,
-                schema_version: int | None = None) -> PlannedBatch:
+                schema_version: int | None = None) -> LedgerBatch:
     """Store the batch's window and record schema, or return those an earlier try of the same run
     stored."""
     _recordable(window, batch_id)
@@ -54,14 +78,8 @@ def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Win
          window.backfill, spec.partitions, schema_version),
     )
     if cur.rowcount == 1:
-        return PlannedBatch(batch_id, window, reused=False, schema_version=schema_version)
-    cur.execute(
-        "SELECT window_lo, window_hi, backfill, schema_version FROM tidemark_control.batches WHERE batch_id = %s",
-        (batch_id,)
-    )
-    lo, hi, backfill, version = cur.fetchone()
-    return PlannedBatch(batch_id, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), reused=True,
-                        schema_version=version)
+        return LedgerBatch(batch_id, spec.name, window, schema_version=schema_version)
+    return replace(planned_batch(cur, batch_id), reused=True)
 
 
 def register_schema(cur, pipeline: str, columns: list[SourceColumn], required: set[str]) -> tuple[int, str]:
@@ -93,7 +111,7 @@ def record_schema(cur, pipeline: str, version: int) -> tuple[list[SourceColumn],
 
 
 def record_repair_plan(cur, spec: PipelineSpec, batch_id: str, window: Window, keys: list[list[str]],
-                       repair_of: str | None, repair_run: str, deletes: dict[str, Any] | None = None) -> PlannedBatch:
+                       repair_of: str | None, repair_run: str, deletes: dict[str, Any] | None = None) -> LedgerBatch:
     """Store a repair batch: ``keys`` (text forms of the key columns) re-loaded from the source
     within ``window`` (a backfill window: the watermark never moves). ``deletes`` (``repair.deletes``):
     which of them its apply may delete where nothing is staged for them (None: every one)."""
@@ -108,32 +126,14 @@ def record_repair_plan(cur, spec: PipelineSpec, batch_id: str, window: Window, k
         (batch_id, spec.name, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()), spec.partitions,
          json.dumps(keys), repair_of, repair_run, json.dumps(deletes) if deletes is not None else None),
     )
-    return PlannedBatch(batch_id, window, reused=False)
+    return LedgerBatch(batch_id, spec.name, window, repair_keys=keys, repair_of=repair_of, repair_run=repair_run,
+                       repair_deletes=deletes)
 
 
-@dataclass(frozen=True)
-class Repair:
-    batch_id: str
-    pipeline: str
-    state: str
-    window: Window
-    keys: list[list[str]]
-    repair_of: str | None  # the repaired batch; None: the whole table
-    repair_run: str  # the reconciliation run that found the keys
-    deletes: dict[str, Any] | None = None  # what its apply may delete (``repair.deletes``); None: every key
-
-
-def repair(cur, batch_id: str) -> Repair | None:
+def repair(cur, batch_id: str) -> LedgerBatch | None:
     """The repair batch ``batch_id`` (None: no such batch, or not a repair)."""
-    cur.execute("SELECT pipeline, state, window_lo, window_hi, repair_keys, repair_of, repair_run::text, "
-                "repair_deletes FROM tidemark_control.batches WHERE batch_id = %s AND repair_keys IS NOT NULL",
-                (batch_id,))
-    row = cur.fetchone()
-    if row is None:
-        return None
-    pipeline, state, lo, hi, keys, repair_of, run, deletes = row
-    return Repair(batch_id, pipeline, state, Window(Bound.from_json(lo), Bound.from_json(hi), True), keys, repair_of,
-                  run, deletes)
+    found = planned_batch(cur, batch_id)
+    return found if found is not None and found.repair_keys is not None else None
 
 
 def repair_deletes(cur, batch_id: str) -> dict[str, Any] | None:
@@ -167,26 +167,6 @@ class AlreadyCommitted(RuntimeError):
 def consumer_for(pipeline: str) -> str:
     """The sink's identity in this warehouse database: its fence, offsets and rejects are keyed by it."""
     return f"batch-sink.{pipeline}"
-
-
-@dataclass(frozen=True)
-class LedgerBatch:
-    pipeline: str
-    window: Window
-    latest_attempt: int
-    repair_keys: list[list[str]] | None = None  # a repair batch: only these keys (text forms) are re-loaded
-    schema_version: int | None = None  # protocol version 2's record schema (None: version 1, JSON)
-
-
-def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
-    """What the orchestrator planned for a batch (None: never planned)."""
-    cur.execute("SELECT pipeline, window_lo, window_hi, backfill, attempt, repair_keys, schema_version "
-                "FROM tidemark_control.batches WHERE batch_id = %s", (batch_id,))
-    row = cur.fetchone()
-    if row is None:
-        return None
-    pipeline, lo, hi, backfill, latest, keys, version = row
-    return LedgerBatch(pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), latest, keys, version)
 
 
 def record_column_fills(cur, batch_id: str, fills: dict[str, str | None]) -> None:
