@@ -148,15 +148,12 @@ class Settings:
         return f"http://127.0.0.1:{self.connect_port}"
 
     def dsn(self, database: str) -> str:
-        """libpq key/value DSN (psycopg2); the password never appears in a log line we write."""
+        """libpq key/value DSN, quoted by psycopg2 (any password characters survive); the password
+        never appears in a log line we write."""
+        from psycopg2.extensions import make_dsn
 
-        def q(value: str) -> str:  # libpq quoting: any password characters survive
-            return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-        return (
-            f"host={self.pg_host} port={self.pg_port} dbname={q(database)} "
-            f"user={q(self.pg_user)} password={q(self.pg_password)}"
-        )
+        return make_dsn(host=self.pg_host, port=self.pg_port, dbname=database, user=self.pg_user,
+                        password=self.pg_password)
 
     def database_args(self, database: str, user: str | None = None) -> list[str]:
         """A Spark job's ``--database``, ``--user`` and ``--password-env`` for one of the stack's

@@ -1,6 +1,7 @@
 """Launch long-running jobs outside Airflow's worker slots, and find them again later.
 
-Every launcher has the ``Launcher`` interface; the supervisor knows no other. ``LocalLauncher``
+Every launcher is a ``Launcher`` (the supervisor knows no other): the base class keeps what all of
+them share (a pipeline's directory, the refusal to start a second instance, forgetting one). ``LocalLauncher``
 (here) runs a job on this machine; ``tidemark.streams.standalone.StandaloneLauncher`` submits it to a Spark
 standalone master in cluster mode and asks the master for its driver's state.
 
@@ -18,10 +19,10 @@ import os
 import signal
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
 
 from tidemark.spec import NAME_PATTERN
 
@@ -57,19 +58,12 @@ class Instance:
         return f"driver {self.driver}" if self.driver else f"pid {self.pid}"
 
 
-class Launcher(Protocol):
-    """What the supervisor asks of a launcher, for one job per pipeline name."""
+class Launcher(ABC):
+    """What the supervisor asks of a launcher, for one job per pipeline name. What a launcher keeps
+    of each job lives under ``<root>/<name>/``: its log and the ``records`` that say it was launched."""
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Instance: ...
-    def status(self, name: str) -> Instance: ...
-    def stop(self, name: str, grace_s: float = 30.0) -> Instance: ...
-    def kill(self, name: str) -> None: ...
-    def forget(self, name: str) -> None: ...
-    def log_tail(self, name: str, lines: int = 20) -> str: ...
-    def log_location(self, name: str) -> str: ...
+    records: tuple[str, ...] = ()  # what ``forget`` drops (the log stays)
 
-
-class LocalLauncher:
     def __init__(self, root: Path):
         self.root = Path(root)
 
@@ -79,12 +73,57 @@ class LocalLauncher:
         return self.root / name
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Instance:
-        """Launch ``argv`` detached; refuses while an instance of ``name`` still runs."""
+        """Launch ``argv`` for ``name``; refuses while an instance of ``name`` still runs."""
         current = self.status(name)
         if current.alive:
-            raise RuntimeError(f"{name}: already running as pid {current.pid} since {current.started_at}")
+            raise RuntimeError(f"{name}: already running as {current.handle} since {current.started_at}")
         d = self._dir(name)
         d.mkdir(parents=True, exist_ok=True)
+        self._launch(name, d, argv, env)
+        return self.status(name)
+
+    def forget(self, name: str) -> None:
+        """Drop the record of an instance that was stopped on purpose (its log stays), so the next
+        look at the pipeline sees nothing launched: a start, not a restart against the budget."""
+        if self.status(name).alive:
+            raise RuntimeError(f"{name}: still running; stop it before forgetting it")
+        for leftover in self.records:
+            (self._dir(name) / leftover).unlink(missing_ok=True)
+
+    def _own_log_tail(self, name: str, lines: int) -> str:
+        """The last ``lines`` of the launcher's own log of ``name`` (its last 64 KiB)."""
+        try:
+            with open(self._dir(name) / "log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(f.tell() - 64 * 1024, 0))
+                return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    @abstractmethod
+    def _launch(self, name: str, directory: Path, argv: list[str], env: dict[str, str] | None) -> None: ...
+
+    @abstractmethod
+    def status(self, name: str) -> Instance: ...
+
+    @abstractmethod
+    def stop(self, name: str, grace_s: float = 30.0) -> Instance: ...
+
+    @abstractmethod
+    def kill(self, name: str) -> None: ...
+
+    @abstractmethod
+    def log_tail(self, name: str, lines: int = 20) -> str: ...
+
+    @abstractmethod
+    def log_location(self, name: str) -> str: ...
+
+
+class LocalLauncher(Launcher):
+    records = ("pid", "exit_code")
+
+    def _launch(self, name: str, d: Path, argv: list[str], env: dict[str, str] | None) -> None:
+        """Runs ``argv`` detached, behind the wrapper that records its exit code."""
         (d / "exit_code").unlink(missing_ok=True)
         with open(d / "log", "ab") as log:
             log.write(f"--- {datetime.now(timezone.utc).isoformat()} starting: {' '.join(argv)}\n".encode())
@@ -93,7 +132,6 @@ class LocalLauncher:
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=env, close_fds=True)
         (d / "pid").write_text(f"{proc.pid} {_start_ticks(proc.pid)} {time.time()}\n")
-        return self.status(name)
 
     def status(self, name: str) -> Instance:
         d = self._dir(name)
@@ -122,14 +160,6 @@ class LocalLauncher:
         self.kill(name)
         return self.status(name)
 
-    def forget(self, name: str) -> None:
-        """Drop the record of an instance that was stopped on purpose (its log stays), so the next
-        look at the pipeline sees nothing launched: a start, not a restart against the budget."""
-        if self.status(name).alive:
-            raise RuntimeError(f"{name}: still running; stop it before forgetting it")
-        for leftover in ("pid", "exit_code"):
-            (self._dir(name) / leftover).unlink(missing_ok=True)
-
     def kill(self, name: str) -> None:
         """SIGKILL to every process of the instance's group (what is left of it)."""
         current = self.status(name)
@@ -153,13 +183,7 @@ class LocalLauncher:
         return str(self._dir(name) / "log")
 
     def log_tail(self, name: str, lines: int = 20) -> str:
-        try:
-            with open(self._dir(name) / "log", "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(f.tell() - 64 * 1024, 0))
-                return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
+        return self._own_log_tail(name, lines)
 
 
 def _stat(pid: int) -> list[str] | None:

@@ -28,8 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tidemark.errors import Transient
-from tidemark.streams.launch import Instance
-from tidemark.spec import NAME_PATTERN
+from tidemark.streams.launch import Instance, Launcher
 
 RUNNER = "org.apache.spark.deploy.PythonRunner"
 ALIVE = frozenset({"SUBMITTED", "RUNNING", "RELAUNCHING", "UNKNOWN"})
@@ -57,19 +56,17 @@ def cluster_argv(argv: list[str], master: str, runner_jar: str, python: str) -> 
             "--conf", f"spark.pyspark.python={python}", *options, runner_jar, app, "", *args]
 
 
-class StandaloneLauncher:
+class StandaloneLauncher(Launcher):
+    records = ("driver",)
+
     def __init__(self, root: Path, master: str, master_ui: str, runner_jar: str, python: str,
                  *, spark_class: str = "spark-class", timeout_s: float = 120.0):
         if not master.startswith("spark://"):
             raise ValueError(f"not a standalone master URL: {master!r} (spark://host:port)")
-        self.root, self.master, self.master_ui = Path(root), master, master_ui.rstrip("/")
+        super().__init__(root)
+        self.master, self.master_ui = master, master_ui.rstrip("/")
         self.runner_jar, self.python, self.timeout_s = runner_jar, python, timeout_s
         self.spark_class = spark_class
-
-    def _dir(self, name: str) -> Path:
-        if not NAME_PATTERN.fullmatch(name):
-            raise ValueError(f"not a pipeline name: {name!r}")
-        return self.root / name
 
     # --- the master's view ------------------------------------------------------------------
     def _master_state(self) -> dict:
@@ -88,12 +85,8 @@ class StandaloneLauncher:
         return None, state
 
     # --- the Launcher interface -------------------------------------------------------------
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Instance:
-        current = self.status(name)
-        if current.alive:
-            raise RuntimeError(f"{name}: already running as {current.handle} since {current.started_at}")
-        d = self._dir(name)
-        d.mkdir(parents=True, exist_ok=True)
+    def _launch(self, name: str, d: Path, argv: list[str], env: dict[str, str] | None) -> None:
+        """Submits the driver to the master and records its id."""
         command = cluster_argv(argv, self.master, self.runner_jar, self.python)
         submitted = time.time()
         proc = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -107,7 +100,6 @@ class StandaloneLauncher:
             tail = " | ".join(output.strip().splitlines()[-3:])
             raise RuntimeError(f"{name}: spark-submit to {self.master} failed (exit {proc.returncode}): {tail}")
         (d / "driver").write_text(f"{found.group(1)} {submitted}\n")
-        return self.status(name)
 
     def status(self, name: str) -> Instance:
         d = self._dir(name)
@@ -139,11 +131,6 @@ class StandaloneLauncher:
         while self.status(name).alive and time.monotonic() < deadline:
             time.sleep(0.5)
 
-    def forget(self, name: str) -> None:
-        if self.status(name).alive:
-            raise RuntimeError(f"{name}: still running; stop it before forgetting it")
-        (self._dir(name) / "driver").unlink(missing_ok=True)
-
     def log_location(self, name: str) -> str:
         current = self.status(name)
         worker = self._worker_ui(current.driver) if current.driver else None
@@ -168,10 +155,7 @@ class StandaloneLauncher:
                     continue
                 parts += [line for line in text.splitlines() if not line.startswith("==== Bytes ")]
         if not parts:
-            try:
-                parts = (self._dir(name) / "log").read_text(errors="replace").splitlines()
-            except FileNotFoundError:
-                return ""
+            return self._own_log_tail(name, lines)
         return "\n".join(parts[-lines:])
 
     def _worker_ui(self, driver_id: str) -> str | None:
