@@ -136,122 +136,133 @@ def _run(settings: Settings, workdir: Path, args) -> int:
         ledger.ensure_control_schema(cur)
     prepare_stream_tables(pipe.spec, wh, pipe.src)
     wh.close()
-    topic, name = stream["topic"], pipe.spec.name
-    ensure_topic(settings.kafka_bootstrap, topic, PARTITIONS)
+    ensure_topic(settings.kafka_bootstrap, stream["topic"], PARTITIONS)
     launcher = LocalLauncher(workdir / "streams")
     argv, env = submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False),
                                secret=settings.pg_password)
     result: dict[str, object] = {}
     try:
-        # 1. throughput: drain a backlog
-        t0 = time.monotonic()
-        _publish(settings, topic, 1, args.backlog)
-        print(f"published a backlog of {args.backlog} events in {time.monotonic() - t0:.1f} s", flush=True)
-        _start(launcher, pipe, argv, env)
-        first = _first_commit_after(pipe, 0, 180)
-        while (n := _count(pipe)) < args.backlog:  # (micro-batch rows of older fences are pruned: one instance here)
-            if not launcher.status(name).alive:
-                raise RuntimeError(f"the sink died draining the backlog:\n{launcher.log_tail(name, 40)}")
-            print(f"  drained {n}/{args.backlog} ({100 * n / args.backlog:.0f}%), "
-                  f"{n / max(time.time() - first, 1e-3):.0f} events/s", flush=True)
-            time.sleep(5)
-        # from the first micro-batch's commit to the last one's: the events after the first, over that time
-        batches = pipe.query_wh("SELECT events, extract(epoch FROM committed_at) FROM tidemark_control.sink_micro_batches "
-                                "WHERE consumer = %s AND events > 0 ORDER BY committed_at",
-                                (ledger.consumer_for(name),))
-        if len(batches) < 3:
-            raise RuntimeError(f"the backlog went through in {len(batches)} micro-batch(es): too few for a rate; "
-                               "use a larger --backlog or a smaller --max-per-trigger")
-        span = float(batches[-1][1]) - float(batches[0][1])
-        result["events_per_s"] = round(sum(e for e, _ in batches[1:]) / span)
-        result["drain_s"] = round(span, 1)
-        result["micro_batches"] = len(batches)
-        # where the drain's time went: the sink's apply (checks and PostgreSQL, its log says how long
-        # each took) against the rest (Spark reading the topic and handing the micro-batch over)
-        # (only the drain's micro-batches are in the log so far; the first is outside the span, as in the rate)
-        applied = [float(s) for s in APPLY_LINE.findall(Path(launcher.log_location(name)).read_text())][1:]
-        result["drain_apply_share"] = round(sum(applied) / span, 2) if applied else None
-        print(f"throughput: {sum(e for e, _ in batches[1:])} events in {len(batches) - 1} micro-batches over "
-              f"{span:.1f} s = {result['events_per_s']} events/s; the sink's apply (checks and PostgreSQL) took "
-              f"{result['drain_apply_share']} of that time, Spark's read and hand-over the rest", flush=True)
-
-        # 2. latency at a fixed rate, publish to visible in the serving view
-        sent: dict[int, float] = {}
-        seen: dict[int, float] = {}
-        n_latency = int(args.rate * args.seconds)
-        first_id = args.backlog + 1
-        stop = threading.Event()
-
-        def poll() -> None:
-            upto = first_id - 1
-            conn = pipe.wh()
-            try:
-                while not stop.is_set() or upto < first_id + n_latency - 1:
-                    with conn, conn.cursor() as cur:
-                        cur.execute(f"SELECT id FROM {quote(stream['serving_view'])} WHERE id > %s AND id < %s",
-                                    (upto, first_id + n_latency))
-                        now = time.time()
-                        for (i,) in cur.fetchall():
-                            seen[i] = now
-                    while upto + 1 in seen:
-                        upto += 1
-                    if stop.is_set() and time.time() > stop_at[0] + 120:
-                        break
-                    time.sleep(0.05)
-            finally:
-                conn.close()
-
-        stop_at = [0.0]
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
-        _publish(settings, topic, first_id, n_latency, rate=args.rate, sent=sent)
-        stop_at[0] = time.time()
-        stop.set()
-        poller.join(180)
-        latencies = sorted((seen[i] - sent[i]) * 1000 for i in sent if i in seen)
-        if len(latencies) != n_latency:
-            raise RuntimeError(f"only {len(latencies)} of {n_latency} events became visible")
-        result["rate"] = args.rate
-        result["p50_ms"] = round(statistics.median(latencies))
-        result["p99_ms"] = round(latencies[int(0.99 * (len(latencies) - 1))])
-        print(f"latency at {args.rate:.0f} events/s for {args.seconds:.0f} s: p50 {result['p50_ms']} ms, "
-              f"p99 {result['p99_ms']} ms", flush=True)
-
-        # 3. restart: kill -9, then the supervisor's start; events keep arriving
-        fence = _fence(pipe)
-        restart_first = first_id + n_latency
-        feeder = threading.Thread(target=_publish, args=(settings, topic, restart_first, int(args.rate * 40)),
-                                  kwargs={"rate": args.rate}, daemon=True)
-        feeder.start()
-        time.sleep(2)
-        killed = time.time()
-        launcher.kill(name)
-        _start(launcher, pipe, argv, env)
-        result["restart_s"] = round(_first_commit_after(pipe, fence, 180) - killed, 1)
-        print(f"restart: kill -9 to the first committed micro-batch of the new instance: {result['restart_s']} s",
-              flush=True)
-        feeder.join(120)
-        total = restart_first - 1 + int(args.rate * 40)
-        deadline = time.monotonic() + 300
-        while _count(pipe) < total and time.monotonic() < deadline:
-            time.sleep(1)
-        rows, distinct = pipe.query_wh(f"SELECT count(*), count(DISTINCT id) FROM "
-                                       f"{quote(stream['target_table'])}")[0]
-        result["events_checked"] = rows
-        if rows != total or distinct != total:
-            raise RuntimeError(f"the real-time table holds {rows} rows ({distinct} ids) for {total} events published")
+        _drain(settings, pipe, launcher, argv, env, args, result)
+        _latency(settings, pipe, args, result)
+        _restart(settings, pipe, launcher, argv, env, args, result)
     finally:
-        launcher.kill(name)
+        launcher.kill(pipe.spec.name)
         wh = pipe.wh()
         with wh, wh.cursor() as cur:
             cur.execute(f"DROP VIEW IF EXISTS {quote(stream['serving_view'] + '_freshness')}, "
                         f"{quote(stream['serving_view'])}")
             cur.execute(f"DROP TABLE IF EXISTS {quote(stream['target_table'])}, {quote(pipe.spec.target_table)}")
-            ledger.forget_pipeline(cur, name)
+            ledger.forget_pipeline(cur, pipe.spec.name)
         wh.close()
-        delete_topic(settings.kafka_bootstrap, topic)
+        delete_topic(settings.kafka_bootstrap, stream["topic"])
     print(json.dumps(result))
     return 0
+
+
+def _drain(settings: Settings, pipe, launcher: LocalLauncher, argv, env, args, result: dict) -> None:
+    """1. Throughput: the sink drains a backlog of ``args.backlog`` events."""
+    name, topic = pipe.spec.name, pipe.spec.stream.topic
+    t0 = time.monotonic()
+    _publish(settings, topic, 1, args.backlog)
+    print(f"published a backlog of {args.backlog} events in {time.monotonic() - t0:.1f} s", flush=True)
+    _start(launcher, pipe, argv, env)
+    first = _first_commit_after(pipe, 0, 180)
+    while (n := _count(pipe)) < args.backlog:  # (micro-batch rows of older fences are pruned: one instance here)
+        if not launcher.status(name).alive:
+            raise RuntimeError(f"the sink died draining the backlog:\n{launcher.log_tail(name, 40)}")
+        print(f"  drained {n}/{args.backlog} ({100 * n / args.backlog:.0f}%), "
+              f"{n / max(time.time() - first, 1e-3):.0f} events/s", flush=True)
+        time.sleep(5)
+    # from the first micro-batch's commit to the last one's: the events after the first, over that time
+    batches = pipe.query_wh("SELECT events, extract(epoch FROM committed_at) FROM tidemark_control.sink_micro_batches "
+                            "WHERE consumer = %s AND events > 0 ORDER BY committed_at",
+                            (ledger.consumer_for(name),))
+    if len(batches) < 3:
+        raise RuntimeError(f"the backlog went through in {len(batches)} micro-batch(es): too few for a rate; "
+                           "use a larger --backlog or a smaller --max-per-trigger")
+    span = float(batches[-1][1]) - float(batches[0][1])
+    result["events_per_s"] = round(sum(e for e, _ in batches[1:]) / span)
+    result["drain_s"] = round(span, 1)
+    result["micro_batches"] = len(batches)
+    # where the drain's time went: the sink's apply (checks and PostgreSQL, its log says how long
+    # each took) against the rest (Spark reading the topic and handing the micro-batch over)
+    # (only the drain's micro-batches are in the log so far; the first is outside the span, as in the rate)
+    applied = [float(s) for s in APPLY_LINE.findall(Path(launcher.log_location(name)).read_text())][1:]
+    result["drain_apply_share"] = round(sum(applied) / span, 2) if applied else None
+    print(f"throughput: {sum(e for e, _ in batches[1:])} events in {len(batches) - 1} micro-batches over "
+          f"{span:.1f} s = {result['events_per_s']} events/s; the sink's apply (checks and PostgreSQL) took "
+          f"{result['drain_apply_share']} of that time, Spark's read and hand-over the rest", flush=True)
+
+
+def _latency(settings: Settings, pipe, args, result: dict) -> None:
+    """2. Latency at a fixed rate, publish to visible in the serving view."""
+    serving_view = pipe.spec.stream.serving_view
+    sent: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    n_latency = int(args.rate * args.seconds)
+    first_id = args.backlog + 1
+    stop = threading.Event()
+    stop_at = [0.0]
+
+    def poll() -> None:
+        upto = first_id - 1
+        conn = pipe.wh()
+        try:
+            while not stop.is_set() or upto < first_id + n_latency - 1:
+                with conn, conn.cursor() as cur:
+                    cur.execute(f"SELECT id FROM {quote(serving_view)} WHERE id > %s AND id < %s",
+                                (upto, first_id + n_latency))
+                    now = time.time()
+                    for (i,) in cur.fetchall():
+                        seen[i] = now
+                while upto + 1 in seen:
+                    upto += 1
+                if stop.is_set() and time.time() > stop_at[0] + 120:
+                    break
+                time.sleep(0.05)
+        finally:
+            conn.close()
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    _publish(settings, pipe.spec.stream.topic, first_id, n_latency, rate=args.rate, sent=sent)
+    stop_at[0] = time.time()
+    stop.set()
+    poller.join(180)
+    latencies = sorted((seen[i] - sent[i]) * 1000 for i in sent if i in seen)
+    if len(latencies) != n_latency:
+        raise RuntimeError(f"only {len(latencies)} of {n_latency} events became visible")
+    result["rate"] = args.rate
+    result["p50_ms"] = round(statistics.median(latencies))
+    result["p99_ms"] = round(latencies[int(0.99 * (len(latencies) - 1))])
+    print(f"latency at {args.rate:.0f} events/s for {args.seconds:.0f} s: p50 {result['p50_ms']} ms, "
+          f"p99 {result['p99_ms']} ms", flush=True)
+
+
+def _restart(settings: Settings, pipe, launcher: LocalLauncher, argv, env, args, result: dict) -> None:
+    """3. Restart: kill -9, then the supervisor's start, while events keep arriving; every event once."""
+    fence = _fence(pipe)
+    restart_first = args.backlog + int(args.rate * args.seconds) + 1
+    feeder = threading.Thread(target=_publish, args=(settings, pipe.spec.stream.topic, restart_first,
+                                                     int(args.rate * 40)),
+                              kwargs={"rate": args.rate}, daemon=True)
+    feeder.start()
+    time.sleep(2)
+    killed = time.time()
+    launcher.kill(pipe.spec.name)
+    _start(launcher, pipe, argv, env)
+    result["restart_s"] = round(_first_commit_after(pipe, fence, 180) - killed, 1)
+    print(f"restart: kill -9 to the first committed micro-batch of the new instance: {result['restart_s']} s",
+          flush=True)
+    feeder.join(120)
+    total = restart_first - 1 + int(args.rate * 40)
+    deadline = time.monotonic() + 300
+    while _count(pipe) < total and time.monotonic() < deadline:
+        time.sleep(1)
+    rows, distinct = pipe.query_wh(f"SELECT count(*), count(DISTINCT id) FROM {quote(pipe.spec.stream.target_table)}")[0]
+    result["events_checked"] = rows
+    if rows != total or distinct != total:
+        raise RuntimeError(f"the real-time table holds {rows} rows ({distinct} ids) for {total} events published")
 
 
 if __name__ == "__main__":
