@@ -146,6 +146,12 @@ def ensure_schema(cur, spec: PipelineSpec, table: str, field: str) -> None:
         cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
 
 
+def serving_views_exist(cur, view: str) -> bool:
+    """Whether a serving view and its ``<view>_freshness`` both exist (then they are left as they are)."""
+    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(view), quote(f"{view}_freshness")))
+    return None not in cur.fetchone()
+
+
 def ensure_serving_view(cur, spec: PipelineSpec) -> None:
     """The serving view (one row per key over the batch target and the real-time table: the newest
     version by cursor, the batch's on a tie) and ``<view>_freshness`` (the batch watermark, the
@@ -155,8 +161,7 @@ def ensure_serving_view(cur, spec: PipelineSpec) -> None:
     stream = spec.stream
     assert stream is not None
     view, freshness = stream.serving_view, f"{stream.serving_view}_freshness"
-    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(view), quote(freshness)))
-    if None not in cur.fetchone():
+    if serving_views_exist(cur, view):
         return
     ensure_schema(cur, spec, view, "stream.serving_view")
     names = [c.name for c in target_columns(cur, spec.target_table)]

@@ -450,3 +450,16 @@ class Checker:
         return pa.RecordBatch.from_arrays(
             [*(batch.column(names.index(n)) for n in kept), pa.array(reasons, pa.string()), pa.array(checked, pa.bool_())],
             names=[*kept, "reason", "checked"])
+
+
+PAYLOAD_LIMIT = 65_536  # characters of a rejected payload kept in sink_rejects (the DLQ gets it whole)
+
+
+def payload_text(payload: bytes | str | None, limit: int | None = PAYLOAD_LIMIT) -> str | None:
+    """A record's bytes as PostgreSQL text can hold them: invalid UTF-8 escaped, NUL shown, capped
+    at ``limit`` characters (None: whole, where the text is the only copy kept)."""
+    if payload is None:
+        return None
+    text = payload.decode("utf-8", "backslashreplace") if isinstance(payload, bytes) else payload
+    text = text.replace("\x00", "\\x00")
+    return text if limit is None or len(text) <= limit else f"{text[:limit]}... ({len(text)} characters in all)"

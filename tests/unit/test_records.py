@@ -289,3 +289,13 @@ def test_the_checker_travels_to_a_python_without_tidemark_and_gives_the_same_rea
     assert done.returncode == 0, done.stderr
     local = next(Checker("t", RULES, {("b", 1): WINDOW})([_mixed_micro_batch()])).column("reason").to_pylist()
     assert done.stdout.strip() == repr(local)
+
+
+def test_payload_text_escapes_what_postgresql_text_cannot_hold_and_caps_only_when_asked():
+    from tidemark.records import PAYLOAD_LIMIT, payload_text
+
+    assert payload_text(None) is None
+    assert payload_text(b"ok \xff\x00") == "ok \\xff\\x00"  # invalid UTF-8 escaped, NUL shown
+    long = "x" * (PAYLOAD_LIMIT + 5)
+    assert payload_text(long) == f"{'x' * PAYLOAD_LIMIT}... ({PAYLOAD_LIMIT + 5} characters in all)"
+    assert payload_text(long, None) == long  # the only copy kept (a pending change event): whole

@@ -27,7 +27,7 @@ from psycopg2.extras import Json, execute_values
 
 from tidemark.cdc.changes import boundary, change
 from tidemark.cdc.tables import CDC_COLUMNS
-from tidemark.records import target_columns
+from tidemark.records import payload_text, target_columns
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import literal
 
@@ -74,7 +74,7 @@ class ChangeWriter:
                 if edge.status == "END":
                     ends.append((self.consumer, edge.txid, edge.commit_lsn, edge.event_count))
                 continue
-            raw = _text(rec["value"])
+            raw = payload_text(rec["value"], None)
             try:
                 event = change(rec["value"], columns)
             except ValueError as exc:
@@ -83,10 +83,10 @@ class ChangeWriter:
                     reject(where, f"change event rejected: {exc}")
                 else:  # its transaction is dead-lettered whole once complete: never applied in part
                     pending.append((self.consumer, *place, "x", Json({"reason": str(exc)}), None,
-                                    rec["topic"], rec["partition"], rec["offset"], _text(rec.get("key")), raw))
+                                    rec["topic"], rec["partition"], rec["offset"], payload_text(rec.get("key"), None), raw))
                 continue
             pending.append((self.consumer, event.txid, event.order, event.lsn, event.op, Json(event.row),
-                            event.source_ms, rec["topic"], rec["partition"], rec["offset"], _text(rec.get("key")), raw))
+                            event.source_ms, rec["topic"], rec["partition"], rec["offset"], payload_text(rec.get("key"), None), raw))
         if pending:
             kept = execute_values(cur, """INSERT INTO tidemark_control.cdc_pending (consumer, txid, total_order, lsn,
                                               op, row_values, source_ms, topic, partition, "offset", record_key, raw)
@@ -195,13 +195,6 @@ def _place(value: Any) -> tuple[int, int, int] | None:
         return txid, order, int(payload["source"].get("lsn") or 0)
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-
-
-def _text(value: bytes | str | None) -> str | None:
-    if value is None:
-        return None
-    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
-    return text.replace("\x00", "\\x00")
 
 
 def _lsn(lsn: int) -> str:

@@ -36,8 +36,7 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec) -> None:
     cdc = spec.cdc
     assert cdc is not None
     view, freshness = cdc.serving_view, f"{cdc.serving_view}_freshness"
-    cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(view), quote(freshness)))
-    if None not in cur.fetchone():
+    if catalog.serving_views_exist(cur, view):
         return
     catalog.ensure_schema(cur, spec, view, "cdc.serving_view")
     names = [c.name for c in target_columns(cur, spec.target_table)]

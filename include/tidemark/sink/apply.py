@@ -19,10 +19,10 @@ from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.cdc.apply import ChangeWriter
 from tidemark.events import EventWriter
 from tidemark.progress import Steps
-from tidemark.records import RecordRules
+from tidemark.records import RecordRules, payload_text
 from tidemark.sink import controls
 from tidemark.sink.report import (
-    FencedError, MicroBatchReport, SinkError, extents, loaded, payload_text, positions,
+    FencedError, MicroBatchReport, SinkError, extents, loaded, positions,
 )
 from tidemark.sink.stages import StageArea
 from tidemark.spec import PipelineSpec

@@ -17,7 +17,6 @@ class SinkError(RuntimeError):
     """An error the sink cannot classify as bad input: the job fails, naming where it was."""
 
 
-PAYLOAD_LIMIT = 65_536  # characters of a rejected payload kept in sink_rejects (the DLQ gets it whole)
 FIRST_REASONS = 3  # how many dead-letter reasons a refusal message quotes
 
 
@@ -49,15 +48,6 @@ class MicroBatchReport:
         """The counts and batches, as the sink's summary line gives them."""
         return {**{name: getattr(self, name) for name in self.COUNTS},
                 "committed": list(self.committed), "refused": list(self.refused)}
-
-
-def payload_text(payload: bytes | str | None) -> str | None:
-    """The rejected value as PostgreSQL text can hold it: invalid UTF-8 escaped, NUL shown, capped."""
-    if payload is None:
-        return None
-    text = payload.decode("utf-8", "backslashreplace") if isinstance(payload, bytes) else payload
-    text = text.replace("\x00", "\\x00")
-    return text if len(text) <= PAYLOAD_LIMIT else f"{text[:PAYLOAD_LIMIT]}... ({len(text)} characters in all)"
 
 
 def loaded(loads) -> int:
