@@ -34,10 +34,14 @@ from tidemark.streams.lifeline import StandingControl
 def run(args: Namespace) -> int:
     """The whole job: 0 when it stopped as asked; a ``JobError`` (exit 3) names what refused it."""
     spec = load_spec(args.spec)
+    try:  # control messages are verified against it: without one the sink does not start
+        keyring = Keyring.from_env()
+    except KeyringError as exc:
+        raise JobError(f"pipeline {spec.name}: {exc}") from None
     conn = connect(args.database, args.user, password(args))
-    control = None
+    control = spark = None
     try:
-        sink = open_sink(conn, spec, args)
+        sink = open_sink(conn, spec, keyring, args)
         control = take_over(sink, spec, args)
         sink.sweep_stages()
         sink.dead_letters.flush(conn)  # what an earlier instance committed but could not publish
@@ -47,33 +51,28 @@ def run(args: Namespace) -> int:
         batches = MicroBatches(sink, spec, control, connect_params(args.database, args.user, password(args)),
                                backlog(args.bootstrap, starting))
         spark = session(f"tidemark-batch-sink-{spec.name}")
-        try:
-            records = topic_records(spark, args, spec, starting)
-            print(summary_line("sink-started", pipeline=spec.name, offsets=starting, fence=sink.fence,
-                               standing=control is not None), flush=True)
-            stream(records, batches, spec, args.available_now, control)
-            print(summary_line("sink", pipeline=spec.name, **batches.total.totals(),
-                               **({"stopped": control.reason} if control else {})), flush=True)
-        finally:
-            spark.stop()
+        records = topic_records(spark, args, spec, starting)
+        stream(records, batches, spec, args.available_now, control,
+               started=summary_line("sink-started", pipeline=spec.name, offsets=starting, fence=sink.fence,
+                                    standing=control is not None))
+        print(summary_line("sink", pipeline=spec.name, **batches.total.totals(),
+                           **({"stopped": control.reason} if control else {})), flush=True)
     finally:
         if control is not None:
-            control.finish()
+            control.finish()  # the lease ends first: a successor starts at once
+        if spark is not None:
+            spark.stop()
         conn.close()
     if control is not None and not control.graceful:
         raise JobError(f"pipeline {spec.name}: standing sink stopped: {control.reason}")
     return 0
 
 
-def open_sink(conn, spec: PipelineSpec, args: Namespace) -> BatchSink:
+def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> BatchSink:
     """The sink over ``conn``, its control schema, real-time target and topics in place."""
     from tidemark.catalog import ensure_stream_target
     from tidemark.cdc.tables import ensure_cdc_target
 
-    try:  # control messages are verified against it: without one the sink does not start
-        keyring = Keyring.from_env()
-    except KeyringError as exc:
-        raise JobError(f"pipeline {spec.name}: {exc}") from None
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
         if spec.stream is not None or spec.cdc is not None:
@@ -164,9 +163,10 @@ def ship_to_executors() -> None:
 
 
 def stream(records, batches: MicroBatches, spec: PipelineSpec, available_now: bool,
-           control: StandingControl | None) -> None:
+           control: StandingControl | None, started: str) -> None:
     """Run the query: to the topic's end (``available_now``), or until the life line asks it to stop
-    (between two micro-batches: the one in flight finishes first)."""
+    (between two micro-batches: the one in flight finishes first). ``started`` is printed once the
+    query runs (the benchmark's clock starts at it)."""
     ship_to_executors()
     with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
         writer = records.writeStream.foreachBatch(batches).option("checkpointLocation", checkpoint)
@@ -174,6 +174,7 @@ def stream(records, batches: MicroBatches, spec: PipelineSpec, available_now: bo
         writer = (writer.trigger(availableNow=True) if available_now
                   else writer.trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds"))
         query = writer.start()
+        print(started, flush=True)
         if control is None:
             query.awaitTermination()
             return
