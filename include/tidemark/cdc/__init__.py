@@ -5,6 +5,8 @@ connector on a Kafka Connect worker.
 - ``connect``: Kafka Connect's REST API (create or update, state, restart, pause, resume, stop).
 - ``source``: the source side: the publication and the replication role a DBA grants (the SQL to
   run, and the check that it was run), and the slot's retained WAL.
+- ``handoff``: the pipeline's slot created with an exported snapshot, which the first batch's reads
+  import: the batch and the stream split the table's history at the slot's consistent point.
 - ``changes``: Debezium's records, read without trust, grouped by source transaction.
 - ``tables``: the real-time table and its serving view (deleted keys hidden), freshness.
 - ``apply``: ``ChangeWriter``, the standing sink's part: whole source transactions, once, in commit order.

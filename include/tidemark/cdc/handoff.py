@@ -1,0 +1,136 @@
+"""The exact handoff of a CDC pipeline from its first batch to its change stream: the pipeline's
+replication slot created with an exported snapshot.
+
+``exported_snapshot`` opens a replication connection (``replication=database``), creates the
+pipeline's logical slot (pgoutput) and leaves that connection idle while the batch reads. Every
+session of the read imports the snapshot first (``snapshot_init``), so the batch holds exactly the
+rows committed before the slot's consistent point, and the slot streams exactly what came after
+(PostgreSQL's guarantee for a slot's exported snapshot). On success the replication connection
+closes and the slot stays at its consistent point, where Debezium starts (``snapshot.mode`` no_data,
+the same slot). On failure the slot is dropped: no WAL is held for a handoff that did not happen.
+
+What it costs the source: the exporting transaction and every importing one hold back the xmin
+horizon (vacuum) for the length of the read, and the slot holds WAL from its creation until the
+connector reads it. Creating the slot waits for the transactions running at that moment to end.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tidemark.errors import Terminal
+
+SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")  # PostgreSQL's rule for replication slot names
+SNAPSHOT_NAME = re.compile(r"[0-9A-F]{8}-[0-9A-F]{8}-[0-9]+")  # as pg_export_snapshot and the walsender spell it
+SAVEPOINT = "tidemark_snapshot"
+
+
+class HandoffError(Terminal):
+    """The handoff cannot start as things stand (a slot in the way, no publication): the message
+    says what to do first."""
+
+
+@dataclass(frozen=True)
+class Handoff:
+    slot: str
+    consistent_point: str  # the LSN the slot streams from, as PostgreSQL spells it (``0/16B3748``)
+    snapshot: str  # the exported snapshot's name, for ``SET TRANSACTION SNAPSHOT``
+
+
+def snapshot_init(snapshot: str) -> str:
+    """The statements that make a new session read in ``snapshot`` (Spark JDBC's
+    ``sessionInitStatement``). The closing SAVEPOINT fails a session that is not in a transaction
+    block: there the import would last one statement and the read would see the present, silently
+    (Spark's JDBC read opens a block only with a lower-case ``fetchsize`` above 0)."""
+    if not SNAPSHOT_NAME.fullmatch(snapshot):
+        raise HandoffError(f"not an exported snapshot's name: {snapshot!r}")
+    return (f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot}'; "
+            f"SAVEPOINT {SAVEPOINT}")
+
+
+def import_snapshot(cur, snapshot: str) -> None:
+    """Make ``cur``'s transaction (not yet begun: no query run in it) read in ``snapshot``."""
+    for statement in snapshot_init(snapshot).split("; "):
+        cur.execute(statement)
+
+
+def slot_state(cur, slot: str) -> tuple[bool, str | None] | None:
+    """(active, confirmed_flush_lsn) of ``slot`` in this database (None: no such slot)."""
+    cur.execute("SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots "
+                "WHERE slot_name = %s AND database = current_database()", (slot,))
+    row = cur.fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def drop_slot(cur, slot: str) -> bool:
+    """Drop ``slot`` when no one reads it; whether it was dropped."""
+    cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND database = current_database() AND NOT active", (slot,))
+    return cur.rowcount == 1
+
+
+@contextmanager
+def exported_snapshot(params: dict[str, Any], slot: str, publication: str, *,
+                      replace_stale: bool = False) -> Iterator[Handoff]:
+    """Create ``slot`` with an exported snapshot and hold the snapshot for the ``with`` block.
+
+    ``params``: psycopg2 connection parameters of a role with REPLICATION on the source database.
+    The publication must exist before the slot (a change decoded before it existed is not
+    published). A slot of that name that no one reads is dropped first when ``replace_stale`` (the
+    ledger says no handoff of this pipeline completed: an earlier attempt died holding it); any other
+    slot in the way refuses the handoff."""
+    import psycopg2
+    import psycopg2.extras
+
+    if not SLOT_NAME.fullmatch(slot):
+        raise HandoffError(f"not a replication slot name: {slot!r} (a-z, 0-9 and _, at most 63)")
+    admin = psycopg2.connect(**params)
+    admin.autocommit = True
+    replication = None
+    try:
+        with admin.cursor() as cur:
+            _check_way_clear(cur, slot, publication, replace_stale)
+        # idle in its exporting transaction while the batch reads: no server timeout may end it
+        replication = psycopg2.connect(**{**params, "options": _with_option(
+            params.get("options"), "idle_in_transaction_session_timeout=0")},
+            connection_factory=psycopg2.extras.LogicalReplicationConnection)
+        with replication.cursor() as cur:
+            cur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            name, point, snapshot, _ = cur.fetchone()
+        yield Handoff(name, point, snapshot)
+    except BaseException:
+        if replication is not None:
+            replication.close()  # the slot is free once its creator is gone
+            replication = None
+            with admin.cursor() as cur:
+                drop_slot(cur, slot)
+        raise
+    finally:
+        if replication is not None:
+            replication.close()
+        admin.close()
+
+
+def _check_way_clear(cur, slot: str, publication: str, replace_stale: bool) -> None:
+    cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
+    if cur.fetchone() is None:
+        raise HandoffError(f"publication {publication} does not exist on the source: it must exist before the slot "
+                           "(tidemark.cdc.source.grant_sql gives the statements for the table's owner)")
+    found = slot_state(cur, slot)
+    if found is None:
+        return
+    active, _ = found
+    if active or not replace_stale:
+        raise HandoffError(
+            f"replication slot {slot} already exists{' and is read by a connector' if active else ''}: a new "
+            "handoff would start a second stream. Next: if the pipeline's stream is to start over, stop its connector "
+            f"(tidemark_stream_control) and drop the slot on the source: SELECT pg_drop_replication_slot('{slot}')")
+    drop_slot(cur, slot)
+
+
+def _with_option(options: str | None, setting: str) -> str:
+    return f"{options} -c {setting}".strip() if options else f"-c {setting}"
