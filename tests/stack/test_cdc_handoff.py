@@ -11,7 +11,8 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark.cdc.handoff import HandoffError, exported_snapshot, import_snapshot, slot_state, snapshot_init
+from tidemark.cdc.handoff import HandoffError, exported_snapshot, import_snapshot, snapshot_init
+from tidemark.cdc.source import slot_named
 from tidemark_workshop.settings import SOURCE_DB
 
 pytestmark = pytest.mark.stack
@@ -65,8 +66,8 @@ def test_the_snapshot_and_the_slot_split_the_writes_exactly(settings, table):
                 assert cur.fetchone() == (100, 0, 100)  # the table as it was when the slot began
             reader.commit()
         with owner.cursor() as cur:
-            active, flushed = slot_state(cur, name)
-        assert not active and flushed == handoff.consistent_point  # Debezium starts exactly there
+            found = slot_named(cur, name)
+        assert not found.active and found.confirmed_flush_lsn == handoff.consistent_point  # Debezium starts exactly there
         assert _changes(owner, name, name) == {"I": 30, "U": 5, "D": 3}  # and streams exactly the rest
     finally:
         reader.close()
@@ -90,7 +91,7 @@ def test_a_failed_handoff_leaves_no_slot_and_a_slot_in_the_way_is_refused_or_rep
         with exported_snapshot(_params(settings, "TIDEMARK_CDC"), name, name):
             raise RuntimeError("the read failed")
     with owner.cursor() as cur:
-        assert slot_state(cur, name) is None  # no WAL held for a handoff that did not happen
+        assert slot_named(cur, name) is None  # no WAL held for a handoff that did not happen
 
     with exported_snapshot(_params(settings, "TIDEMARK_CDC"), name, name) as first:
         pass

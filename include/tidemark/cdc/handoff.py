@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from tidemark.cdc.source import slot_named
 from tidemark.errors import Terminal
 
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")  # PostgreSQL's rule for replication slot names
@@ -56,14 +57,6 @@ def import_snapshot(cur, snapshot: str) -> None:
     """Make ``cur``'s transaction (not yet begun: no query run in it) read in ``snapshot``."""
     for statement in snapshot_init(snapshot).split("; "):
         cur.execute(statement)
-
-
-def slot_state(cur, slot: str) -> tuple[bool, str | None] | None:
-    """(active, confirmed_flush_lsn) of ``slot`` in this database (None: no such slot)."""
-    cur.execute("SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots "
-                "WHERE slot_name = %s AND database = current_database()", (slot,))
-    row = cur.fetchone()
-    return (row[0], row[1]) if row else None
 
 
 def drop_slot(cur, slot: str) -> bool:
@@ -120,10 +113,10 @@ def _check_way_clear(cur, slot: str, publication: str, replace_stale: bool) -> N
     if cur.fetchone() is None:
         raise HandoffError(f"publication {publication} does not exist on the source: it must exist before the slot "
                            "(tidemark.cdc.source.grant_sql gives the statements for the table's owner)")
-    found = slot_state(cur, slot)
+    found = slot_named(cur, slot)
     if found is None:
         return
-    active, _ = found
+    active = found.active
     if active or not replace_stale:
         raise HandoffError(
             f"replication slot {slot} already exists{' and is read by a connector' if active else ''}: a new "

@@ -86,12 +86,17 @@ class Slot:
 
 
 def slot(cur, spec: PipelineSpec) -> Slot | None:
+    return slot_named(cur, spec.cdc_slot)
+
+
+def slot_named(cur, name: str) -> Slot | None:
+    """The replication slot ``name`` (None: no such slot)."""
     cur.execute(
         """SELECT active, coalesce(wal_status, 'unknown'),
                   coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,
                   confirmed_flush_lsn::text
            FROM pg_replication_slots WHERE slot_name = %s""",
-        (spec.cdc_slot,),
+        (name,),
     )
     row = cur.fetchone()
-    return Slot(spec.cdc_slot, *row) if row else None
+    return Slot(name, *row) if row else None

@@ -201,6 +201,7 @@ class MicroBatches:
         self.records = 0
         self.last = 0  # the previous micro-batch's records: a backlog is checked on the executors
         self.since = time.monotonic()
+        self._load_fields = None  # the executors' load rows' columns, as Spark types (made once)
 
     def __call__(self, batch_df, epoch_id: int) -> None:
         if self.control is None:
@@ -254,15 +255,16 @@ class MicroBatches:
 
         from tidemark.stage import load_schema
 
+        if self._load_fields is None:
+            self._load_fields = from_arrow_schema(load_schema()).fields
         stager = self.sink.stager(formats, self.executor_db)
         with steps.step("spark read, checks and stage"):
             # a load's row carries nulls where the records have none (row hash, checked): all nullable
             nullable = [StructField(f.name, f.dataType, True) for f in batch_df.schema.fields]
-            table = batch_df.mapInArrow(stager, StructType([*nullable, *from_arrow_schema(load_schema()).fields])
-                                        ).toArrow()
+            table = batch_df.mapInArrow(stager, StructType([*nullable, *self._load_fields])).toArrow()
         is_load = pc.is_valid(table["load"])
         loads = table.filter(is_load)
-        table = table.filter(pc.invert(is_load)).drop_columns(load_schema().names)
+        table = table.filter(pc.invert(is_load)).drop_columns([f.name for f in self._load_fields])
         if loads.num_rows:
             # within the Spark job, added up over its tasks: not a step of its own
             steps.seconds["tasks' COPY summed"] = pc.sum(loads["load_seconds"]).as_py()
