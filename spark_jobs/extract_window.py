@@ -36,6 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repair-keys", type=Path, help="a repair batch: JSON document of the only keys to read")
     p.add_argument("--avro-schema", help="protocol version 2: the Avro writer schema of the batch's records "
                                          "(default: version 1, JSON)")
+    p.add_argument("--handoff", action="store_true",
+                   help="a CDC pipeline's handoff batch: create its replication slot with an exported snapshot and "
+                        "read every row above the window's start in it (the user needs REPLICATION)")
     return p.parse_args(argv)
 
 

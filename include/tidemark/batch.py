@@ -14,6 +14,7 @@ from typing import Any
 
 from tidemark import catalog, control, ledger
 from tidemark.avro import SchemaError, SourceColumn, fit
+from tidemark.cdc.source import slot_named
 from tidemark.control import PartitionTotals
 from tidemark.errors import Terminal
 from tidemark.kafka_io import ensure_topic
@@ -31,15 +32,18 @@ class Plan:
     repair: bool = False  # a repair batch (tidemark.repair): only the keys the ledger holds for it
     schema_version: int | None = None  # protocol version 2's record schema; None: version 1, JSON
     writer_schema: str | None = None  # its Avro schema, which the extract writes with
+    handoff: bool = False  # a CDC pipeline's handoff batch (tidemark.cdc.handoff): its stream starts after it
 
     def to_xcom(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused,
-                "repair": self.repair, "schema_version": self.schema_version, "writer_schema": self.writer_schema}
+                "repair": self.repair, "schema_version": self.schema_version, "writer_schema": self.writer_schema,
+                "handoff": self.handoff}
 
     @classmethod
     def from_xcom(cls, raw: dict[str, Any]) -> "Plan":
         return cls(raw["batch_id"], Window.from_json(raw["window"]), bool(raw.get("reused")),
-                   bool(raw.get("repair")), raw.get("schema_version"), raw.get("writer_schema"))
+                   bool(raw.get("repair")), raw.get("schema_version"), raw.get("writer_schema"),
+                   bool(raw.get("handoff")))
 
 
 def plan(
@@ -66,11 +70,15 @@ def plan(
             wh.connection.commit()  # keep the id observation: it is what lets a later plan move on
             raise
         whole = window
-        if spec.max_batch_rows is not None:
+        # a CDC pipeline with no committed handoff, or whose slot is gone: this batch is its (new) handoff
+        handoff = spec.cdc is not None and (ledger.committed_handoff(wh, spec.name) is None
+                                            or slot_named(src, spec.cdc_slot) is None)
+        if spec.max_batch_rows is not None and not handoff:
             types = {name: type_ for name, type_, _ in catalog.source_columns(src, spec.table)}
             window = cap_rows(src, spec, window, types)
         version, fills = _register_schema(src, wh, spec, committed) if spec.record_format == "avro" else (None, {})
-        planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window, version)
+        planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window, version,
+                                     handoff=handoff)
         if fills and not planned.reused:
             ledger.record_column_fills(wh, planned.batch_id, fills)
         writer = (ledger.record_schema(wh, spec.name, planned.schema_version)[1]
@@ -84,11 +92,15 @@ def plan(
         spec.name, planned.batch_id, planned.window, "re-used from an earlier try" if planned.reused else "planned",
         clock.now.isoformat(), spec.safe_lag, committed, f"; window held back by {held}" if held else "",
     )
+    if planned.handoff:
+        log.info("pipeline=%s batch=%s window=%s is the CDC handoff: its extract creates replication slot %s and "
+                 "reads every row above %s in the slot's snapshot; the stream continues from the slot once it "
+                 "commits", spec.name, planned.batch_id, planned.window, spec.cdc_slot, planned.window.lo)
     if window != whole and not planned.reused:
         log.info("pipeline=%s batch=%s window=%s capped at max_batch_rows=%s rows of %s; the next batch goes on "
                     "from %s", spec.name, planned.batch_id, window, spec.max_batch_rows, whole, window.hi)
     return Plan(planned.batch_id, planned.window, planned.reused, schema_version=planned.schema_version,
-                writer_schema=writer)
+                writer_schema=writer, handoff=planned.handoff)
 
 
 def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tuple[int, dict[str, str | None]]:
@@ -176,8 +188,15 @@ def record_extract(spec: PipelineSpec, warehouse_conn, batch: Plan, attempt: int
         )
     offsets = {int(p): (int(first), int(nxt)) for p, (first, nxt) in report["offsets"].items()} \
         if "offsets" in report else None
+    handoff = report.get("handoff")
+    if batch.handoff != (handoff is not None):
+        raise control.ProtocolError(
+            f"pipeline={spec.name} batch={batch.batch_id} attempt={attempt}: the ledger plans "
+            f"{'a' if batch.handoff else 'no'} CDC handoff, the extract reported {'one' if handoff else 'none'}")
     with warehouse_conn, warehouse_conn.cursor() as wh:
         ledger.record_extract(wh, batch.batch_id, attempt, totals, offsets)
+        if handoff is not None:
+            ledger.record_handoff(wh, spec.name, batch.batch_id, attempt, handoff["slot"], handoff["consistent_point"])
     return sum(t.rows for t in totals.values())
 
 

@@ -319,6 +319,11 @@ class PipelineSpec(BaseModel):
             if len(self.cdc_slot) > 63:
                 raise ValueError(f"cdc: the replication slot {self.cdc_slot} would be longer than PostgreSQL's 63 "
                                  "characters; shorten the pipeline's name")
+            if self.write_mode != "upsert":
+                # the handoff batch reads every row of its snapshot, also those above its window, which the
+                # next batch reads again: only an upsert makes that second read change nothing
+                raise ValueError(f"cdc: a CDC pipeline loads with write_mode: upsert (its handoff batch also reads "
+                                 f"the rows above its window, which the next batch reads again), not {self.write_mode}")
             self._realtime("cdc", self.cdc.target_table, self.cdc.serving_view)
         return self
 

@@ -68,6 +68,9 @@ class Bound:
         return value if self.pk is None else f"{value}/{','.join(map(str, self.pk))}"
 
 
+TOP = {"timestamp": datetime.max.replace(tzinfo=timezone.utc), "id": (1 << 63) - 1}  # the last cursor value
+
+
 @dataclass(frozen=True)
 class Window:
     lo: Bound  # exclusive
@@ -105,6 +108,11 @@ class Window:
         if hi.cursor < lo.cursor or (hi.cursor == lo.cursor and lo.pk is None and hi.pk is not None):
             raise ValueError(f"window lo {lo} is after hi {hi}")
         return cls(lo, hi, bool(data.get("backfill", False)))
+
+    def opened_above(self) -> "Window":
+        """The window with no end: every row after ``lo`` (a CDC handoff batch reads all its snapshot
+        holds; its ledger window, and so the watermark, keep the planned end)."""
+        return Window(self.lo, Bound(TOP[self.lo.kind]), self.backfill)
 
     @property
     def empty(self) -> bool:

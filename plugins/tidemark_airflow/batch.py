@@ -21,7 +21,7 @@ from airflow.sdk import Asset, BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.spark import jobs
-from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
+from tidemark.config import CONN_CDC, CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.spark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
@@ -261,7 +261,11 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
                     warehouse.close()
             self.job_args = jobs.extract_args(self.spec_path, plan.batch_id, attempt, plan.window, bootstrap,
                                               report_path, self.read_partitions, repair_keys=keys_path,
-                                              writer_schema=plan.writer_schema)
+                                              writer_schema=plan.writer_schema, handoff=plan.handoff)
+            if plan.handoff:  # the slot is created, and the snapshot read, as the replication role
+                self.jdbc_conn_id = CONN_CDC
+                self.log.info("%s: the CDC handoff batch: extracting as connection %s, in the snapshot of the "
+                              "replication slot %s it creates", tag, CONN_CDC, spec.cdc_slot)
             self.log.info("%s: extracting", tag)
             super().execute(context)
             report = json.loads(report_path.read_text())

@@ -1,5 +1,6 @@
 """Change data capture, supervised (issue 31, items 2 and 7): each supervisor cycle creates the
-pipeline's connector from its spec, follows the desired state a person sets (pause, resume, stop),
+pipeline's connector from its spec once its handoff batch committed (and refuses to when that
+batch's slot is gone: the next batch hands off anew), follows the desired state a person sets (pause, resume, stop),
 restarts a failed task within the budget and then reports the crash loop with the task's own error,
 and watches the WAL the slot keeps on the source: a warning, then a failure past the spec's limit.
 
@@ -19,11 +20,12 @@ from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.streams.capture import supervise_capture
+from tidemark.streams.cycle import prepare_stream_tables
 from tidemark.config import CONN_CDC
 from tidemark.streams.policy import Policy
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import until
-from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, remove_capture, write_secret
+from tidemark_workshop.stack.cdcrun import drop_slot, grant, make_cdc_pipeline, remove_capture, write_secret
 
 POLICY = Policy(trigger_interval=timedelta(seconds=1), restart_budget=1, backoff=timedelta(seconds=1),
                 stall_factor=5, min_stall=timedelta(seconds=5))  # the stall window: 5 s
@@ -58,6 +60,18 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
         assert client.state(name).state == "MISSING"
 
         grant(settings, spec)
+        line, failure = cycle()  # granted, but no handoff batch has created the slot to stream from
+        assert "action=wait" in line and "no handoff batch committed yet" in line and failure is None, line
+        prepare_stream_tables(spec, wh, pipe.src)
+        first, _ = pipe.run("handoff-1")
+        assert first.handoff
+        # the slot lost after the handoff (dropped by hand here): refused by name, and the next batch hands off anew
+        drop_slot(settings, spec)
+        line, failure = cycle()
+        assert failure is not None and f"the replication slot {spec.cdc_slot} that its handoff batch" in failure
+        assert "its next batch is a new handoff" in failure and client.state(name).state == "MISSING"
+        again, _ = pipe.run("handoff-2")
+        assert again.handoff
         line, failure = cycle()
         assert "action=create" in line and failure is None, line
         until("the connector running", lambda: client.state(name).running)

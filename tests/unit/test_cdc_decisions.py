@@ -26,6 +26,13 @@ def test_desired_states_are_followed_and_a_person_stop_is_never_undone():
     assert decide("running", RUNNING, False, [], NOW, POLICY).action == "none"
 
 
+def test_no_connector_before_its_handoff_batch_committed():
+    waiting = decide("running", ConnectorState("c", "MISSING"), False, [], NOW, POLICY, handed_off=False)
+    assert waiting.action == "wait" and "no handoff batch committed yet" in waiting.reason
+    # a connector that exists (its handoff committed before) is supervised as ever
+    assert decide("running", FAILED, False, [], NOW, POLICY, handed_off=False).action == "restart"
+
+
 def test_failures_are_restarted_with_backoff_within_the_budget_then_a_crash_loop():
     assert decide("running", FAILED, False, [], NOW, POLICY).action == "restart"
     just = [NOW - timedelta(seconds=5)]

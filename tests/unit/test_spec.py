@@ -149,6 +149,8 @@ INVALID = [
      "field 'cdc.retained_wal_limit'"),
     ("cdc slot name too long", _with(name="l" * 60, cdc=CDC, sink={"mode": "standing"}), "longer than PostgreSQL's 63"),
     ("cdc field unknown", _with(cdc={**CDC, "slot": "mine"}, sink={"mode": "standing"}), "field 'cdc.slot'"),
+    ("cdc replacing windows", _with(cdc=CDC, sink={"mode": "standing"}, write_mode="append_window_replace"),
+     "a CDC pipeline loads with write_mode: upsert"),
     ("stream on a cdc topic", _with(stream={**STREAM, "topic": "tidemark.cdc.x.public.t"}, sink={"mode": "standing"}),
      "is Tidemark's own topic"),
     ("tasks too small to repay their start", _with(sink={"max_records_per_task": 10}),

@@ -570,3 +570,15 @@ def test_a_capped_window_round_trips_and_is_empty_only_at_its_lower_bound():
         Window.from_json(Window(Bound(T0), Bound(T0, (3,))).to_json())  # every row at T0 is already loaded
     with pytest.raises(ValueError, match="two lengths"):
         Window.from_json(Window(Bound(T0, (1, 2)), Bound(T1, (3,))).to_json())
+
+
+def test_a_window_opened_above_keeps_its_start_and_holds_every_later_cursor():
+    """A CDC handoff batch reads every row of its snapshot after the window's start (issue 31)."""
+    ts = Window(Bound(datetime(2026, 1, 1, tzinfo=timezone.utc), (7,)), Bound(datetime(2026, 1, 2, tzinfo=timezone.utc)))
+    opened = ts.opened_above()
+    assert opened.lo == ts.lo and opened.holds_cursors(datetime(2026, 1, 1, tzinfo=timezone.utc),
+                                                       datetime(9999, 12, 31, tzinfo=timezone.utc))
+    assert not opened.holds_cursors(datetime(2025, 12, 31, tzinfo=timezone.utc), datetime(2026, 1, 1, tzinfo=timezone.utc))
+    assert Window.from_json(opened.to_json()) == opened
+    ids = Window(Bound(10), Bound(20)).opened_above()
+    assert ids.holds_cursors(11, (1 << 63) - 1) and not ids.holds_cursors(10, 12)

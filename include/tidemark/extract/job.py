@@ -12,14 +12,18 @@ from __future__ import annotations
 import json
 import time
 from argparse import Namespace
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tidemark import avro, repair, totals
+from tidemark.cdc import handoff as cdc_handoff
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
 from tidemark.extract import decisions as extract
 from tidemark.kafka_io import end_offsets
 from tidemark.progress import Steps, Ticker, summary_line
-from tidemark.spark.entry import JSON_OPTIONS, JobError, TransientJobError, jdbc_url, password, session, side_queries
+from tidemark.spark.entry import (JSON_OPTIONS, JobError, TransientJobError, connect, connect_params, jdbc_url,
+                                  password, session, side_queries)
 from tidemark.spec import PipelineSpec, load_spec, quote
 from tidemark.window import Window, split_predicates
 
@@ -35,6 +39,7 @@ class Extract:
     secret: str
     relation: str  # the source table, or a repair batch's subquery over it
     tag: str
+    handoff: cdc_handoff.Handoff | None = None  # a handoff batch: every read imports its snapshot
 
     @property
     def application(self) -> str:
@@ -44,6 +49,34 @@ class Extract:
 
 def run(args: Namespace) -> int:
     x = prepare(args)
+    with handing_off(x):
+        return read_and_write(x)
+
+
+@contextmanager
+def handing_off(x: Extract) -> Iterator[None]:
+    """A handoff batch: the pipeline's replication slot created with an exported snapshot, held for
+    the whole extract (dropped if it fails), and the read window opened above: the rows after its
+    end are in no later change event, and the next batch reads them again (a CDC pipeline upserts).
+    The ledger's window, and so the watermark, stay as planned; the sink checks the records against
+    the window opened above as well (``ledger.open_windows``)."""
+    if not x.args.handoff:
+        yield
+        return
+    spec = x.spec
+    if spec.cdc is None or x.args.repair_keys is not None:
+        raise JobError(f"{x.tag}: --handoff is for a CDC pipeline's batch (spec section cdc:), never a repair")
+    params = connect_params(x.args.database, x.args.user, x.secret, application=x.application)
+    # the ledger planned a handoff: no committed one exists, so a slot left by a killed attempt is stale
+    with cdc_handoff.exported_snapshot(params, spec.cdc_slot, spec.cdc_slot, replace_stale=True) as h:
+        x.handoff, x.window = h, x.window.opened_above()
+        print(f"{x.tag}: CDC handoff: slot {h.slot} created at {h.consistent_point}, snapshot {h.snapshot}; "
+              f"reading {x.window} in it", flush=True)
+        yield
+
+
+def read_and_write(x: Extract) -> int:
+    args = x.args
     started, steps = time.monotonic(), Steps()
     # One task failure fails the job: a retried Kafka write would duplicate records of this attempt.
     spark = session(x.application, **{"spark.task.maxFailures": 1})
@@ -88,7 +121,21 @@ def prepare(args: Namespace) -> Extract:
 
 
 def source_session(x: Extract):
-    return side_queries(x.args.database, x.args.user, x.secret, application=x.application)
+    """The extract's own queries on the source; in a handoff, one read-only transaction in its snapshot."""
+    if x.handoff is None:
+        return side_queries(x.args.database, x.args.user, x.secret, application=x.application)
+    return _in_snapshot(x)
+
+
+@contextmanager
+def _in_snapshot(x: Extract) -> Iterator:
+    conn = connect(x.args.database, x.args.user, x.secret, application=x.application)
+    try:
+        with conn.cursor() as cur:
+            cdc_handoff.import_snapshot(cur, x.handoff.snapshot)
+        yield conn
+    finally:
+        conn.close()  # its transaction read only: nothing to commit
 
 
 def span(x: Extract):
@@ -125,7 +172,10 @@ def source_rows(spark, x: Extract, cuts):
     Each read is one cursor in one transaction (the driver streams rows only outside autocommit):
     `idle in transaction` between fetches while its rows go to Kafka, committed and closed when its
     task ends (Spark's JDBC reader). Named, so pg_stat_activity tells whose."""
+    # lower-case fetchsize: Spark then reads in a transaction, which a handoff's snapshot import needs
     props = {"user": x.args.user, "password": x.secret, "driver": "org.postgresql.Driver", "fetchsize": FETCH_SIZE}
+    if x.handoff is not None:
+        props["sessionInitStatement"] = cdc_handoff.snapshot_init(x.handoff.snapshot)
     df = spark.read.jdbc(jdbc_url(x.args.database, application=x.application), x.relation,
                          predicates=split_predicates(x.spec, x.window, cuts), properties=props)
     missing = [c for c in (*x.spec.primary_key, x.spec.cursor.column) if c not in df.columns]
@@ -210,7 +260,9 @@ def report_totals(x: Extract, counted, before: dict[int, int], after: dict[int, 
     # The offsets it wrote, per partition [first, next): exactly its records (check_offsets), so the
     # sink can tell them from any record another producer sent with the attempt's headers.
     offsets = {str(p): [before.get(p, 0), after.get(p, 0)] for p in range(spec.partitions)}
-    x.args.report.write_text(json.dumps({"totals": report, "offsets": offsets, "rows": rows,
+    handoff = ({"slot": x.handoff.slot, "consistent_point": x.handoff.consistent_point}
+               if x.handoff is not None else None)
+    x.args.report.write_text(json.dumps({"totals": report, "offsets": offsets, "rows": rows, "handoff": handoff,
                                          "seconds": round(time.monotonic() - started, 3)}))
     print(summary_line("extract", pipeline=spec.name, batch_id=x.args.batch_id, attempt=x.args.attempt,
                        window=str(x.window), rows=rows, read_and_write_s=round(write_s, 1), steps_s=steps.rounded(),

@@ -7,6 +7,7 @@ only authority for what a batch is. One module per table family, imports only do
 - ``schema``: the control schema itself;
 - ``batches``: batches as planned (ids, plans, record schemas, repairs, id observations);
 - ``lifecycle``: attempts, their one state machine, the per-pipeline turn;
+- ``handoffs``: CDC handoff positions, per extract attempt and committed;
 - ``streams``: standing sinks' desired state, events and heartbeats;
 - ``sink_state``: fences, offsets, ENDs, staged totals, rejects, the watermark's advance;
 - ``views``: read-only queries for the status page and CLI;
@@ -29,6 +30,7 @@ from tidemark.ledger.lifecycle import (  # noqa: F401
     batch_summary, extract_offsets, extract_totals, finished_attempts, lock_batch, open_attempt,
     record_extract, release_turn, seal_attempt, take_turn, transition,
 )
+from tidemark.ledger.handoffs import HandoffPosition, committed_handoff, record_handoff  # noqa: F401
 from tidemark.ledger.streams import (  # noqa: F401
     STREAM_STATES, StreamState, beat, clear_crash_loop, heartbeat, mark_crash_looping, observe_stream,
     record_stream_event, restarts_since, set_desired, stream_state,

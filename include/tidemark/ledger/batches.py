@@ -47,10 +47,11 @@ class LedgerBatch:
     repair_of: str | None = None  # the repaired batch; None: the whole table
     repair_run: str | None = None  # the reconciliation run that found the keys
     repair_deletes: dict[str, Any] | None = None  # what its apply may delete (``repair.deletes``); None: every key
+    handoff: bool = False  # a CDC pipeline's handoff batch: read in its slot's snapshot, open above the window
 
 
 _BATCH_COLUMNS = ("pipeline, state, window_lo, window_hi, backfill, attempt, schema_version, repair_keys, repair_of, "
-                  "repair_run::text, repair_deletes")
+                  "repair_run::text, repair_deletes, handoff")
 
 
 def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
@@ -59,26 +60,27 @@ def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
     row = cur.fetchone()
     if row is None:
         return None
-    pipeline, state, lo, hi, backfill, latest, version, keys, repair_of, run, deletes = row
+    pipeline, state, lo, hi, backfill, latest, version, keys, repair_of, run, deletes, handoff = row
     return LedgerBatch(batch_id, pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), state, latest,
-                       False, version, keys, repair_of, run, deletes)
+                       False, version, keys, repair_of, run, deletes, handoff)
 
 
 def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window,
-                schema_version: int | None = None) -> LedgerBatch:
+                schema_version: int | None = None, *, handoff: bool = False) -> LedgerBatch:
     """Store the batch's window and record schema, or return those an earlier try of the same run
     stored."""
     _recordable(window, batch_id)
     cur.execute(
         """INSERT INTO tidemark_control.batches
-               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, schema_version)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s)
+               (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, schema_version,
+                handoff)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s, %s)
            ON CONFLICT (batch_id) DO NOTHING""",
         (batch_id, spec.name, run_id, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
-         window.backfill, spec.partitions, schema_version),
+         window.backfill, spec.partitions, schema_version, handoff),
     )
     if cur.rowcount == 1:
-        return LedgerBatch(batch_id, spec.name, window, schema_version=schema_version)
+        return LedgerBatch(batch_id, spec.name, window, schema_version=schema_version, handoff=handoff)
     return replace(planned_batch(cur, batch_id), reused=True)
 
 

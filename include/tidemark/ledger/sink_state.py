@@ -76,26 +76,35 @@ def store_offset(cur, consumer: str, topic: str, partition: int, next_offset: in
 def open_windows(cur, pipeline: str) -> dict[tuple[str, int], Window]:
     """The planned window of each open or sealed attempt of the pipeline, by (batch id, attempt)."""
     cur.execute(
-        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill FROM tidemark_control.batch_attempts a
+        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff
+             FROM tidemark_control.batch_attempts a
              JOIN tidemark_control.batches b USING (batch_id)
             WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')""",
         (pipeline,),
     )
-    return {(b, a): Window(Bound.from_json(lo), Bound.from_json(hi), bf) for b, a, lo, hi, bf in cur.fetchall()}
+    return {(b, a): _records_window(lo, hi, bf, handoff) for b, a, lo, hi, bf, handoff in cur.fetchall()}
+
+
+def _records_window(lo, hi, backfill: bool, handoff: bool) -> Window:
+    """Where an attempt's records' cursors must lie: its window, opened above for a CDC handoff batch
+    (it reads every row of its snapshot after the window's start)."""
+    window = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
+    return window.opened_above() if handoff else window
 
 
 def open_formats(cur, pipeline: str) -> dict[tuple[str, int], Format]:
     """The record format of each open or sealed protocol-version-2 attempt, by (batch id, attempt)."""
     cur.execute(
-        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, s.version, s.columns, s.writer_schema
+        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff, s.version, s.columns,
+                  s.writer_schema
              FROM tidemark_control.batch_attempts a
              JOIN tidemark_control.batches b USING (batch_id)
              JOIN tidemark_control.record_schemas s ON s.pipeline = b.pipeline AND s.version = b.schema_version
             WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')""",
         (pipeline,),
     )
-    return {(b, a): Format(v, columns_from_json(cols), writer, Window(Bound.from_json(lo), Bound.from_json(hi), bf))
-            for b, a, lo, hi, bf, v, cols, writer in cur.fetchall()}
+    return {(b, a): Format(v, columns_from_json(cols), writer, _records_window(lo, hi, bf, handoff))
+            for b, a, lo, hi, bf, handoff, v, cols, writer in cur.fetchall()}
 
 
 def add_staged(cur, batch_id: str, attempt: int, partition: int, rows: int, checksum: int) -> None:

@@ -96,16 +96,19 @@ def database_args(host: str, port: int | None, dbname: str, user: str,
 
 def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Window, bootstrap: str,
                  report: Path | str, read_partitions: int = READ_PARTITIONS,
-                 repair_keys: Path | str | None = None, writer_schema: str | None = None) -> list[str]:
+                 repair_keys: Path | str | None = None, writer_schema: str | None = None,
+                 handoff: bool = False) -> list[str]:
     """spark_jobs/extract_window.py's arguments after the JDBC ones (``repair_keys``: the keys
     document of a repair batch, ``tidemark.repair.write_document``; ``writer_schema``: the Avro
-    schema of a protocol-version-2 batch)."""
+    schema of a protocol-version-2 batch; ``handoff``: a CDC pipeline's handoff batch, run as the
+    replication role)."""
     return [
         "--spec", str(Path(spec_path).resolve()), "--batch-id", batch_id, "--attempt", str(attempt),
         "--window", json.dumps(window.to_json()), "--bootstrap", bootstrap, "--report", str(report),
         "--read-partitions", str(read_partitions),
         *(["--repair-keys", str(repair_keys)] if repair_keys is not None else []),
         *(["--avro-schema", writer_schema] if writer_schema is not None else []),
+        *(["--handoff"] if handoff else []),
     ]
 
 

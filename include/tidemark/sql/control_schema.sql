@@ -364,3 +364,17 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_slot_watch (
     pipeline        text PRIMARY KEY,
     inactive_since  timestamptz
 );
+-- The handoff of a CDC pipeline (tidemark/cdc/handoff.py): its handoff batch reads the source in the
+-- snapshot its replication slot exported, so the slot streams exactly the changes after that batch.
+-- One row per extract attempt; the committed attempt's row is the pipeline's handoff position.
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS handoff boolean NOT NULL DEFAULT false;
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_handoffs (
+    batch_id          text NOT NULL,
+    attempt           integer NOT NULL,
+    pipeline          text NOT NULL,
+    slot              text NOT NULL,
+    consistent_point  pg_lsn NOT NULL,            -- the slot streams the changes committed after it
+    recorded_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (batch_id, attempt),
+    FOREIGN KEY (batch_id, attempt) REFERENCES tidemark_control.batch_attempts
+);

@@ -32,9 +32,11 @@ class ConnectorDecision:
 
 
 def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: list[datetime], now: datetime,
-           policy: Policy, unread_for: timedelta | None = None) -> ConnectorDecision:
+           policy: Policy, unread_for: timedelta | None = None, handed_off: bool = True) -> ConnectorDecision:
     """Pure: what to do about the connector now. ``unread_for``: how long its slot has had no reader
-    (a task Connect keeps retrying looks RUNNING: an unread slot past the stall window is a failure)."""
+    (a task Connect keeps retrying looks RUNNING: an unread slot past the stall window is a failure).
+    ``handed_off``: the ledger has the pipeline's committed handoff batch, whose slot the connector
+    streams from (before it, there is nothing to stream from)."""
     if desired == "stopped":
         done = state.state in ("STOPPED", "MISSING")
         return ConnectorDecision("none" if done else "stop", "stopped on purpose: its slot keeps the position")
@@ -42,6 +44,9 @@ def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: 
         done = state.state in ("PAUSED", "STOPPED", "MISSING")
         return ConnectorDecision("none" if done else "pause", "paused on purpose")
     if state.state == "MISSING":
+        if not handed_off:
+            return ConnectorDecision("wait", "no handoff batch committed yet: the connector streams from the slot "
+                                             "that batch creates (the pipeline's next batch run)")
         return ConnectorDecision("create", "the spec has a cdc section and Connect has no connector for it")
     if config_differs:
         return ConnectorDecision("update", "its configuration differs from the spec's")
@@ -85,6 +90,7 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
                        RETURNING inactive_since""",
                     {"p": name, "unread": held is not None and not held.active, "now": now})
         inactive_since = cur.fetchone()[0]
+        handoff = ledger.committed_handoff(cur, name)
     wanted = connector_config(spec, endpoint)
     state = client.state(connector)
     stored = client.config(connector) if state.state != "MISSING" else None
@@ -92,7 +98,13 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
     # unread since it was last restarted, if that is later: a restarted task gets the whole window
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
     decision = decide(desired, state, differs, restarts, now, policy,
-                      now - unread_since if unread_since is not None else None)
+                      now - unread_since if unread_since is not None else None, handed_off=handoff is not None)
+    if decision.action == "create" and held is None:
+        return (f"pipeline={name} capture: its slot {spec.cdc_slot} is gone",
+                f"pipeline {name}: the replication slot {spec.cdc_slot} that its handoff batch {handoff.batch_id} "
+                f"created at {handoff.consistent_point} is gone from the source, and with it every change since: "
+                "nothing is streamed. Next: run the pipeline's batch DAG: with no slot, its next batch is a new "
+                "handoff (a snapshot of the table and a new slot); this cycle then creates the connector")
     failure = _act(spec, decision, state, client, wanted, wh)
     slot_text, slot_failure = _slot(spec, held, state)
     tasks = ",".join(f"{t.id}:{t.state}" for t in state.tasks) or "-"
@@ -133,7 +145,7 @@ def _slot(spec: PipelineSpec, held: Slot | None, state: ConnectorState) -> tuple
     cdc = spec.cdc
     assert cdc is not None
     if held is None:
-        created = "Debezium creates it at its first start" if state.state in ("MISSING", "UNASSIGNED") else "missing"
+        created = "its handoff batch creates it" if state.state in ("MISSING", "UNASSIGNED") else "missing"
         return f"slot={spec.cdc_slot} ({created})", None
     text = (f"slot={held.name} active={held.active} wal_status={held.wal_status} "
             f"retained_wal={_bytes(held.retained_bytes)} confirmed_flush={held.confirmed_flush_lsn}")

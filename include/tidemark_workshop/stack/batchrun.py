@@ -78,13 +78,15 @@ class Pipeline:
             finally:
                 src.close()
                 wh.close()
-        return [*s.database_args(SOURCE_DB),
+        # as the DAG's extract step does: a CDC handoff batch runs as the replication role
+        return [*s.database_args(SOURCE_DB, user=s.cdc_user if plan.handoff else None),
                 *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report,
-                                   repair_keys=keys, writer_schema=plan.writer_schema)]
+                                   repair_keys=keys, writer_schema=plan.writer_schema, handoff=plan.handoff)]
 
     def extract(self, plan: batch.Plan, attempt: int) -> dict:
         report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")
-        proc = self._submit(jobs.EXTRACT_JOB, self.extract_args(plan, attempt, report))
+        proc = self._submit(jobs.EXTRACT_JOB, self.extract_args(plan, attempt, report),
+                            secret=self.settings.cdc_password if plan.handoff else None)
         assert proc.returncode == 0, f"extract failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         return json.loads(report.read_text())
 
@@ -118,8 +120,8 @@ class Pipeline:
 
         return parse_summaries(proc.stdout)[-1]
 
-    def _submit(self, script: str, args: list[str]) -> Submitted:
-        proc = submit(self.settings, script, args, secret=self.settings.pg_password)
+    def _submit(self, script: str, args: list[str], secret: str | None = None) -> Submitted:
+        proc = submit(self.settings, script, args, secret=secret or self.settings.pg_password)
         self.jobs.append(proc)
         return proc
 

@@ -54,6 +54,17 @@ def read_slot(settings: Settings, spec: PipelineSpec):
         conn.close()
 
 
+def drop_slot(settings: Settings, spec: PipelineSpec) -> None:
+    """The pipeline's slot gone from the source (as a DBA's drop or a lost slot leaves it)."""
+    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
+    owner.autocommit = True
+    try:
+        with owner.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (spec.cdc_slot,))
+    finally:
+        owner.close()
+
+
 def start_connector(settings: Settings, spec: PipelineSpec) -> ConnectClient:
     """Create the pipeline's connector and wait until its task runs and reads its slot."""
     client = ConnectClient(settings.connect_url)

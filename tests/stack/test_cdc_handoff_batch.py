@@ -1,0 +1,172 @@
+"""The CDC handoff, end to end (issue 31, item 4): a CDC pipeline's first batch is its handoff. Its
+extract creates the replication slot with an exported snapshot and reads the table in it; the ledger
+records the slot's consistent point with the committed attempt; the supervisor creates the connector
+only then, on that slot; the standing sink applies what the slot streams. Writers insert, update and
+delete throughout, one transaction stays open across the slot's creation, and at a quiet point the
+serving view equals the source key by key, deletes included.
+
+Real PostgreSQL with logical decoding, real Spark extract and sink, a real Connect worker with Debezium.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import psycopg2
+import pytest
+
+from tidemark import ledger
+from tidemark.cdc.connect import ConnectClient
+from tidemark.cdc.connector import SourceEndpoint, connector_name
+from tidemark.spark import jobs
+from tidemark.streams.capture import supervise_capture
+from tidemark.streams.cycle import prepare_stream_tables, run_cycle
+from tidemark.streams.launch import LocalLauncher
+from tidemark.streams.policy import Policy
+from tidemark_workshop.settings import SOURCE_DB
+from tidemark_workshop.stack.batchrun import until
+from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, read_slot, remove_capture, write_secret
+from tidemark_workshop.stack.spark import submit_command
+
+pytestmark = pytest.mark.stack
+
+
+class Writers:
+    """Source transactions from a seeded generator: inserts of new ids, updates (the cursor moves)
+    and deletes of existing ones, each its own transaction, until stopped."""
+
+    def __init__(self, settings, table: str, ids: set[int], seed: int):
+        self.settings, self.table, self.ids, self.rng = settings, table, set(ids), random.Random(seed)
+        self.next_id, self.done, self.counts = max(ids) + 1, threading.Event(), {"I": 0, "U": 0, "D": 0}
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        conn = psycopg2.connect(self.settings.dsn(SOURCE_DB))
+        try:
+            while not self.done.is_set():
+                kind = self.rng.choice("IIUUD") if self.ids else "I"
+                with conn, conn.cursor() as cur:
+                    if kind == "I":
+                        cur.execute(f"INSERT INTO {self.table} (id, amount) VALUES (%s, %s)",
+                                    (self.next_id, self.rng.randint(1, 10**6) / 100))
+                        self.ids.add(self.next_id)
+                        self.next_id += 1
+                    else:
+                        key = self.rng.choice(sorted(self.ids))
+                        if kind == "U":
+                            cur.execute(f"UPDATE {self.table} SET amount = amount + 1, updated_at = clock_timestamp() "
+                                        "WHERE id = %s", (key,))
+                        else:
+                            cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
+                            self.ids.discard(key)
+                self.counts[kind] += 1
+                time.sleep(0.02)
+        finally:
+            conn.close()
+
+    def __enter__(self) -> "Writers":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_writers_write(settings, tmp_path, bootstrap):
+    pipe = make_cdc_pipeline(settings, tmp_path)
+    spec = pipe.spec
+    launcher = LocalLauncher(tmp_path / "streams")
+    client = ConnectClient(settings.connect_url)
+    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user, write_secret(settings),
+                              str(settings.connect_secrets_dir))
+    policy = Policy(trigger_interval=timedelta(seconds=1), restart_budget=2)
+    wh = pipe.wh()
+
+    def capture_cycle() -> tuple[str, str | None]:
+        source = psycopg2.connect(settings.dsn(SOURCE_DB))
+        try:
+            return supervise_capture(spec, wh, source, client, endpoint, policy, datetime.now(timezone.utc))
+        finally:
+            source.close()
+
+    def sink_command(s):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    src = pipe.src()
+    try:
+        with src, src.cursor() as cur:
+            cur.execute(f"INSERT INTO {spec.table} (id, amount, updated_at) SELECT g, g * 0.01, "
+                        "now() - interval '1 day' FROM generate_series(1, 3000) g")
+        with wh, wh.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+        prepare_stream_tables(spec, wh, pipe.src)
+        grant(settings, spec)
+        line, failure = capture_cycle()  # no handoff yet: nothing to stream from
+        assert "action=wait" in line and "no handoff batch committed yet" in line and failure is None, line
+        assert client.state(connector_name(spec)).state == "MISSING"
+
+        with Writers(settings, spec.table, set(range(1, 3001)), seed=31) as writers:
+            time.sleep(1)
+            plan = pipe.plan("handoff-run")
+            assert plan.handoff, plan
+
+            # a transaction open across the slot's creation: the slot waits for it, so its update is in the snapshot
+            held = pipe.src()
+            with held.cursor() as cur:
+                cur.execute(f"UPDATE {spec.table} SET amount = 4242.42, updated_at = clock_timestamp() WHERE id = 1")
+            release = threading.Timer(20, held.commit)
+            release.start()
+            try:
+                during = dict(writers.counts)
+                _, attempt = pipe.load(plan)
+                during = {k: writers.counts[k] - during[k] for k in during}
+            finally:
+                release.join()
+                held.close()
+            assert all(during[k] > 0 for k in "IUD"), f"the writers must write during the handoff batch: {during}"
+
+            with wh, wh.cursor() as cur:
+                handoff = ledger.committed_handoff(cur, spec.name)
+            assert handoff is not None and (handoff.batch_id, handoff.attempt) == (plan.batch_id, attempt)
+            slot = read_slot(settings, spec)
+            assert slot is not None and not slot.active and slot.confirmed_flush_lsn == handoff.consistent_point
+            # the snapshot held the rows above the window's end too (they are in no change event)
+            above = pipe.query_wh(f"SELECT count(*) FROM {spec.target_table} WHERE updated_at > %s",
+                                  (plan.window.hi.cursor,))[0][0]
+            assert above > 0, "the handoff batch must read the rows written after the plan, before the slot"
+            assert pipe.query_wh(f"SELECT amount::text FROM {spec.target_table} WHERE id = 1") == [("4242.42",)]
+
+            line, failure = capture_cycle()
+            assert "action=create" in line and failure is None, line
+            until("Debezium reading the handoff's slot", lambda: (s := read_slot(settings, spec)) is not None
+                  and s.active, timeout=120)
+            assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap,
+                             sink_command).decisions[spec.name].action == "start"
+            time.sleep(10)  # writers go on while the stream runs
+        assert writers.counts["D"] > 0
+
+        view = spec.cdc.serving_view
+
+        with src, src.cursor() as cur:
+            cur.execute(f"SELECT id, amount::text FROM {spec.table} ORDER BY id")
+            expected = cur.fetchall()
+        until("the serving view equal to the source, key by key",
+              lambda: pipe.query_wh(f"SELECT id, amount::text FROM {view} ORDER BY id") == expected, timeout=180)
+        consumer = ledger.consumer_for(spec.name)
+        duplicates, rejects = pipe.query_wh(
+            "SELECT coalesce(sum(duplicates), 0), (SELECT count(*) FROM tidemark_control.sink_rejects r "
+            "WHERE r.consumer = %s) FROM tidemark_control.sink_micro_batches WHERE consumer = %s",
+            (consumer, consumer))[0]
+        assert (duplicates, rejects) == (0, 0)
+        # the next batch is an ordinary one: the ledger has the handoff and the slot is there
+        assert not pipe.plan("after-handoff").handoff
+    finally:
+        launcher.stop(spec.name, grace_s=5)
+        wh.close()
+        src.close()
+        remove_capture(settings, spec)
+
