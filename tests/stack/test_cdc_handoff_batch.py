@@ -3,13 +3,17 @@ extract creates the replication slot with an exported snapshot and reads the tab
 records the slot's consistent point with the committed attempt; the supervisor creates the connector
 only then, on that slot; the standing sink applies what the slot streams. Writers insert, update and
 delete throughout, one transaction stays open across the slot's creation, and at a quiet point the
-serving view equals the source key by key, deletes included.
+serving view equals the source key by key, deletes included. The next nightly batch (item 5), applied
+by the standing sink, corrects the speed layer in its commit without changing what a reader sees: a
+deletion the stream learned leaves the batch target (audited), real-time rows the batch now holds go,
+and a version that disagreed with the batch at the same cursor is drift, which reconciliation reports.
 
 Real PostgreSQL with logical decoding, real Spark extract and sink, a real Connect worker with Debezium.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -19,6 +23,7 @@ import psycopg2
 import pytest
 
 from tidemark import ledger
+from tidemark import reconcile
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_name
 from tidemark.spark import jobs
@@ -162,11 +167,64 @@ def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_write
             "WHERE r.consumer = %s) FROM tidemark_control.sink_micro_batches WHERE consumer = %s",
             (consumer, consumer))[0]
         assert (duplicates, rejects) == (0, 0)
-        # the next batch is an ordinary one: the ledger has the handoff and the slot is there
-        assert not pipe.plan("after-handoff").handoff
+        nightly_corrects_the_speed_layer(pipe, src, view)
     finally:
         launcher.stop(spec.name, grace_s=5)
         wh.close()
         src.close()
         remove_capture(settings, spec)
 
+
+
+def nightly_corrects_the_speed_layer(pipe, src, view: str) -> None:
+    spec = pipe.spec
+    live = spec.cdc.target_table
+    with src, src.cursor() as cur:  # three keys no writer touched: loaded by the handoff, a day old
+        cur.execute(f"SELECT id FROM {spec.table} WHERE updated_at < now() - interval '1 hour' ORDER BY id LIMIT 3")
+        gone, quiet, moved = (k for (k,) in cur.fetchall())
+    with src, src.cursor() as cur:
+        cur.execute(f"DELETE FROM {spec.table} WHERE id = %s", (gone,))
+    with src, src.cursor() as cur:  # an update that does not move the cursor: the nightly read cannot see it
+        cur.execute(f"UPDATE {spec.table} SET amount = 777.77 WHERE id = %s", (quiet,))
+    with src, src.cursor() as cur:
+        cur.execute(f"UPDATE {spec.table} SET amount = 888.88, updated_at = clock_timestamp() WHERE id = %s", (moved,))
+    until("the three changes in the real-time table", lambda: pipe.query_wh(
+        f"SELECT count(*) FROM {live} WHERE id IN (%s, %s, %s)", (gone, quiet, moved))[0][0] == 3)
+    seen = pipe.query_wh(f"SELECT id, amount::text FROM {view} ORDER BY id")
+    assert gone not in {k for k, _ in seen}
+    batch_quiet = pipe.query_wh(f"SELECT amount::text FROM {spec.target_table} WHERE id = %s", (quiet,))[0][0]
+
+    plan = pipe.plan("nightly-2")  # the next batch is an ordinary one: the ledger has the handoff, the slot is there
+    assert not plan.handoff
+    attempt = pipe.begin(plan)
+    pipe.end(plan, attempt, pipe.extract(plan, attempt))
+    until("the standing sink's commit of the nightly batch", lambda: pipe.state(plan.batch_id, attempt) == "committed")
+
+    assert pipe.query_wh(f"SELECT id, amount::text FROM {view} ORDER BY id") == seen  # invisible to readers
+    assert pipe.query_wh(f"SELECT count(*) FROM {spec.target_table} WHERE id = %s", (gone,)) == [(0,)]
+    # every deletion the stream learned reached the batch target (the writers' too), each audited with its row
+    deleted = pipe.query_wh("SELECT key ->> 0, old_values ->> 'id' FROM tidemark_control.cdc_batch_deletions "
+                            "WHERE batch_id = %s", (plan.batch_id,))
+    assert (str(gone), str(gone)) in deleted and all(k == v for k, v in deleted)
+    with src, src.cursor() as cur:
+        cur.execute(f"SELECT id FROM {spec.table}")
+        at_source = {k for (k,) in cur.fetchall()}
+    in_target = {k for (k,) in pipe.query_wh(f"SELECT id FROM {spec.target_table}")}
+    assert in_target <= at_source and {int(k) for k, _ in deleted}.isdisjoint(at_source)
+    drift = pipe.query_wh("SELECT key, realtime ->> 'amount', batch ->> 'amount' FROM tidemark_control.cdc_drift "
+                          "WHERE batch_id = %s", (plan.batch_id,))
+    assert drift == [([str(quiet)], "777.77", batch_quiet)]
+    assert pipe.query_wh(f"SELECT count(*) FROM {live} WHERE _tm_deleted OR id IN (%s, %s, %s)",
+                         (gone, quiet, moved)) == [(0,)]
+    source, wh = pipe.src(), pipe.wh()
+    try:
+        outcome = reconcile.run(spec, source, wh, pipe.path.parent, batch_id=plan.batch_id, code_version="test")
+    finally:
+        source.close()
+        wh.close()
+    drifted = [c for c in outcome.verdict.checks if c.check == "speed_layer_drift"]
+    assert [(json.loads(c.actual)["amount"], json.loads(c.expected)["amount"]) for c in drifted] == [
+        ("777.77", batch_quiet)], drifted
+    applied = [c for c in outcome.verdict.checks if c.check == "cdc_deletion_applied"]
+    assert len(applied) == len(deleted) and str(gone) in {json.loads(c.actual)["id"] for c in applied}
+    assert outcome.verdict.passed, outcome.verdict.checks

@@ -286,7 +286,7 @@ def forget_pipeline(cur, pipeline: str) -> None:
     record schemas, watermark, id observations, stream state) and its sink's offsets, fences and rejects: for a demo
     that starts afresh, never for a production pipeline (the ledger is its audit trail)."""
     prefix = f"{pipeline}:"
-    for table in ("batch_ends", "staged_totals", "staged_loads", "batch_attempts", "batches"):
+    for table in ("batch_ends", "staged_totals", "staged_loads", "cdc_handoffs", "batch_attempts", "batches"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE starts_with(batch_id, %s)", (prefix,))
     cur.execute("DELETE FROM tidemark_control.record_schemas WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))

@@ -230,3 +230,21 @@ def freshness(spec: PipelineSpec, source_cur, watermark: Any) -> Check | None:
     age = source_cur.fetchone()[0] - watermark
     return Check("freshness", f"watermark {watermark.isoformat()}", f"at most {limit} old", f"{age} old",
                  str(age - limit) if age > limit else None, age <= limit)
+
+
+def speed_layer_findings(cur, spec: PipelineSpec, batch_id: str) -> list[Check]:
+    """What the batch's commit corrected in a CDC pipeline's speed layer (``tidemark.cdc.compact``):
+    each key whose real-time version disagreed with the nightly truth at the same cursor, with both
+    values, and each deletion the change stream learned that left the batch target. Findings, not
+    failures: the batch, which this reconciliation checks against the source, is the truth."""
+    cur.execute("SELECT key, realtime, batch FROM tidemark_control.cdc_drift WHERE batch_id = %s ORDER BY id",
+                (batch_id,))
+    found = [Check("speed_layer_drift", f"key {key_text(tuple(key))}", json.dumps(batch, sort_keys=True),
+                   json.dumps(realtime, sort_keys=True), "the real-time version before this batch corrected it", True)
+             for key, realtime, batch in cur.fetchall()]
+    cur.execute("SELECT key, old_values, commit_lsn FROM tidemark_control.cdc_batch_deletions WHERE batch_id = %s "
+                "ORDER BY id", (batch_id,))
+    found += [Check("cdc_deletion_applied", f"key {key_text(tuple(key))}, deleted at the source (commit LSN {lsn})",
+                    "no row at the source", json.dumps(old, sort_keys=True), None, True)
+              for key, old, lsn in cur.fetchall()]
+    return found

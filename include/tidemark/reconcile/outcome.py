@@ -10,7 +10,7 @@ from typing import Any
 from tidemark.spec import PipelineSpec
 from tidemark.window import Window
 from tidemark.reconcile.verdict import Check, DELETED_AT_SOURCE, Verdict
-from tidemark.reconcile.checks import ReconcileError, freshness
+from tidemark.reconcile.checks import ReconcileError, freshness, speed_layer_findings
 from tidemark.reconcile.localise import differences_csv
 from tidemark.reconcile.compare import reconcile
 
@@ -67,6 +67,8 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
             fresh = freshness(spec, s, mark.cursor if mark is not None else None)
             if fresh is not None:
                 verdict.checks.append(fresh)
+            if spec.cdc is not None and batch_id is not None:
+                verdict.checks += speed_layer_findings(t, spec, batch_id)
     except LookupError as exc:
         raise ReconcileError(str(exc)) from None
     verdict.deletions_applied = [

@@ -86,7 +86,7 @@ class Commit:
         window = planned.window
         moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
         # a repair covers its keys only: nothing real-time to compact
-        compacted = merge.compact(cur, self.spec, window) if planned.repair_keys is None else None
+        compacted = merge.compact(cur, self.spec, batch_id, window) if planned.repair_keys is None else None
         self.stages.drop(cur, batch_id, attempt)
         report.committed.append(f"{batch_id}#{attempt}")
         log.info(
@@ -94,7 +94,7 @@ class Commit:
             "checksum=%s watermark %s%s", self.spec.name, batch_id, attempt, window, rows, applied,
             time.monotonic() - merge_started, checksum,
             f"-> {window.hi}" if moved else "unchanged (backfill, repair or older window)",
-            f"; {compacted} real-time row(s) it covers compacted away" if compacted is not None else "",
+            f"; {compacted}" if compacted is not None else "",
         )
 
     def _sealed(self, cur, batch_id: str, attempt: int) -> bool:

@@ -10,6 +10,7 @@ import psycopg2
 import psycopg2.extensions
 
 from tidemark import ledger
+from tidemark.cdc import compact as cdc_compact
 from tidemark.repair import key_filter, key_types
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Window, covered, predicate
@@ -108,9 +109,12 @@ def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: lis
     return 0, cur.rowcount
 
 
-def compact(cur, spec: PipelineSpec, window: Window) -> int | None:
-    """The real-time rows inside the committed window: the batch is the truth for it now."""
+def compact(cur, spec: PipelineSpec, batch_id: str, window: Window) -> str | None:
+    """The real-time rows the committed batch makes redundant: for events, those inside its window;
+    for change data capture, ``tidemark.cdc.compact.correct``. What was done, for the commit's line."""
+    if spec.cdc is not None:
+        return str(cdc_compact.correct(cur, spec, batch_id))
     if spec.stream is None:
         return None
     cur.execute(f"DELETE FROM {quote(spec.stream.target_table)} WHERE {predicate(spec, window)}")
-    return cur.rowcount
+    return f"{cur.rowcount} real-time row(s) it covers compacted away"

@@ -378,3 +378,35 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_handoffs (
     PRIMARY KEY (batch_id, attempt),
     FOREIGN KEY (batch_id, attempt) REFERENCES tidemark_control.batch_attempts
 );
+-- The nightly batch corrects the speed layer of a CDC pipeline (tidemark/cdc/compact.py), in its commit:
+-- a deletion the change stream learned reaches the batch target, each row it deletes kept here
+-- (append-only); a real-time version the batch holds with other values at the same cursor is drift.
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_batch_deletions (
+    id            bigserial PRIMARY KEY,
+    pipeline      text NOT NULL,
+    batch_id      text NOT NULL,                 -- the batch whose commit applied it
+    key           jsonb NOT NULL,                -- [key column values as text]
+    old_values    jsonb NOT NULL,                -- the batch target's row it deleted
+    commit_lsn    bigint NOT NULL,               -- the source transaction that deleted it
+    deleted_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_drift (
+    id            bigserial PRIMARY KEY,
+    pipeline      text NOT NULL,
+    batch_id      text NOT NULL,
+    key           jsonb NOT NULL,
+    realtime      jsonb NOT NULL,                -- the speed layer's version
+    batch         jsonb NOT NULL,                -- the nightly truth at the same cursor
+    found_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS cdc_drift_batch ON tidemark_control.cdc_drift (batch_id);
+DROP TRIGGER IF EXISTS cdc_batch_deletions_append_only ON tidemark_control.cdc_batch_deletions;
+CREATE TRIGGER cdc_batch_deletions_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON tidemark_control.cdc_batch_deletions
+    FOR EACH STATEMENT EXECUTE FUNCTION tidemark_control.refuse_change();
+REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.cdc_batch_deletions FROM PUBLIC, CURRENT_USER;
+DROP TRIGGER IF EXISTS cdc_drift_append_only ON tidemark_control.cdc_drift;
+CREATE TRIGGER cdc_drift_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON tidemark_control.cdc_drift
+    FOR EACH STATEMENT EXECUTE FUNCTION tidemark_control.refuse_change();
+REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.cdc_drift FROM PUBLIC, CURRENT_USER;
