@@ -15,6 +15,7 @@ import json
 import threading
 import uuid
 
+import psycopg2.errors
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -220,3 +221,56 @@ def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(setti
         wh.close()
         if not worker.is_running():
             worker.start()
+
+
+def test_a_column_added_at_the_source_lands_before_its_rows_and_a_narrowed_one_is_refused_with_both_schemas(
+        settings, cdc_pipeline):
+    """Issue 31, item 6: the schema change ordered with the data. The column the source gained is in the
+    real-time table and the serving view, in the micro-batch transaction that applies the first change
+    carrying it; a column narrowed at the source is refused loudly (the transaction a dead letter, with
+    both schemas), and nothing of it is applied."""
+    pipe, launcher = cdc_pipeline
+    spec = pipe.spec
+    view, live = spec.cdc.serving_view, spec.cdc.target_table
+
+    def command(s):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    wh = pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+        prepare_stream_tables(spec, wh, pipe.src)
+        grant(settings, spec)
+        start_connector(settings, spec)
+        assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+        _source(pipe, "INSERT INTO {table} (id, amount) VALUES (1, 1.00)")
+        until("the first row", lambda: pipe.query_wh(f"SELECT id FROM {view}") == [(1,)])
+
+        _source(pipe, "ALTER TABLE {table} ADD COLUMN note varchar(20), ADD COLUMN fee numeric(9,3)")
+        _source(pipe, "INSERT INTO {table} (id, amount, note, fee) VALUES (2, 2.00, 'hello', 1.234)",
+                "UPDATE {table} SET note = 'first', updated_at = now() WHERE id = 1")
+        def shown():
+            try:
+                return pipe.query_wh(f"SELECT id, note, fee::text FROM {view} ORDER BY id")
+            except psycopg2.errors.UndefinedColumn:  # not added yet
+                return None
+
+        until("the rows that carry the new columns", lambda: shown() == [(1, "first", None), (2, "hello", "1.234")])
+        columns = pipe.query_wh("SELECT column_name, data_type, character_maximum_length, numeric_precision, "
+                                "numeric_scale FROM information_schema.columns WHERE table_schema || '.' || table_name "
+                                "= %s AND column_name IN ('note', 'fee') ORDER BY column_name", (live,))
+        assert columns == [("fee", "numeric", None, 9, 3), ("note", "character varying", 20, None, None)]
+
+        _source(pipe, "ALTER TABLE {table} ALTER COLUMN note TYPE varchar(10)")
+        _source(pipe, "INSERT INTO {table} (id, amount, note) VALUES (3, 3.00, 'narrow')")
+        consumer = ledger.consumer_for(spec.name)
+        reasons = until("the narrowed column's transaction refused", lambda: pipe.query_wh(
+            "SELECT reason FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,)))
+        assert "column note is varchar(10) at the source, varchar(20) in the real-time table" in reasons[0][0]
+        assert "Real-time table: (id bigint, amount numeric(18,2)" in reasons[0][0] and "source: (" in reasons[0][0]
+        assert pipe.query_wh(f"SELECT id FROM {view} ORDER BY id") == [(1,), (2,)]  # nothing of it applied
+        until("its dead letter published", lambda: pipe.query_wh(
+            "SELECT bool_and(in_dlq) FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))[0][0])
+    finally:
+        wh.close()

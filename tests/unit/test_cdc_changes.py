@@ -17,7 +17,7 @@ SCHEMA = {"type": "struct", "fields": [{"type": "struct", "field": "before", "fi
                                        {"type": "struct", "field": "after", "fields": FIELDS}]}
 ROW = {"id": 7, "amount": "99999999999999.99", "day": 20_000, "at": 1_700_000_000_123_456,
        "updated_at": "2026-11-26T01:02:03.456789Z", "blob": "3q2+7w==", "ok": False}
-COLUMNS = set(ROW)
+COLUMNS = {name: None for name in ROW}  # the real-time table's columns; their shapes unknown
 
 
 def _event(op="c", **payload) -> str:
@@ -49,7 +49,7 @@ def test_a_delete_carries_the_row_before_it():
     (_event(transaction=None), "no source or transaction block"),
     (_event(source={"txId": "abc", "lsn": 1}), "source.txId is 'abc', not an integer"),
     (_event(transaction={"total_order": 0}), "transaction.total_order is 0"),
-    (_event(after={**ROW, "note": "x"}), "column(s) note not in the real-time table"),
+    (_event(after={**ROW, "note": "x"}), "new column(s) note of a type the sink does not add by itself"),
 ])
 def test_what_cannot_be_applied_is_named(value, reason):
     with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")):
@@ -73,3 +73,41 @@ def test_values_by_type():
     assert text(1000, {"name": "io.debezium.time.Timestamp"}) == "1970-01-01 00:00:01"
     with pytest.raises(ValueError):
         text("not base64!", {"type": "bytes"})
+
+
+def _typed(fields: list[dict], row: dict) -> str:
+    schema = {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": fields}]}
+    body = {"op": "c", "before": None, "after": row, "source": {"txId": 5, "lsn": 9, "ts_ms": 1},
+            "transaction": {"id": "5:9", "total_order": 1}}
+    return json.dumps({"schema": schema, "payload": body})
+
+
+def _field(name: str, kind: str, length: int = 0, scale: int = 0) -> dict:
+    return {"type": "string", "field": name, "parameters": {"__debezium.source.column.type": kind,
+                                                          "__debezium.source.column.length": str(length),
+                                                          "__debezium.source.column.scale": str(scale)}}
+
+
+def test_a_column_added_at_the_source_comes_with_its_type_and_any_other_schema_change_is_refused_with_both():
+    """Issue 31, item 6: Debezium's column.propagate.source.type parameters give each column's source type."""
+    from tidemark.cdc.changes import Shape, shape_of_column
+
+    table = {"id": shape_of_column("bigint", 64, 0, None), "amount": shape_of_column("numeric", 18, 2, None),
+             "note": shape_of_column("character varying", None, None, 20)}
+    fields = [_field("id", "INT8", 19), _field("amount", "NUMERIC", 18, 2), _field("note", "VARCHAR", 20)]
+    row = {"id": 1, "amount": "1.00", "note": "x"}
+    assert change(_typed(fields, row), table).added == ()
+    grown = change(_typed([*fields, _field("fee", "NUMERIC", 9, 3), _field("seen", "TIMESTAMPTZ", 35, 6)],
+                          {**row, "fee": "1.234", "seen": None}), table)
+    assert grown.added == (("fee", Shape("NUMERIC", 9, 3)), ("seen", Shape("TIMESTAMPTZ")))
+    assert [s.ddl() for _, s in grown.added] == ["numeric(9,3)", "timestamptz"]
+    for bad_fields, bad_row, reason in (
+            (fields[:2], {"id": 1, "amount": "1.00"}, "column(s) note gone from the source (dropped or renamed)"),
+            ([*fields[:2], _field("note", "VARCHAR", 10)], row,
+             "column note is varchar(10) at the source, varchar(20) in the real-time table"),
+            ([fields[0], _field("amount", "NUMERIC", 18, 4), fields[2]], row, "column amount is numeric(18,4)"),
+            ([*fields, _field("Bad-Name", "INT4")], {**row, "Bad-Name": 1}, "new column(s) Bad-Name of a type"),
+            ([*fields, _field("geo", "GEOMETRY")], {**row, "geo": "x"}, "new column(s) geo of a type")):
+        with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")) as refused:
+            change(_typed(bad_fields, bad_row), table)
+        assert "Real-time table: (id bigint, amount numeric(18,2), note varchar(20)); source: (" in str(refused.value)

@@ -25,9 +25,9 @@ from typing import Any
 import psycopg2.errors
 from psycopg2.extras import Json, execute_values
 
-from tidemark.cdc.changes import boundary, change
-from tidemark.cdc.tables import CDC_COLUMNS
-from tidemark.records import payload_text, target_columns
+from tidemark.cdc.changes import Shape, boundary, change
+from tidemark.cdc.tables import add_columns, realtime_shapes
+from tidemark.records import payload_text
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import literal
 
@@ -41,7 +41,7 @@ class ChangeWriter:
         assert spec.cdc is not None
         self.spec, self.cdc, self.consumer = spec, spec.cdc, consumer
         self.data_topic, self.tx_topic = spec.cdc_topic, spec.cdc_transaction_topic
-        self._columns: list[str] | None = None
+        self._shapes: dict[str, Shape | None] | None = None
 
     def rules(self, cur) -> None:
         """At start: the real-time table exists (else ``LookupError``). Change events are checked
@@ -50,17 +50,28 @@ class ChangeWriter:
         return None
 
     def columns(self, cur) -> list[str]:
-        if self._columns is None:
-            names = [c.name for c in target_columns(cur, self.cdc.target_table) if c.name not in CDC_COLUMNS]
-            if not names:
+        return list(self.shapes(cur))
+
+    def shapes(self, cur) -> dict[str, Shape | None]:
+        if self._shapes is None:
+            shapes = realtime_shapes(cur, self.spec)
+            if not shapes:
                 raise LookupError(f"pipeline {self.spec.name}: the real-time table {self.cdc.target_table} does not "
                                   "exist")
-            self._columns = names
-        return self._columns
+            self._shapes = shapes
+        return self._shapes
+
+    def _add_columns(self, cur, added: dict[str, Shape], txid: int) -> None:
+        """The source gained columns: the real-time table gets them before the change that carries them."""
+        add_columns(cur, self.spec, added)
+        log.warning("pipeline=%s the source's table %s gained column(s) %s (first carried by source transaction %s): "
+                    "added to the real-time table %s and shown by %s before that change applies; the batch target "
+                    "gains them with its next batch", self.spec.name, self.spec.table,
+                    ", ".join(f"{c} {t}" for c, t in added.items()), txid, self.cdc.target_table, self.cdc.serving_view)
+        self._shapes = None
 
     # --- one micro-batch ---------------------------------------------------------------------
     def apply(self, cur, records, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
-        columns = set(self.columns(cur))
         pending: list[tuple] = []
         ends: list[tuple] = []
         for rec in records.to_pylist():
@@ -76,7 +87,9 @@ class ChangeWriter:
                 continue
             raw = payload_text(rec["value"], None)
             try:
-                event = change(rec["value"], columns)
+                event = change(rec["value"], self.shapes(cur))
+                if event.added:
+                    self._add_columns(cur, dict(event.added), event.txid)
             except ValueError as exc:
                 place = _place(rec["value"])
                 if place is None:  # belongs to no transaction we can name: a dead letter now

@@ -4,7 +4,9 @@ Both arrive as Kafka Connect JSON with their schema (``{"schema": ..., "payload"
 event becomes a ``Change``: its source transaction (``source.txId``) and place in it
 (``transaction.total_order``), its WAL position, the operation and the row (after an insert or
 update, before a delete) as PostgreSQL text input, each value converted by its field's Debezium
-type (days, microseconds and base64 become dates, timestamps and bytea). A boundary becomes a
+type (days, microseconds and base64 become dates, timestamps and bytea), and the source's schema
+compared with the real-time table's: a column added comes with the change, to be added before it
+applies; a column dropped, renamed or retyped is refused with both schemas. A boundary becomes a
 ``Boundary``: BEGIN, or END with the transaction's commit position and event count. Anything else
 raises ``ValueError`` naming what is wrong; the sink makes it a dead letter.
 
@@ -16,12 +18,83 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
 OPS = {"c": "insert", "u": "update", "d": "delete", "r": "snapshot read"}
+IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # a column name the sink adds (quoted all the same)
 _EPOCH = datetime(1970, 1, 1)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A column's type as the source declares it (Debezium's ``column.propagate.source.type``
+    parameters: ``INT8``, ``NUMERIC`` 18 2, ``VARCHAR`` 20), or as the real-time table has it."""
+
+    type: str
+    length: int | None = None  # NUMERIC's precision, VARCHAR's and BPCHAR's length; None: unconstrained
+    scale: int | None = None  # NUMERIC only
+
+    def ddl(self) -> str:
+        base = DDL_TYPES[self.type]
+        if self.type == "NUMERIC" and self.length is not None:
+            return f"numeric({self.length},{self.scale or 0})"
+        return f"{base}({self.length})" if self.type in ("VARCHAR", "BPCHAR") and self.length is not None else base
+
+    def __str__(self) -> str:
+        return self.ddl() if self.type in DDL_TYPES else self.type.lower()
+
+
+# The source types whose columns the sink adds by itself, as PostgreSQL's DDL spells them, and as
+# information_schema.columns names them (the real-time table's side of the comparison).
+DDL_TYPES = {"INT2": "smallint", "INT4": "integer", "INT8": "bigint", "TEXT": "text", "BOOL": "boolean",
+             "DATE": "date", "TIMESTAMP": "timestamp", "TIMESTAMPTZ": "timestamptz", "FLOAT4": "real",
+             "FLOAT8": "double precision", "JSON": "json", "JSONB": "jsonb", "UUID": "uuid", "BYTEA": "bytea",
+             "TIME": "time", "NUMERIC": "numeric", "VARCHAR": "varchar", "BPCHAR": "char"}
+INFORMATION_SCHEMA_TYPES = {
+    "smallint": "INT2", "integer": "INT4", "bigint": "INT8", "text": "TEXT", "boolean": "BOOL", "date": "DATE",
+    "timestamp without time zone": "TIMESTAMP", "timestamp with time zone": "TIMESTAMPTZ", "real": "FLOAT4",
+    "double precision": "FLOAT8", "json": "JSON", "jsonb": "JSONB", "uuid": "UUID", "bytea": "BYTEA",
+    "time without time zone": "TIME", "numeric": "NUMERIC", "character varying": "VARCHAR", "character": "BPCHAR"}
+_SIZED = ("NUMERIC", "VARCHAR", "BPCHAR")
+
+
+def shape_of_column(data_type: str, precision: int | None, scale: int | None, max_length: int | None) -> Shape | None:
+    """A real-time table column's shape (None: a type compared by name only is not one Tidemark knows)."""
+    name = INFORMATION_SCHEMA_TYPES.get(data_type)
+    if name is None:
+        return None
+    if name == "NUMERIC":
+        return Shape(name, precision, scale if precision is not None else None)
+    return Shape(name, max_length) if name in _SIZED else Shape(name)
+
+
+def shape_of_field(field: dict[str, Any]) -> Shape | None:
+    """The source's declared type of a field (None: the record carries no such parameters)."""
+    params = field.get("parameters") if isinstance(field.get("parameters"), dict) else {}
+    name = params.get("__debezium.source.column.type")
+    if not isinstance(name, str) or not name:
+        return None
+    name = name.upper()
+    if name not in _SIZED:
+        return Shape(name)
+    try:
+        length = int(params.get("__debezium.source.column.length"))
+        scale = int(params.get("__debezium.source.column.scale", 0))
+    except (TypeError, ValueError):
+        return Shape(name)
+    if name == "NUMERIC":  # unconstrained: PostgreSQL reports a precision of 0 or its internal maximum
+        return Shape(name, length, scale) if 0 < length <= 1000 else Shape(name)
+    return Shape(name, length) if 0 < length <= 10_485_760 else Shape(name)
+
+
+def same_type(table: Shape | None, source: Shape | None) -> bool:
+    """Whether the source's column still has the real-time table's type (unknown on either side: yes)."""
+    if table is None or source is None:
+        return True
+    return table == source if table.type in _SIZED else table.type == source.type
 
 
 @dataclass(frozen=True)
@@ -32,6 +105,7 @@ class Change:
     op: str  # c, u, d, r
     row: dict[str, str | None]  # column -> PostgreSQL text input (None: NULL)
     source_ms: int | None  # when the source committed it
+    added: tuple[tuple[str, Shape], ...] = ()  # columns the source gained that the real-time table lacks
 
 
 @dataclass(frozen=True)
@@ -77,8 +151,10 @@ def boundary(value: bytes | str | None) -> Boundary:
     return Boundary(status, _int(txid, "the transaction id's txId"), _int(lsn, "the transaction id's LSN"), count)
 
 
-def change(value: bytes | str | None, columns: set[str]) -> Change:
-    """One change event of the captured table, whose columns (the real-time table's) are ``columns``."""
+def change(value: bytes | str | None, table: dict[str, Shape | None]) -> Change:
+    """One change event of the captured table; ``table``: the real-time table's columns and their
+    shapes. A column the source gained comes back in ``added`` (its type one the sink can add); a
+    column the source lost or renamed, or whose type changed, raises ``ValueError`` with both schemas."""
     payload, schema = _payload(value)
     op = payload.get("op")
     if op not in OPS:
@@ -91,18 +167,40 @@ def change(value: bytes | str | None, columns: set[str]) -> Change:
     row = payload.get(side)
     if not isinstance(row, dict):
         raise ValueError(f"{OPS[op]} without its row '{side}'")
-    unknown = sorted(set(row) - columns)
-    if unknown:
-        raise ValueError(f"column(s) {', '.join(unknown)} not in the real-time table: the source's schema changed "
-                         "(an added column is added before its rows only by a batch plan today)")
     types = _field_types(schema, side)
+    added = _schema_change(row, types, table)
     order = _int(tx.get("total_order"), "transaction.total_order")
     if order < 1:
         raise ValueError(f"transaction.total_order is {order}")
     ms = source.get("ts_ms")
     return Change(_int(source.get("txId"), "source.txId"), order, _int(source.get("lsn"), "source.lsn"), op,
                   {name: text(v, types.get(name, {})) for name, v in row.items()},
-                  ms if isinstance(ms, int) and not isinstance(ms, bool) else None)
+                  ms if isinstance(ms, int) and not isinstance(ms, bool) else None, added)
+
+
+def _schema_change(row: dict[str, Any], types: dict[str, dict[str, Any]],
+                   table: dict[str, Shape | None]) -> tuple[tuple[str, Shape], ...]:
+    """The columns to add before this row applies; ``ValueError`` for any other change of the schema."""
+    source = {name: shape_of_field(types.get(name, {})) for name in row}
+    lost = [c for c in table if c not in row]
+    changed = [c for c in table if c in row and not same_type(table[c], source[c])]
+    new = [c for c in row if c not in table]
+    unaddable = [c for c in new if source[c] is None or source[c].type not in DDL_TYPES
+                 or not IDENTIFIER.fullmatch(c)]
+    if lost or changed or unaddable:
+        why = "; ".join(part for part in (
+            f"column(s) {', '.join(lost)} gone from the source (dropped or renamed)" if lost else "",
+            ", ".join(f"column {c} is {source[c]} at the source, {table[c]} in the real-time table" for c in changed),
+            f"new column(s) {', '.join(unaddable)} of a type the sink does not add by itself" if unaddable else "",
+        ) if part)
+
+        def schema(cols: dict[str, Shape | None]) -> str:
+            return ", ".join(f"{c} {t or '?'}" for c, t in cols.items())
+
+        raise ValueError(f"the source's schema changed in a way not applied by itself: {why}. Real-time table: "
+                         f"({schema(table)}); source: ({schema(source)})")
+    return tuple((c, source[c]) for c in new)
+
 
 
 def _field_types(schema: dict[str, Any], side: str) -> dict[str, dict[str, Any]]:

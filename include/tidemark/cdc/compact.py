@@ -42,7 +42,8 @@ def correct(cur, spec: PipelineSpec, batch_id: str) -> Correction:
     cur.execute("SELECT to_regclass(%s) IS NULL", (live,))
     if cur.fetchone()[0]:  # no real-time table yet (the supervisor makes it before the sink's first start)
         return Correction(0, 0, 0)
-    names = [c.name for c in target_columns(cur, spec.target_table)]
+    in_live = {c.name for c in target_columns(cur, cdc.target_table)}
+    names = [c.name for c in target_columns(cur, spec.target_table) if c.name in in_live]  # a column new to one: later
     same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
     key = "jsonb_build_array(" + ", ".join(f"b.{quote(c)}::text" for c in spec.primary_key) + ")"
 

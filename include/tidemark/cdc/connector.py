@@ -60,6 +60,9 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         # BEGIN/END of each source transaction, with its event count: the sink applies a transaction whole
         "provide.transaction.metadata": "true",
         "decimal.handling.mode": "string",  # exact: a NUMERIC never passes through a double
+        # each field names its source type (NUMERIC 18 2, VARCHAR 20): a column added at the source is added
+        # to the real-time table with it, and a retyped one is refused (the connector reads one table)
+        "column.propagate.source.type": ".*",
         "time.precision.mode": "adaptive_time_microseconds",
         "interval.handling.mode": "string",
         "tombstones.on.delete": "false",  # a delete is one event (op d, with the row before it)

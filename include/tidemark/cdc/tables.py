@@ -11,6 +11,7 @@ that a deletion wins a tie (it deleted that very version); deleted keys are not 
 from __future__ import annotations
 
 from tidemark import catalog
+from tidemark.cdc.changes import Shape, shape_of_column
 from tidemark.ledger import consumer_for
 from tidemark.records import target_columns
 from tidemark.spec import PipelineSpec, quote
@@ -30,24 +31,54 @@ def ensure_cdc_target(cur, spec: PipelineSpec) -> bool:
     return created
 
 
-def ensure_cdc_serving_view(cur, spec: PipelineSpec) -> None:
+def realtime_shapes(cur, spec: PipelineSpec) -> dict[str, Shape | None]:
+    """The real-time table's columns (without Tidemark's own) and their shapes, in order."""
+    assert spec.cdc is not None
+    return {c.name: shape_of_column(c.data_type, c.precision, c.scale, c.max_length)
+            for c in target_columns(cur, spec.cdc.target_table) if c.name not in CDC_COLUMNS}
+
+
+def add_columns(cur, spec: PipelineSpec, added: dict[str, Shape]) -> None:
+    """Columns the source gained, added to the real-time table (nullable: its older versions are from
+    before them) ahead of the first change that carries them, in the caller's transaction; the
+    serving view is made again to show them. The batch target gains them from its own next batch."""
+    assert spec.cdc is not None
+    live = quote(spec.cdc.target_table)
+    cur.execute(f"ALTER TABLE {live} " + ", ".join(f"ADD COLUMN IF NOT EXISTS {quote(c)} {shape.ddl()}"
+                                                   for c, shape in added.items()))
+    ensure_cdc_serving_view(cur, spec, again=True)
+
+
+def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> None:
     """The serving view, and ``<view>_freshness``: the batch watermark, the source commit time of
-    the last transaction applied, and the later of the two (up to when the view is complete)."""
+    the last transaction applied, and the later of the two (up to when the view is complete).
+    ``again``: made anew (a column was added to one of its tables). Its columns are the batch
+    target's, then those only the real-time table has yet; each side gives NULL for one it lacks."""
     cdc = spec.cdc
     assert cdc is not None
     view, freshness = cdc.serving_view, f"{cdc.serving_view}_freshness"
-    if catalog.serving_views_exist(cur, view):
+    if catalog.serving_views_exist(cur, view) and not again:
         return
     catalog.ensure_schema(cur, spec, view, "cdc.serving_view")
-    names = [c.name for c in target_columns(cur, spec.target_table)]
+    batch_cols = {c.name: c for c in target_columns(cur, spec.target_table)}
+    live_cols = {c.name: c for c in target_columns(cur, cdc.target_table) if c.name not in CDC_COLUMNS}
+    names = [*batch_cols, *(c for c in live_cols if c not in batch_cols)]
+
+    def side(alias: str, have: dict) -> str:
+        other = live_cols if have is batch_cols else batch_cols
+        return ", ".join(f"{alias}.{quote(c)}" if c in have else f"NULL::{other[c].describe()} AS {quote(c)}"
+                         for c in names)
+
     batch, live, cursor = quote(spec.target_table), quote(cdc.target_table), quote(spec.cursor.column)
     same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
+    if again:  # a column in a new place: a view cannot be replaced with its columns moved
+        cur.execute(f"DROP VIEW IF EXISTS {quote(view)}")
     cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
-        SELECT {", ".join(f"b.{quote(c)}" for c in names)} FROM {batch} b
+        SELECT {side("b", batch_cols)} FROM {batch} b
          WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key}
                              AND (r.{cursor} > b.{cursor} OR (r._tm_deleted AND r.{cursor} >= b.{cursor})))
         UNION ALL
-        SELECT {", ".join(f"r.{quote(c)}" for c in names)} FROM {live} r
+        SELECT {side("r", live_cols)} FROM {live} r
          WHERE NOT r._tm_deleted AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
     cur.execute(f"COMMENT ON VIEW {quote(view)} IS %s",
                 (f"Tidemark pipeline {spec.name}: {spec.target_table} merged with the source's changes in "

@@ -12,6 +12,7 @@ import psycopg2.errors
 
 from tidemark import ledger
 from tidemark.avro import sql_type
+from tidemark.cdc.tables import ensure_cdc_serving_view
 from tidemark.control import ControlMessage
 from tidemark.repair import RepairError
 from tidemark.sink import controls, merge
@@ -253,4 +254,6 @@ class Commit:
                             f", its rows loaded before hold {fill!r} as the source's do" if fill is not None else "",
                             fmt[0])
                 self._rules = None  # the target's columns changed
+                if self.spec.cdc is not None:  # the serving view shows the batch's side of it from now on
+                    ensure_cdc_serving_view(cur, self.spec, again=True)
         return [c.name for c in fmt[1]]
