@@ -38,6 +38,22 @@ def cdc_pipeline(settings, tmp_path, bootstrap):
     remove_capture(settings, pipe.spec)
 
 
+def _capture_and_stand(settings, pipe, launcher, wh) -> None:
+    """The control schema, the target from the source, then the real-time table and view; the DBA's
+    grants; the connector reading its slot; the standing sink started by the supervisor's cycle."""
+    spec = pipe.spec
+
+    def command(s):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    with wh, wh.cursor() as cur:
+        ledger.ensure_control_schema(cur)
+    prepare_stream_tables(spec, wh, pipe.src)
+    grant(settings, spec)
+    start_connector(settings, spec)
+    assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+
+
 def _source(pipe, *statements: str) -> None:
     """One source transaction."""
     src = pipe.src()
@@ -73,17 +89,9 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
     spec = pipe.spec
     view, live = spec.cdc.serving_view, spec.cdc.target_table
 
-    def command(s):
-        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
-
     wh = pipe.wh()
     try:
-        with wh, wh.cursor() as cur:
-            ledger.ensure_control_schema(cur)
-        prepare_stream_tables(spec, wh, pipe.src)  # the target from the source, then the real-time table and view
-        grant(settings, spec)
-        start_connector(settings, spec)
-        assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+        _capture_and_stand(settings, pipe, launcher, wh)
 
         def count() -> int:
             return pipe.query_wh(f"SELECT count(*) FROM {view}")[0][0]
@@ -162,18 +170,10 @@ def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(setti
     pipe, launcher = cdc_pipeline
     spec = pipe.spec
 
-    def command(s):
-        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
-
     wh = pipe.wh()
     worker = Connect(settings)
     try:
-        with wh, wh.cursor() as cur:
-            ledger.ensure_control_schema(cur)
-        prepare_stream_tables(spec, wh, pipe.src)
-        grant(settings, spec)
-        start_connector(settings, spec)
-        assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+        _capture_and_stand(settings, pipe, launcher, wh)
         stop = threading.Event()
         written = [0]
 
@@ -233,17 +233,9 @@ def test_a_column_added_at_the_source_lands_before_its_rows_and_a_narrowed_one_i
     spec = pipe.spec
     view, live = spec.cdc.serving_view, spec.cdc.target_table
 
-    def command(s):
-        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
-
     wh = pipe.wh()
     try:
-        with wh, wh.cursor() as cur:
-            ledger.ensure_control_schema(cur)
-        prepare_stream_tables(spec, wh, pipe.src)
-        grant(settings, spec)
-        start_connector(settings, spec)
-        assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+        _capture_and_stand(settings, pipe, launcher, wh)
         _source(pipe, "INSERT INTO {table} (id, amount) VALUES (1, 1.00)")
         until("the first row", lambda: pipe.query_wh(f"SELECT id FROM {view}") == [(1,)])
 
