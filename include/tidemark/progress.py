@@ -83,3 +83,12 @@ def summary_line(step: str, **facts: object) -> str:
 def parse_summaries(text: str) -> list[dict]:
     """Summary lines found in a log, in order; tolerant of log prefixes and suffixes."""
     return [json.loads(m) for m in re.findall(rf"{MARKER} (\{{.*?\}})(?=\s*(?:\[|$))", text, flags=re.M)]
+
+
+def byte_size(n: float) -> str:
+    """Bytes as a person reads them (units of 1024): 512 B, 16.0 KiB, 1.5 MiB, 3072.0 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -227,6 +227,10 @@ def _streams(streams, *, broker_down: bool = False) -> str:
                         for p, n in sorted((t.lag or {}).items())) or "-"
         serving = (f"<code>{_e(t.serving_view)}</code> complete up to {_e(utc_iso(t.complete_up_to)) or '-'}"
                    if t.serving_view else "-")
+        if t.capture is not None:  # a CDC pipeline: its handoff, last position applied and slot
+            bad = t.capture.slot_found is False or t.capture.slot_active is False or t.capture.source_error
+            serving += (f"<br><small class=capture>capture: <span{' class=bad' if bad else ''}>"
+                        f"{_e(t.capture.text())}</span></small>")
         lag = _e(lag)
         if broker_down:
             lag = f"<span class=bad>unknown: broker unreachable</span><br><small>at its last beat: {lag}</small>"

@@ -17,6 +17,7 @@ import json
 import random
 import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 
 import psycopg2
@@ -27,6 +28,7 @@ from tidemark import reconcile
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_name
 from tidemark.spark import jobs
+from tidemark.status import collect, load_pipelines, status_lines
 from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark.streams.launch import LocalLauncher
@@ -228,3 +230,25 @@ def nightly_corrects_the_speed_layer(pipe, src, view: str) -> None:
     applied = [c for c in outcome.verdict.checks if c.check == "cdc_deletion_applied"]
     assert len(applied) == len(deleted) and str(gone) in {json.loads(c.actual)["id"] for c in applied}
     assert outcome.verdict.passed, outcome.verdict.checks
+
+    # make status: the handoff, the last position applied, and the slot as the source shows it
+    wh = pipe.wh()
+    try:
+        report = collect(load_pipelines(pipe.path.parent), wh, lambda conn_id: pipe.src())
+    finally:
+        wh.close()
+    line = next(x for x in status_lines(report) if x.startswith(f"{spec.name}:"))
+    with wh_cursor(pipe) as cur:
+        handoff = ledger.committed_handoff(cur, spec.name)
+    assert f"capture: handoff {handoff.batch_id} at {handoff.consistent_point}; applied up to " in line, line
+    assert f"slot {spec.cdc_slot} read, wal_status reserved, retains " in line, line
+
+
+@contextmanager
+def wh_cursor(pipe):
+    conn = pipe.wh()
+    try:
+        with conn, conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.close()

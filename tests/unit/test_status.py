@@ -42,7 +42,7 @@ def test_format_duration(seconds, text):
 
 def test_format_bytes_and_utc_times():
     assert [format_bytes(v) for v in (0, 8192, 5 * 1024**2, 3 * 1024**4, None)] == [
-        "0 B", "8.0 kB", "5.0 MB", "3072.0 GB", "?"]
+        "0 B", "8.0 KiB", "5.0 MiB", "3072.0 GiB", "?"]
     assert utc_iso(datetime(2026, 11, 22, 9, 30, tzinfo=CET)) == "2026-11-22T08:30:00+00:00"
     assert utc_iso(datetime(2026, 11, 22, 9, 30)) == "2026-11-22T09:30:00+00:00"  # naive is UTC
     assert utc_iso(None) is None
@@ -102,7 +102,7 @@ def test_html_has_a_row_per_pipeline_and_escapes_everything():
     assert "alice &lt;a@b&gt;" in page and "broker &lt;maintenance&gt;" in page and "p1: 5" in page
     assert "stopped at 2026-11-22T08:00:00+00:00" in page and "crash-looping since" in page and "3/3" in page
     assert "etl-&lt;2pc&gt;" in page and "ROLLBACK PREPARED" in page  # the prepared one holds every window too
-    assert "tidemark_stage.s_abc" in page and "16.0 kB" in page and "no such attempt" in page
+    assert "tidemark_stage.s_abc" in page and "16.0 KiB" in page and "no such attempt" in page
     waiting = page.split("<tr><td title='/specs/loaded.yaml'>")[1].split("</tr>")[0].rsplit("<td class=num>", 1)[1]
     assert waiting.startswith("<span class=bad>3</span>") and "oldest from 2026-11-22T07:58:00+00:00" in waiting
     assert "dead letters waiting</th>" in page
@@ -417,3 +417,23 @@ def test_a_broker_check_gives_up_within_seconds(monkeypatch):
     conf = client["conf"]
     assert (conf["socket.timeout.ms"], conf["socket.connection.setup.timeout.ms"], client["list_topics"]) == (1000, 1000, 1.0)
     assert probe_broker("") == "no bootstrap servers configured"
+
+
+def test_a_cdc_pipeline_shows_its_handoff_last_position_and_slot_on_the_page_and_in_the_text():
+    """Issue 31, items 7 and 8: per CDC pipeline, what the warehouse and the source say of its capture."""
+    from tidemark.status import CaptureStatus, StatusReport, status_lines
+    from tidemark_airflow.status_page import render_html
+
+    captured = CaptureStatus("cdc:run-1", "0/16B3748", "0/17000A0", T0, "tidemark_cdc", True, False, "extended",
+                             3 << 20)
+    report = StatusReport(generated_at=T0, pipelines_dir="/specs", control_schema=True,
+                          pipelines=[PipelineStatus("cdc", "/specs/cdc.yaml", source_conn_id="tidemark_source",
+                                                    cursor_kind="timestamp")],
+                          sources=[], orphan_stage_tables=[],
+                          streams=[StreamStatus("cdc", "running", serving_view="rt.cdc", capture=captured)])
+    expected = ("capture: handoff cdc:run-1 at 0/16B3748; applied up to 0/17000A0 (source commit "
+                "2026-11-22T08:00:00+00:00); slot tidemark_cdc UNREAD, wal_status extended, retains 3.0 MiB")
+    assert expected in status_lines(report)[0]
+    assert "<span class=bad>handoff cdc:run-1 at 0/16B3748;" in render_html(report)
+    assert CaptureStatus(slot="s").text() == ("no handoff batch committed yet; no change applied yet; slot s: not read")
+    assert "slot s MISSING on the source" in CaptureStatus(slot="s", slot_found=False).text()

@@ -100,3 +100,4 @@ def slot_named(cur, name: str) -> Slot | None:
     )
     row = cur.fetchone()
     return Slot(name, *row) if row else None
+

@@ -25,7 +25,7 @@ written), ``queries``, ``health``, ``holds`` (what holds a pipeline), ``report``
 """
 
 from tidemark.status.model import (APPLICATION_NAME, CHECK_TIMEOUT_S, FAILED, FAILURE_WINDOW, UNFINISHED, Attempt,
-                                   CommittedBatch, Health, Hold, Lag, PipelineEntry, PipelineLedger, PipelineStatus,
+                                   CaptureStatus, CommittedBatch, Health, Hold, Lag, PipelineEntry, PipelineLedger, PipelineStatus,
                                    PreparedXact, SourceSession, SourceStatus, StageTable, StatusReport, StreamStatus,
                                    Watermark, error_text, format_bytes, format_duration, jsonable, load_pipelines,
                                    utc_iso)
@@ -37,7 +37,7 @@ from tidemark.status.holds import hold_text, pipeline_holds
 from tidemark.status.report import collect, health_lines, status_lines
 
 __all__ = [
-    "APPLICATION_NAME", "CHECK_TIMEOUT_S", "FAILED", "FAILURE_WINDOW", "UNFINISHED", "Attempt", "CommittedBatch",
+    "APPLICATION_NAME", "CHECK_TIMEOUT_S", "FAILED", "FAILURE_WINDOW", "UNFINISHED", "Attempt", "CaptureStatus", "CommittedBatch",
     "Health", "Hold", "Lag", "PipelineEntry", "PipelineLedger", "PipelineStatus", "PreparedXact", "SourceSession",
     "SourceStatus", "StageTable", "StatusReport", "StreamStatus", "Watermark", "error_text", "format_bytes",
     "format_duration", "jsonable", "load_pipelines", "utc_iso",

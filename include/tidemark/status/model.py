@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from tidemark.progress import byte_size
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark.window import SourceClock
 
@@ -198,6 +199,41 @@ class StreamStatus:
     restart_budget: int = 0
     serving_view: str | None = None  # the spec's stream merges into it
     complete_up_to: datetime | None = None  # the serving view's freshness: the later of both watermarks
+    capture: "CaptureStatus | None" = None  # a CDC pipeline's change capture
+
+
+@dataclass(frozen=True)
+class CaptureStatus:
+    """A CDC pipeline's capture as the warehouse knows it (handoff, last position applied) and its
+    slot as the source shows it (filled from the source, where the slot's WAL is kept)."""
+
+    handoff_batch: str | None = None  # the committed handoff batch (None: none yet)
+    handoff_point: str | None = None  # its slot's consistent point
+    applied_lsn: str | None = None  # the commit position of the last source transaction applied
+    applied_source_at: datetime | None = None  # when the source committed it
+    slot: str | None = None
+    slot_found: bool | None = None  # None: the source was not read
+    slot_active: bool | None = None
+    wal_status: str | None = None
+    retained_bytes: int | None = None
+    source_error: str | None = None
+
+    def text(self) -> str:
+        handoff = (f"handoff {self.handoff_batch} at {self.handoff_point}" if self.handoff_batch
+                   else "no handoff batch committed yet")
+        applied = (f"applied up to {self.applied_lsn} (source commit {utc_iso(self.applied_source_at) or '-'})"
+                   if self.applied_lsn else "no change applied yet")
+        if self.source_error:
+            slot = f"slot {self.slot}: source unreadable ({self.source_error})"
+        elif self.slot_found is None:
+            slot = f"slot {self.slot}: not read"
+        elif not self.slot_found:
+            slot = f"slot {self.slot} MISSING on the source"
+        else:
+            slot = (f"slot {self.slot} {'read' if self.slot_active else 'UNREAD'}, wal_status {self.wal_status}, "
+                    f"retains {byte_size(self.retained_bytes or 0)}")
+        return f"{handoff}; {applied}; {slot}"
+
 
 
 @dataclass(frozen=True)
@@ -263,14 +299,7 @@ def format_duration(value: timedelta | float | None) -> str:
 
 
 def format_bytes(value: int | None) -> str:
-    if value is None:
-        return "?"
-    size = float(value)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+    return "?" if value is None else byte_size(value)
 
 
 def error_text(exc: BaseException) -> str:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 from tidemark import catalog, ledger
+from tidemark.cdc.source import slot_named
 from tidemark.stage import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec
 from tidemark.window import read_source_clock
-from tidemark.status.model import APPLICATION_NAME, Attempt, CommittedBatch, FAILED, FAILURE_WINDOW, Lag, PipelineLedger, PreparedXact, SourceSession, SourceStatus, StageTable, StreamStatus, UNFINISHED, Watermark
+from tidemark.status.model import APPLICATION_NAME, Attempt, CaptureStatus, CommittedBatch, FAILED, FAILURE_WINDOW, Lag, PipelineLedger, PreparedXact, SourceSession, SourceStatus, StageTable, StreamStatus, UNFINISHED, Watermark
 
 def read_only_session(conn) -> None:
     """Autocommit + read only: one short transaction per query, no lock or snapshot kept between
@@ -43,7 +45,34 @@ def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
         spec.name, state.desired, state.changed_by, state.changed_at, state.reason, state.crash_looping_since,
         beat.get("fence"), beat.get("holder"), beat.get("heartbeat_at"), beat.get("progress_at"), beat.get("records"),
         beat.get("lag"), beat.get("ended_at"), len(restarts), spec.sink.restart_budget,
-        spec.stream.serving_view if spec.stream else None, fresh.get("complete_up_to"))
+        (spec.stream or spec.cdc).serving_view if (spec.stream or spec.cdc) else None, fresh.get("complete_up_to"),
+        capture_status(cur, spec) if spec.cdc is not None else None)
+
+
+def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
+    """What the warehouse knows of a CDC pipeline's capture: its handoff and the last position applied
+    (nothing, from a control schema older than the handoff: this page never creates tables)."""
+    cur.execute("SELECT to_regclass('tidemark_control.cdc_handoffs') IS NULL")
+    if cur.fetchone()[0]:
+        return CaptureStatus(slot=spec.cdc_slot)
+    handoff = ledger.committed_handoff(cur, spec.name)
+    cur.execute("SELECT commit_lsn, source_ms FROM tidemark_control.cdc_positions WHERE consumer = %s",
+                (ledger.consumer_for(spec.name),))
+    row = cur.fetchone()
+    applied, source_ms = row if row else (None, None)
+    return CaptureStatus(
+        handoff.batch_id if handoff else None, handoff.consistent_point if handoff else None,
+        f"{applied >> 32:X}/{applied & 0xFFFFFFFF:X}" if applied is not None else None,
+        datetime.fromtimestamp(source_ms / 1000, timezone.utc) if source_ms is not None else None, spec.cdc_slot)
+
+
+def with_slot(capture: CaptureStatus, src, spec: PipelineSpec) -> CaptureStatus:
+    """The capture with its slot as the source shows it (the WAL the slot keeps there)."""
+    held = slot_named(src, spec.cdc_slot)
+    if held is None:
+        return replace(capture, slot_found=False)
+    return replace(capture, slot_found=True, slot_active=held.active, wal_status=held.wal_status,
+                   retained_bytes=held.retained_bytes)
 
 
 def orphan_stage_tables(cur, *, control_schema: bool = True) -> list[StageTable]:

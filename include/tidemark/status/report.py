@@ -10,8 +10,8 @@ from typing import Any
 
 from tidemark import ledger
 from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
-from tidemark.status.model import FAILURE_WINDOW, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
-from tidemark.status.queries import orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
+from tidemark.status.model import FAILURE_WINDOW, CaptureStatus, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
+from tidemark.status.queries import with_slot, orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
 from tidemark.status.health import Probe, pg_address, probe_broker, remember_health
 from tidemark.status.holds import hold_text, pipeline_holds
 
@@ -38,14 +38,14 @@ def collect(
     specs = [e.spec for e in entries if e.spec]
     wh = warehouse_view(specs, warehouse_conn, open_warehouse, failure_window)
     conn_ids = sorted({CONN_SOURCE, *(s.source_conn_id for s in specs)})
-    sources, lags, probes = source_views(conn_ids, specs, wh.ledgers, open_source)
+    sources, lags, probes, slots = source_views(conn_ids, specs, wh.ledgers, open_source)
     probes.insert(0, wh.probe)
     broker = broker_view(kafka_bootstrap, kafka_conn_id, broker_probe)
     if broker is not None:
         probes.append(broker)
     now = datetime.now(timezone.utc)
     health = remember_health(probes, health_path, now)
-    stream_of = {t.pipeline: t for t in wh.streams}
+    stream_of = {t.pipeline: _with_capture(t, slots, sources, specs) for t in wh.streams}
     pipelines = []
     for e in entries:
         if e.spec is None:
@@ -64,7 +64,7 @@ def collect(
         pipelines=pipelines,
         sources=[sources[c] for c in conn_ids],
         orphan_stage_tables=wh.orphans,
-        streams=wh.streams,
+        streams=list(stream_of.values()),
         health=health,
         warehouse_error=wh.error,
     )
@@ -129,6 +129,7 @@ def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger],
     sources: dict[str, SourceStatus] = {}
     lags: dict[str, Lag | None] = {}
     probes: list[Probe] = []
+    slots: dict[str, Callable[[CaptureStatus], CaptureStatus]] = {}  # a CDC pipeline's slot, as its source shows it
     for conn_id in conn_ids:
         try:
             conn = open_source(conn_id)
@@ -146,6 +147,8 @@ def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger],
                         lags[spec.name] = watermark_lag(src, spec, ledgers[spec.name].watermark, source)
                     except Exception as exc:  # e.g. the source table is missing: this row only
                         lags[spec.name] = Lag(error=error_text(exc))
+                    if spec.cdc is not None:
+                        slots[spec.name] = _slot_reader(src, spec)
         except Exception as exc:
             sources[conn_id] = SourceStatus(conn_id, error=error_text(exc))
             if isinstance(exc, psycopg2.OperationalError):
@@ -153,7 +156,30 @@ def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger],
         finally:
             probes.append(Probe(f"source {conn_id}", "source", conn_id, pg_address(conn), unreachable))
             conn.close()
-    return sources, lags, probes
+    return sources, lags, probes, slots
+
+
+def _slot_reader(src, spec):
+    try:
+        found = with_slot(CaptureStatus(), src, spec)
+    except Exception as exc:  # the slot is this row's news only
+        error = error_text(exc)
+        return lambda capture: dataclasses.replace(capture, source_error=error)
+    return lambda capture: dataclasses.replace(capture, slot_found=found.slot_found, slot_active=found.slot_active,
+                                               wal_status=found.wal_status, retained_bytes=found.retained_bytes)
+
+
+def _with_capture(t: StreamStatus, slots, sources, specs) -> StreamStatus:
+    """A CDC pipeline's stream line with its slot read from its source (or why it could not be)."""
+    if t.capture is None:
+        return t
+    spec = next((s for s in specs if s.name == t.pipeline), None)
+    source = sources.get(spec.source_conn_id) if spec is not None else None
+    if t.pipeline in slots:
+        return dataclasses.replace(t, capture=slots[t.pipeline](t.capture))
+    if source is not None and source.error:
+        return dataclasses.replace(t, capture=dataclasses.replace(t.capture, source_error=source.error))
+    return t
 
 
 def broker_view(kafka_bootstrap, kafka_conn_id: str, broker_probe) -> Probe | None:
@@ -219,6 +245,8 @@ def status_lines(report: StatusReport) -> list[str]:
                     f"restarts {t.restarts}/{t.restart_budget}"
             if t.serving_view:
                 line += f"; {t.serving_view} complete up to {utc_iso(t.complete_up_to) if t.complete_up_to else '-'}"
+            if t.capture is not None:
+                line += f"; capture: {t.capture.text()}"
         lines.append(line)
         lines.extend(f"  {hold_text(h, report.generated_at)}" for h in p.held_by)
     return lines

@@ -19,6 +19,7 @@ from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient, ConnectorState
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
 from tidemark.cdc.source import CaptureNotReady, Slot, check_capture, slot
+from tidemark.progress import byte_size
 from tidemark.spec import PipelineSpec
 from tidemark.streams.policy import Policy
 
@@ -148,30 +149,22 @@ def _slot(spec: PipelineSpec, held: Slot | None, state: ConnectorState) -> tuple
         created = "its handoff batch creates it" if state.state in ("MISSING", "UNASSIGNED") else "missing"
         return f"slot={spec.cdc_slot} ({created})", None
     text = (f"slot={held.name} active={held.active} wal_status={held.wal_status} "
-            f"retained_wal={_bytes(held.retained_bytes)} confirmed_flush={held.confirmed_flush_lsn}")
+            f"retained_wal={byte_size(held.retained_bytes)} confirmed_flush={held.confirmed_flush_lsn}")
     if held.wal_status == "lost":
         return text, (f"pipeline {spec.name}: its replication slot {held.name} is lost (the source removed WAL it "
                       "still needed, past max_slot_wal_keep_size): changes since its last position are gone from the "
                       "stream. Next: drop the slot and load the table again (a new snapshot), then resume")
     if held.retained_bytes > cdc.retained_wal_limit:
-        return text, (f"pipeline {spec.name}: slot {held.name} keeps {_bytes(held.retained_bytes)} of WAL on the "
-                      f"source, past cdc.retained_wal_limit {_bytes(cdc.retained_wal_limit)}: the source's disk fills "
+        return text, (f"pipeline {spec.name}: slot {held.name} keeps {byte_size(held.retained_bytes)} of WAL on the "
+                      f"source, past cdc.retained_wal_limit {byte_size(cdc.retained_wal_limit)}: the source's disk fills "
                       "while it is not read. Next: resume the pipeline (tidemark_stream_control action=resume) or "
                       "fix its connector; to stop capturing for good, drop the slot")
     if held.retained_bytes > cdc.retained_wal_warning:
         log.warning("pipeline=%s slot %s keeps %s of WAL on the source, past cdc.retained_wal_warning %s%s",
-                    spec.name, held.name, _bytes(held.retained_bytes), _bytes(cdc.retained_wal_warning),
+                    spec.name, held.name, byte_size(held.retained_bytes), byte_size(cdc.retained_wal_warning),
                     "" if held.active else " (nobody reads it)")
         text += " WARNING past retained_wal_warning"
     return text, None
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def _duration(d: timedelta | None) -> str:
