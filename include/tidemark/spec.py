@@ -138,8 +138,11 @@ class CdcSpec(BaseModel):
     (both named ``tidemark_<name>``) on a Kafka Connect worker that the ``tidemark_supervisor`` DAG
     keeps running. Its events land on ``tidemark.cdc.<name>.<schema>.<table>``; the standing sink
     applies them to ``target_table``, a real-time table like the stream's, and ``serving_view``
-    merges it with the batch target. A slot keeps WAL on the source while nobody reads it: past
-    ``retained_wal_warning`` bytes the supervisor warns, past ``retained_wal_limit`` it fails."""
+    merges it with the batch target. The pipeline's first batch is its handoff: it creates the slot
+    with an exported snapshot and loads the table in it, and the connector streams from that slot
+    once the batch commits (a CDC pipeline loads with ``write_mode: upsert``). A slot keeps WAL on the
+    source while nobody reads it: past ``retained_wal_warning`` bytes the supervisor warns, past
+    ``retained_wal_limit`` it fails."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     target_table: TableName
