@@ -5,6 +5,7 @@
 #               every test's duration: .state/test-report.xml (JUnit; TIDEMARK_STATE_DIR moves .state); PYTEST_ARGS= for pytest
 #   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
 #   make bench-stream  the streaming benchmark: events/s drained, p50/p99 publish-to-visible at 5,000/s, restart
+#   make bench-cdc  CDC: handoff snapshot rows/s vs Debezium's own snapshot, changes/s, p50/p99 at 5,000/s, missing/duplicates
 #   make bench-reconcile  reconcile a 2M-row ledger batch against plain count+sum scans; localise 10 changed rows
 #   make profile-sink  where the sink's Spark job spends its time, step by step (400,000 rows)
 #   make bench-flood  1,000,000 records the sink cannot use against a good batch of that size: rejects/s, memory
@@ -28,7 +29,7 @@ SEED ?=
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
 bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-reconcile bench-flood campaign kill-trials profile-sink clean
+.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-cdc bench-reconcile bench-flood campaign kill-trials profile-sink clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -78,6 +79,9 @@ bench: up
 
 bench-stream: up
 	@$(STACK) run -- $(PY) bench/stream_events.py $(BENCH_ARGS)
+
+bench-cdc: up
+	@$(STACK) run -- $(PY) bench/cdc_handoff.py $(BENCH_ARGS)
 
 bench-reconcile: up
 	@$(STACK) run -- $(PY) bench/reconcile_batch.py $(BENCH_ARGS)

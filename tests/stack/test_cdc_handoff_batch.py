@@ -14,7 +14,6 @@ Real PostgreSQL with logical decoding, real Spark extract and sink, a real Conne
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 from contextlib import contextmanager
@@ -35,52 +34,11 @@ from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import until
-from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, read_slot, remove_capture, write_secret
+from tidemark_workshop.stack.cdcrun import (SourceWriters, grant, make_cdc_pipeline, read_slot, remove_capture,
+                                            write_secret)
 from tidemark_workshop.stack.spark import submit_command
 
 pytestmark = pytest.mark.stack
-
-
-class Writers:
-    """Source transactions from a seeded generator: inserts of new ids, updates (the cursor moves)
-    and deletes of existing ones, each its own transaction, until stopped."""
-
-    def __init__(self, settings, table: str, ids: set[int], seed: int):
-        self.settings, self.table, self.ids, self.rng = settings, table, set(ids), random.Random(seed)
-        self.next_id, self.done, self.counts = max(ids) + 1, threading.Event(), {"I": 0, "U": 0, "D": 0}
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        conn = psycopg2.connect(self.settings.dsn(SOURCE_DB))
-        try:
-            while not self.done.is_set():
-                kind = self.rng.choice("IIUUD") if self.ids else "I"
-                with conn, conn.cursor() as cur:
-                    if kind == "I":
-                        cur.execute(f"INSERT INTO {self.table} (id, amount) VALUES (%s, %s)",
-                                    (self.next_id, self.rng.randint(1, 10**6) / 100))
-                        self.ids.add(self.next_id)
-                        self.next_id += 1
-                    else:
-                        key = self.rng.choice(sorted(self.ids))
-                        if kind == "U":
-                            cur.execute(f"UPDATE {self.table} SET amount = amount + 1, updated_at = clock_timestamp() "
-                                        "WHERE id = %s", (key,))
-                        else:
-                            cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
-                            self.ids.discard(key)
-                self.counts[kind] += 1
-                time.sleep(0.02)
-        finally:
-            conn.close()
-
-    def __enter__(self) -> "Writers":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join()
 
 
 def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_writers_write(settings, tmp_path, bootstrap):
@@ -116,7 +74,7 @@ def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_write
         assert "action=wait" in line and "no handoff batch committed yet" in line and failure is None, line
         assert client.state(connector_name(spec)).state == "MISSING"
 
-        with Writers(settings, spec.table, set(range(1, 3001)), seed=31) as writers:
+        with SourceWriters(settings, spec.table, set(range(1, 3001)), seed=31) as writers:
             time.sleep(1)
             plan = pipe.plan("handoff-run")
             assert plan.handoff, plan

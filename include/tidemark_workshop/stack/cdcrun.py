@@ -3,6 +3,8 @@ the replication role's secret for the Connect worker, the pipeline's connector, 
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -99,3 +101,46 @@ def remove_capture(settings: Settings, spec: PipelineSpec) -> None:
     mine = [t for t in admin.list_topics(timeout=10).topics if spec.cdc_topic_prefix in t]
     for future in admin.delete_topics(mine).values() if mine else ():
         future.result(timeout=30)
+
+
+class SourceWriters:
+    """Source transactions from a seeded generator: inserts of new ids, updates (the cursor moves)
+    and deletes of existing ones, each its own transaction, until stopped."""
+
+    def __init__(self, settings: Settings, table: str, ids: set[int], seed: int, pause_s: float = 0.02):
+        self.settings, self.table, self.ids, self.rng = settings, table, set(ids), random.Random(seed)
+        self.pause_s = pause_s
+        self.next_id, self.done, self.counts = max(ids) + 1, threading.Event(), {"I": 0, "U": 0, "D": 0}
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        conn = psycopg2.connect(self.settings.dsn(SOURCE_DB))
+        try:
+            while not self.done.is_set():
+                kind = self.rng.choice("IIUUD") if self.ids else "I"
+                with conn, conn.cursor() as cur:
+                    if kind == "I":
+                        cur.execute(f"INSERT INTO {self.table} (id, amount) VALUES (%s, %s)",
+                                    (self.next_id, self.rng.randint(1, 10**6) / 100))
+                        self.ids.add(self.next_id)
+                        self.next_id += 1
+                    else:
+                        key = self.rng.choice(sorted(self.ids))
+                        if kind == "U":
+                            cur.execute(f"UPDATE {self.table} SET amount = amount + 1, updated_at = clock_timestamp() "
+                                        "WHERE id = %s", (key,))
+                        else:
+                            cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
+                            self.ids.discard(key)
+                self.counts[kind] += 1
+                time.sleep(self.pause_s)
+        finally:
+            conn.close()
+
+    def __enter__(self) -> "SourceWriters":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()

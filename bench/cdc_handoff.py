@@ -1,0 +1,264 @@
+"""Benchmark: change data capture on this machine (issue 31), against Debezium's own snapshot.
+
+One CDC pipeline over the tests' payments table, ``--rows`` rows in the source:
+
+1. Debezium's own initial snapshot of the table (a second connector, ``snapshot.mode: initial``, its
+   own slot and publication) onto Kafka: ``debezium_snapshot_rows_per_s`` = rows / (connector created
+   -> every snapshot record on its topic). Its snapshot records carry no transaction block, so no
+   exactly-once sink can apply them as transactions: the figure stops at Kafka and so flatters it.
+2. The handoff: Tidemark's first batch of the pipeline (slot with an exported snapshot, parallel
+   JDBC reads in it, BEGIN/END, atomic apply) while writers insert, update and delete:
+   ``snapshot_rows_per_s`` = rows / (plan -> committed), its two Spark start-ups included (about
+   10 s each here, docs/local-stack.md).
+3. The stream: the connector on the handoff's slot, the standing sink. After the writers stop,
+   ``missing`` = keys whose serving-view row differs from the source's (absent, extra or other
+   values), ``duplicates`` = change events applied twice (both must be 0).
+4. ``changes_per_s``: ``--changes`` updates in source transactions of 100, committed as fast as
+   one connection can, from the first commit until the sink has applied the last transaction.
+5. Latency: ``--rate`` updates per second for ``--seconds`` (transactions of 50), each row's cursor
+   set at its update; ``p50_ms``/``p99_ms`` = the real-time table's apply time minus that cursor
+   (the apply's micro-batch commits a few milliseconds after it).
+
+The last line printed is one JSON object. The benchmark's tables, slots, publications, connectors
+and topics are dropped at the end.
+
+  make bench-cdc                                               # 2,000,000 rows, 200,000 changes, 5,000/s for 30 s
+  python bench/cdc_handoff.py --rows 20000 --changes 2000 --rate 500 --seconds 5   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from tidemark import ledger
+from tidemark.cdc.connect import ConnectClient
+from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.kafka_io import end_offsets
+from tidemark.spark import jobs
+from tidemark.spec import load_spec, quote
+from tidemark.streams.capture import supervise_capture
+from tidemark.streams.cycle import prepare_stream_tables, run_cycle
+from tidemark.streams.launch import LocalLauncher
+from tidemark.streams.policy import Policy
+from tidemark_workshop.settings import SOURCE_DB, Settings
+from tidemark_workshop.stack.batchrun import Pipeline, until
+from tidemark_workshop.stack.cdcrun import SourceWriters, grant, make_cdc_pipeline, remove_capture, write_secret
+from tidemark_workshop.stack.spark import submit_command
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--changes", type=int, default=200_000)
+    p.add_argument("--rate", type=int, default=5_000, help="changes per second in the latency phase")
+    p.add_argument("--seconds", type=int, default=30)
+    args = p.parse_args(argv)
+    settings = Settings.from_env()
+    tmp = Path(tempfile.mkdtemp(prefix="tidemark-bench-cdc-"))
+    pipe = make_cdc_pipeline(settings, tmp)
+    peer = _peer_spec(pipe, tmp)
+    launcher = LocalLauncher(tmp / "streams")
+    figures: dict[str, float | int] = {"rows": args.rows}
+    try:
+        _source(pipe, f"INSERT INTO {pipe.spec.table} (id, amount, updated_at) SELECT g, g %% 100000 / 100.0, "
+                      "now() - interval '1 day' FROM generate_series(1, %s) g", (args.rows,))
+        _source(pipe, f"ANALYZE {pipe.spec.table}")
+        grant(settings, pipe.spec)
+        grant(settings, peer)
+        figures["debezium_snapshot_rows_per_s"] = _debezium_snapshot(settings, peer, args.rows)
+        remove_capture(settings, peer)
+        figures.update(_handoff(settings, pipe, launcher, args.rows))
+        figures["changes_per_s"] = _sustained(pipe, args.changes)
+        figures.update(_latency(pipe, args.rate, args.seconds))
+        figures["snapshot_ratio_vs_debezium"] = round(figures["snapshot_rows_per_s"]
+                                                      / figures["debezium_snapshot_rows_per_s"], 2)
+    finally:
+        launcher.stop(pipe.spec.name, grace_s=5)
+        remove_capture(settings, peer)
+        remove_capture(settings, pipe.spec)
+        _drop(pipe)
+    print(json.dumps(figures), flush=True)
+    return 0
+
+
+def _peer_spec(pipe: Pipeline, tmp: Path):
+    """The same table under another name: Debezium's own snapshot gets its own slot, publication and topics."""
+    raw = json.loads(pipe.path.read_text())
+    path = tmp / f"{raw['name']}_dbz.yaml"
+    path.write_text(json.dumps({**raw, "name": path.stem, "target_table": f"{raw['target_table']}_dbz",
+                                "cdc": {**raw["cdc"], "target_table": f"{raw['cdc']['target_table']}_dbz",
+                                        "serving_view": f"{raw['cdc']['serving_view']}_dbz"}}))
+    return load_spec(path)
+
+
+def _endpoint(settings: Settings) -> SourceEndpoint:
+    return SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user, write_secret(settings),
+                          str(settings.connect_secrets_dir))
+
+
+def _debezium_snapshot(settings: Settings, spec, rows: int) -> float:
+    client = ConnectClient(settings.connect_url)
+    config = {**connector_config(spec, _endpoint(settings)), "snapshot.mode": "initial"}
+    started = time.monotonic()
+    client.put_config(connector_name(spec), config)
+
+    def on_topic() -> int:
+        try:
+            return sum(end_offsets(settings.kafka_bootstrap, spec.cdc_topic).values())
+        except Exception:  # the topic is not there yet
+            return 0
+
+    until(f"Debezium's snapshot of {rows} rows on {spec.cdc_topic}", lambda: on_topic() >= rows,
+          timeout=3600, every=0.2)
+    seconds = time.monotonic() - started
+    print(f"debezium initial snapshot: {rows} rows onto Kafka in {seconds:.1f} s", flush=True)
+    return round(rows / seconds)
+
+
+def _handoff(settings: Settings, pipe: Pipeline, launcher: LocalLauncher, rows: int) -> dict:
+    spec, wh = pipe.spec, pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:
+            ledger.ensure_control_schema(cur)
+        prepare_stream_tables(spec, wh, pipe.src)
+        with SourceWriters(settings, spec.table, set(range(1, min(rows, 100_000) + 1)), seed=31,
+                           pause_s=0.005) as writers:
+            started = time.monotonic()
+            plan, _ = pipe.run("bench-handoff")
+            seconds = time.monotonic() - started
+            assert plan.handoff, plan
+            print(f"handoff batch: {rows} rows (and the writers' rows) committed in {seconds:.1f} s while writers "
+                  f"made {writers.counts}", flush=True)
+            source = pipe.src()
+            try:
+                line, failure = supervise_capture(spec, wh, source, ConnectClient(settings.connect_url),
+                                                  _endpoint(settings), Policy(trigger_interval=timedelta(seconds=1)),
+                                                  datetime.now(timezone.utc))
+            finally:
+                source.close()
+            assert "action=create" in line and failure is None, (line, failure)
+
+            def command(s):
+                return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False),
+                                      secret=settings.pg_password)
+
+            run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command)
+            time.sleep(10)
+        expected = _rows(pipe, "source")
+        try:
+            until("the serving view equal to the source", lambda: _rows(pipe, "view") == expected, timeout=600)
+        except AssertionError:
+            pass  # counted below
+        seen = _rows(pipe, "view")
+        missing = sum(1 for k in expected.keys() | seen.keys() if expected.get(k) != seen.get(k))
+        consumer = ledger.consumer_for(spec.name)
+        duplicates = pipe.query_wh("SELECT coalesce(sum(duplicates), 0) FROM tidemark_control.sink_micro_batches "
+                                   "WHERE consumer = %s", (consumer,))[0][0]
+    finally:
+        wh.close()
+    return {"snapshot_rows_per_s": round(rows / seconds), "handoff_s": round(seconds, 1), "missing": missing,
+            "duplicates": int(duplicates)}
+
+
+def _sustained(pipe: Pipeline, changes: int) -> int:
+    table = quote(pipe.spec.table)
+    src, changed = pipe.src(), 0
+    try:
+        started = time.monotonic()
+        with src.cursor() as cur:
+            for first in range(1, changes + 1, 100):
+                cur.execute(f"UPDATE {table} SET amount = amount + 1, updated_at = clock_timestamp() "
+                            "WHERE id BETWEEN %s AND %s", (first, min(first + 99, changes)))
+                changed += cur.rowcount
+                cur.execute("SELECT txid_current()")
+                last = cur.fetchone()[0]
+                src.commit()
+    finally:
+        src.close()
+    _applied(pipe, last)
+    seconds = time.monotonic() - started
+    print(f"sustained: {changed} changes committed and applied in {seconds:.1f} s", flush=True)
+    return round(changed / seconds)
+
+
+def _applied(pipe: Pipeline, txid: int) -> None:
+    """Until the sink has applied source transaction ``txid`` (one connection's last: every one before it too)."""
+    consumer = ledger.consumer_for(pipe.spec.name)
+    until(f"the sink to apply source transaction {txid}", lambda: (pipe.query_wh(
+        "SELECT txid FROM tidemark_control.cdc_positions WHERE consumer = %s", (consumer,)) or [(0,)])[0][0] >= txid,
+        timeout=3600, every=0.2)
+
+
+def _latency(pipe: Pipeline, rate: int, seconds: int) -> dict:
+    table, live = quote(pipe.spec.table), quote(pipe.spec.cdc.target_table)
+    per_tx, ids = 50, rate * seconds
+    src = pipe.src()
+    began = time.monotonic()
+    try:
+        with src.cursor() as cur:
+            cur.execute("SELECT clock_timestamp()")
+            since = cur.fetchone()[0]
+            src.commit()
+            for n, first in enumerate(range(1, ids + 1, per_tx)):
+                cur.execute(f"UPDATE {table} SET amount = amount + 1, updated_at = clock_timestamp() "
+                            "WHERE id BETWEEN %s AND %s", (first, first + per_tx - 1))
+                cur.execute("SELECT txid_current()")
+                last = cur.fetchone()[0]
+                src.commit()
+                ahead = began + (n + 1) * per_tx / rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+    finally:
+        src.close()
+    achieved = ids / (time.monotonic() - began)
+    _applied(pipe, last)
+    lags = sorted(float(r[0]) for r in pipe.query_wh(
+        f"SELECT extract(epoch FROM _tm_applied_at - updated_at) * 1000 FROM {live} WHERE updated_at >= %s", (since,)))
+    return {"rate_achieved": round(achieved), "latency_changes": len(lags), "p50_ms": round(statistics.median(lags)),
+            "p99_ms": round(lags[min(len(lags) - 1, int(len(lags) * 0.99))])}
+
+
+def _rows(pipe: Pipeline, side: str) -> dict:
+    if side == "source":
+        src = pipe.src()
+        try:
+            with src, src.cursor() as cur:
+                cur.execute(f"SELECT id, amount::text FROM {quote(pipe.spec.table)}")
+                return dict(cur.fetchall())
+        finally:
+            src.close()
+    return dict(pipe.query_wh(f"SELECT id, amount::text FROM {quote(pipe.spec.cdc.serving_view)}"))
+
+
+def _source(pipe: Pipeline, sql: str, params=()) -> None:
+    src = pipe.src()
+    try:
+        with src, src.cursor() as cur:
+            cur.execute(sql, params)
+    finally:
+        src.close()
+
+
+def _drop(pipe: Pipeline) -> None:
+    spec = pipe.spec
+    _source(pipe, f"DROP TABLE IF EXISTS {quote(spec.table)}")
+    wh = pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:
+            cur.execute(f"DROP VIEW IF EXISTS {quote(spec.cdc.serving_view)}, {quote(spec.cdc.serving_view + '_freshness')}")
+            cur.execute(f"DROP TABLE IF EXISTS {quote(spec.cdc.target_table)}, {quote(spec.target_table)}")
+            ledger.forget_pipeline(cur, spec.name)
+    finally:
+        wh.close()
+
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
