@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         remove_capture(settings, pipe.spec)
         _drop(pipe)
     print(json.dumps(figures), flush=True)
-    return 0
+    return 1 if figures.get("missing") or figures.get("duplicates") else 0  # both must be 0
 
 
 def _peer_spec(pipe: Pipeline, tmp: Path):
@@ -128,7 +128,8 @@ def _handoff(settings: Settings, pipe: Pipeline, launcher: LocalLauncher, rows: 
         with wh, wh.cursor() as cur:
             ledger.ensure_control_schema(cur)
         prepare_stream_tables(spec, wh, pipe.src)
-        with SourceWriters(settings, spec.table, set(range(1, min(rows, 100_000) + 1)), seed=31,
+        # the writers touch the last 100,000 ids and insert above them
+        with SourceWriters(settings, spec.table, set(range(max(1, rows - 99_999), rows + 1)), seed=31,
                            pause_s=0.005) as writers:
             started = time.monotonic()
             plan, _ = pipe.run("bench-handoff")

@@ -1,5 +1,5 @@
-"""The benchmarks' fast subsets: the same scripts as `make bench`, `make bench-reconcile` (20,000 rows) and
-`make bench-flood` (5,000 records).
+"""The benchmarks' fast subsets: the same scripts as `make bench`, `make bench-reconcile` (20,000 rows),
+`make bench-flood` (5,000 records) and `make bench-cdc` (5,000 rows).
 
 It fails if any contender's copy differs from the source (the script checks counts and exact
 amounts per currency), if the figures the issue asks for are missing from its JSON line, or if the
@@ -103,4 +103,16 @@ def test_flood_bench_subset_every_reject_reaches_the_dead_letter_topic_once():
     result = json.loads(proc.stdout.strip().splitlines()[-1])  # the script checks sink_rejects and the DLQ
     assert result["records"] == 5000
     for key in ("good_s", "flood_s", "ratio_flood_vs_good", "rejects_per_s", "good_peak_mb", "flood_peak_mb"):
+        assert result[key] > 0, key
+
+
+def test_cdc_bench_subset_hands_off_under_writers_with_nothing_missing_or_twice():
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "cdc_handoff.py"), "--rows", "5000",
+                           "--changes", "1000", "--rate", "300", "--seconds", "3"],
+                          text=True, capture_output=True, timeout=900)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["missing"], result["duplicates"]) == (0, 0), result  # the script exits 1 otherwise
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    for key in ("snapshot_rows_per_s", "debezium_snapshot_rows_per_s", "snapshot_ratio_vs_debezium", "changes_per_s",
+                "p50_ms", "p99_ms"):
         assert result[key] > 0, key
