@@ -178,7 +178,7 @@ def _sustained(pipe: Pipeline, changes: int) -> int:
                 cur.execute(f"UPDATE {table} SET amount = amount + 1, updated_at = clock_timestamp() "
                             "WHERE id BETWEEN %s AND %s", (first, min(first + 99, changes)))
                 changed += cur.rowcount
-                cur.execute("SELECT txid_current()")
+                cur.execute("SELECT txid_current() % 4294967296")  # as Debezium's txId: without the epoch
                 last = cur.fetchone()[0]
                 src.commit()
     finally:
@@ -210,7 +210,7 @@ def _latency(pipe: Pipeline, rate: int, seconds: int) -> dict:
             for n, first in enumerate(range(1, ids + 1, per_tx)):
                 cur.execute(f"UPDATE {table} SET amount = amount + 1, updated_at = clock_timestamp() "
                             "WHERE id BETWEEN %s AND %s", (first, first + per_tx - 1))
-                cur.execute("SELECT txid_current()")
+                cur.execute("SELECT txid_current() % 4294967296")
                 last = cur.fetchone()[0]
                 src.commit()
                 ahead = began + (n + 1) * per_tx / rate - time.monotonic()
@@ -222,6 +222,8 @@ def _latency(pipe: Pipeline, rate: int, seconds: int) -> dict:
     _applied(pipe, last)
     lags = sorted(float(r[0]) for r in pipe.query_wh(
         f"SELECT extract(epoch FROM _tm_applied_at - updated_at) * 1000 FROM {live} WHERE updated_at >= %s", (since,)))
+    if not lags:
+        raise SystemExit("no change of the latency phase reached the real-time table")
     return {"rate_achieved": round(achieved), "latency_changes": len(lags), "p50_ms": round(statistics.median(lags)),
             "p99_ms": round(lags[min(len(lags) - 1, int(len(lags) * 0.99))])}
 

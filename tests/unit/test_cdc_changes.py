@@ -107,7 +107,20 @@ def test_a_column_added_at_the_source_comes_with_its_type_and_any_other_schema_c
              "column note is varchar(10) at the source, varchar(20) in the real-time table"),
             ([fields[0], _field("amount", "NUMERIC", 18, 4), fields[2]], row, "column amount is numeric(18,4)"),
             ([*fields, _field("Bad-Name", "INT4")], {**row, "Bad-Name": 1}, "new column(s) Bad-Name of a type"),
-            ([*fields, _field("geo", "GEOMETRY")], {**row, "geo": "x"}, "new column(s) geo of a type")):
+            ([*fields, _field("geo", "GEOMETRY")], {**row, "geo": "x"}, "new column(s) geo of a type"),
+            ([*fields, _field("_tm_lsn", "INT8")], {**row, "_tm_lsn": 1}, "new column(s) _tm_lsn of a type")):
         with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")) as refused:
             change(_typed(bad_fields, bad_row), table)
         assert "Real-time table: (id bigint, amount numeric(18,2), note varchar(20)); source: (" in str(refused.value)
+
+
+def test_a_record_s_type_parameters_are_not_trusted():
+    """A forged length or scale never reaches the warehouse's DDL: the shape is then the bare type."""
+    from tidemark.cdc.changes import Shape, shape_of_field
+
+    huge = {"parameters": {"__debezium.source.column.type": "NUMERIC", "__debezium.source.column.length": "1e400"}}
+    assert shape_of_field(huge) == Shape("NUMERIC")
+    assert shape_of_field(_field("x", "NUMERIC", 18, 5000)) == Shape("NUMERIC")  # a scale past the precision
+    assert shape_of_field(_field("x", "NUMERIC", 18, -3)) == Shape("NUMERIC")
+    assert shape_of_field(_field("x", "VARCHAR", 1 << 40)) == Shape("VARCHAR")
+    assert shape_of_field({"parameters": "not a dict"}) is None

@@ -62,8 +62,23 @@ class ChangeWriter:
         return self._shapes
 
     def _add_columns(self, cur, added: dict[str, Shape], txid: int) -> None:
-        """The source gained columns: the real-time table gets them before the change that carries them."""
-        add_columns(cur, self.spec, added)
+        """The source gained columns: the real-time table gets them before the change that carries them.
+        ``ValueError`` (the event refused, its transaction a dead letter) where it cannot: a pipeline
+        whose batch target never gains columns (protocol version 1, JSON: the serving view would
+        lose the value at the next nightly commit), or a column PostgreSQL refuses."""
+        if self.spec.record_format != "avro":
+            raise ValueError(f"new column(s) {', '.join(added)} at the source: a pipeline with record_format: json "
+                             "never adds columns to its batch target, so they are not added to the real-time table "
+                             f"either. Next: add them to {self.spec.target_table} and {self.cdc.target_table} by hand "
+                             "(or move the pipeline to record_format: avro)")
+        cur.execute("SAVEPOINT cdc_columns")
+        try:
+            add_columns(cur, self.spec, added)
+        except psycopg2.Error as exc:
+            cur.execute("ROLLBACK TO SAVEPOINT cdc_columns")
+            raise ValueError(f"new column(s) {', '.join(f'{c} {t}' for c, t in added.items())} refused by the "
+                             f"warehouse: {' '.join(str(exc).split())}") from None
+        cur.execute("RELEASE SAVEPOINT cdc_columns")
         log.warning("pipeline=%s the source's table %s gained column(s) %s (first carried by source transaction %s): "
                     "added to the real-time table %s and shown by %s before that change applies; the batch target "
                     "gains them with its next batch", self.spec.name, self.spec.table,

@@ -24,7 +24,7 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 
 OPS = {"c": "insert", "u": "update", "d": "delete", "r": "snapshot read"}
-IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # a column name the sink adds (quoted all the same)
+IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # a column name the sink adds (quoted all the same; not _tm_*)
 _EPOCH = datetime(1970, 1, 1)
 
 
@@ -83,10 +83,10 @@ def shape_of_field(field: dict[str, Any]) -> Shape | None:
     try:
         length = int(params.get("__debezium.source.column.length"))
         scale = int(params.get("__debezium.source.column.scale", 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return Shape(name)
     if name == "NUMERIC":  # unconstrained: PostgreSQL reports a precision of 0 or its internal maximum
-        return Shape(name, length, scale) if 0 < length <= 1000 else Shape(name)
+        return Shape(name, length, scale) if 0 < length <= 1000 and 0 <= scale <= length else Shape(name)
     return Shape(name, length) if 0 < length <= 10_485_760 else Shape(name)
 
 
@@ -186,7 +186,7 @@ def _schema_change(row: dict[str, Any], types: dict[str, dict[str, Any]],
     changed = [c for c in table if c in row and not same_type(table[c], source[c])]
     new = [c for c in row if c not in table]
     unaddable = [c for c in new if source[c] is None or source[c].type not in DDL_TYPES
-                 or not IDENTIFIER.fullmatch(c)]
+                 or not IDENTIFIER.fullmatch(c) or c.startswith("_tm_")]
     if lost or changed or unaddable:
         why = "; ".join(part for part in (
             f"column(s) {', '.join(lost)} gone from the source (dropped or renamed)" if lost else "",

@@ -71,7 +71,8 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
 
     batch, live, cursor = quote(spec.target_table), quote(cdc.target_table), quote(spec.cursor.column)
     same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
-    if again:  # a column in a new place: a view cannot be replaced with its columns moved
+    if again and names[:len(shown := _view_columns(cur, view))] != shown:
+        # a column in a new place: a view cannot be replaced with its columns moved (its grants go with it)
         cur.execute(f"DROP VIEW IF EXISTS {quote(view)}")
     cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
         SELECT {side("b", batch_cols)} FROM {batch} b
@@ -91,3 +92,8 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
                (SELECT (SELECT to_timestamp(source_ms / 1000.0) FROM tidemark_control.cdc_positions
                          WHERE consumer = %(consumer)s) AS stream_watermark) s""",
                 {"pipeline": spec.name, "consumer": consumer_for(spec.name)})
+
+
+def _view_columns(cur, view: str) -> list[str]:
+    """The view's columns in order (none: no such view)."""
+    return [c.name for c in target_columns(cur, view)]

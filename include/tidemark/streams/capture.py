@@ -100,12 +100,18 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
     decision = decide(desired, state, differs, restarts, now, policy,
                       now - unread_since if unread_since is not None else None, handed_off=handoff is not None)
-    if decision.action == "create" and held is None:
-        return (f"pipeline={name} capture: its slot {spec.cdc_slot} is gone",
+    if held is None and handoff is not None and desired == "running":
+        # never let Debezium make a new slot of its own: it would start at the present, past every change since
+        if state.state not in ("MISSING", "STOPPED"):
+            client.stop(connector)
+            with wh, wh.cursor() as cur:
+                ledger.record_stream_event(cur, name, "connector_stop", "supervisor", "its slot is gone")
+        return (f"pipeline={name} connector={connector} state={state.state} capture: its slot {spec.cdc_slot} is gone",
                 f"pipeline {name}: the replication slot {spec.cdc_slot} that its handoff batch {handoff.batch_id} "
                 f"created at {handoff.consistent_point} is gone from the source, and with it every change since: "
-                "nothing is streamed. Next: run the pipeline's batch DAG: with no slot, its next batch is a new "
-                "handoff (a snapshot of the table and a new slot); this cycle then creates the connector")
+                "nothing is streamed (its connector is kept stopped). Next: run the pipeline's batch DAG: with no "
+                "slot, its next batch is a new handoff (a snapshot of the table and a new slot); this cycle then "
+                "starts the connector on it")
     failure = _act(spec, decision, state, client, wanted, wh)
     slot_text, slot_failure = _slot(spec, held, state)
     tasks = ",".join(f"{t.id}:{t.state}" for t in state.tasks) or "-"
