@@ -66,6 +66,7 @@ Bytes = Annotated[ByteSize, WithJsonSchema({"type": "string", "format": "byte-si
 
 
 DEAD_LETTER_TOPIC = "tidemark.dlq"
+CDC_RECORDS_PER_TRIGGER = 20_000
 CDC_TOPICS = "tidemark.cdc."  # every CDC pipeline's change events (tidemark.cdc.<name>.<schema>.<table>)
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a pipeline's name: in topics, tables, paths
 
@@ -355,6 +356,16 @@ class PipelineSpec(BaseModel):
     @property
     def topic(self) -> str:
         return f"tidemark.{self.name}"
+
+    @property
+    def records_per_trigger(self) -> int:
+        """A standing sink's micro-batch size: the spec's ``sink.max_offsets_per_trigger``, or for a CDC
+        pipeline that does not set it, ``CDC_RECORDS_PER_TRIGGER`` (Debezium's JSON records carry their
+        schema, a few KB each, and the driver holds a micro-batch's change events: 200,000 of them
+        exhausted a 1 GiB driver in ``make bench-cdc``)."""
+        if self.cdc is not None and "max_offsets_per_trigger" not in self.sink.model_fields_set:
+            return CDC_RECORDS_PER_TRIGGER
+        return self.sink.max_offsets_per_trigger
 
     @property
     def cdc_slot(self) -> str:
