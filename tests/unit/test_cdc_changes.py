@@ -124,3 +124,9 @@ def test_a_record_s_type_parameters_are_not_trusted():
     assert shape_of_field(_field("x", "NUMERIC", 18, -3)) == Shape("NUMERIC")
     assert shape_of_field(_field("x", "VARCHAR", 1 << 40)) == Shape("VARCHAR")
     assert shape_of_field({"parameters": "not a dict"}) is None
+
+
+def test_a_wal_position_is_spelled_as_postgresql_spells_it():
+    from tidemark.cdc.changes import lsn_text
+
+    assert lsn_text(0x16B3748) == "0/16B3748" and lsn_text((1 << 32) + 0xA0) == "1/A0"

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg2.errors
 from psycopg2.extras import Json, execute_values
 
-from tidemark.cdc.changes import Shape, boundary, change
+from tidemark.cdc.changes import Shape, boundary, change, lsn_text
 from tidemark.cdc.tables import add_columns, realtime_shapes
 from tidemark.records import payload_text
 from tidemark.spec import PipelineSpec, quote
@@ -138,10 +138,10 @@ class ChangeWriter:
                         WHERE t.consumer = %s GROUP BY 1, 2, 3 ORDER BY t.commit_lsn""", (self.consumer,))
         txs = cur.fetchall()
         for i, (txid, lsn, count, got, bad) in enumerate(txs):
-            tag = f"pipeline={self.spec.name} source transaction {txid} (commit {_lsn(lsn)}, {count} change(s))"
+            tag = f"pipeline={self.spec.name} source transaction {txid} (commit {lsn_text(lsn)}, {count} change(s))"
             if lsn <= applied:  # delivered again after the position moved past it
                 report.duplicates += got
-                log.info("%s: already applied (position %s): %s redelivered change(s) skipped", tag, _lsn(applied), got)
+                log.info("%s: already applied (position %s): %s redelivered change(s) skipped", tag, lsn_text(applied), got)
             elif got < count and not any(g >= c for _, _, c, g, _ in txs[i + 1:]):
                 break  # the rest may still come; transactions apply in commit order
             elif got != count or bad:
@@ -199,7 +199,7 @@ class ChangeWriter:
             if cur.rowcount:
                 log.warning("pipeline=%s source transaction %s (commit %s) deleted %s key(s) at the source: hidden from "
                             "%s, each kept with its old values in tidemark_control.cdc_deletions", self.spec.name,
-                            txid, _lsn(lsn), cur.rowcount, self.cdc.serving_view)
+                            txid, lsn_text(lsn), cur.rowcount, self.cdc.serving_view)
         except TABLE_REFUSED as exc:
             cur.execute("ROLLBACK TO SAVEPOINT cdc_transaction")
             return " ".join(str(exc).split())
@@ -223,8 +223,3 @@ def _place(value: Any) -> tuple[int, int, int] | None:
         return txid, order, int(payload["source"].get("lsn") or 0)
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-
-
-def _lsn(lsn: int) -> str:
-    """PostgreSQL's own spelling of a WAL position (as pg_replication_slots shows it)."""
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

@@ -28,6 +28,11 @@ IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # a column name the sink adds
 _EPOCH = datetime(1970, 1, 1)
 
 
+def lsn_text(lsn: int) -> str:
+    """PostgreSQL's own spelling of a WAL position (as pg_replication_slots shows it)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
 @dataclass(frozen=True)
 class Shape:
     """A column's type as the source declares it (Debezium's ``column.propagate.source.type``

@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from tidemark import catalog, ledger
+from tidemark.cdc.changes import lsn_text
 from tidemark.cdc.source import slot_named
 from tidemark.stage import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec
@@ -62,7 +63,7 @@ def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
     applied, source_ms = row if row else (None, None)
     return CaptureStatus(
         handoff.batch_id if handoff else None, handoff.consistent_point if handoff else None,
-        f"{applied >> 32:X}/{applied & 0xFFFFFFFF:X}" if applied is not None else None,
+        lsn_text(applied) if applied is not None else None,
         datetime.fromtimestamp(source_ms / 1000, timezone.utc) if source_ms is not None else None, spec.cdc_slot)
 
 
