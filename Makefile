@@ -1,8 +1,10 @@
 # Tidemark: two commands on a fresh machine.
 #   make demo   installs what is missing, starts the stack, runs the demo end to end
 #   make unit   ruff (pyproject.toml), then the tests that need no stack (tests/unit, DAG integrity, compose, launcher choice): starts nothing, under a minute
-#   make test   installs what is missing, starts the stack, runs the whole suite, both lanes (what CI runs; 7 seeded kill trials)
-#               every test's duration: .state/test-report.xml (JUnit; TIDEMARK_STATE_DIR moves .state); PYTEST_ARGS= for pytest
+#   make test   installs what is missing, starts the stack, runs the whole suite, both kinds (what CI runs; 7 seeded kill trials):
+#               LANES=2 parallel lanes, then the tests marked serial alone (tests/conftest.py)
+#               every test's duration: .state/test-report.xml and test-report-serial.xml (JUnit; TIDEMARK_STATE_DIR
+#               moves .state); PYTEST_ARGS= for pytest (both phases)
 #   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
 #   make bench-stream  the streaming benchmark: events/s drained, p50/p99 publish-to-visible at 5,000/s, restart
 #   make bench-cdc  CDC: handoff snapshot rows/s vs Debezium's own snapshot, changes/s, p50/p99 at 5,000/s, missing/duplicates
@@ -19,6 +21,7 @@ export PYTHONPATH := $(ROOT)/include
 PY := $(STATE)/venv/bin/python
 STACK := $(PY) -m tidemark_workshop.stack
 PYTEST_ARGS ?=
+LANES ?= 2
 BENCH_ARGS ?=
 CAMPAIGN_ARGS ?=
 TRIALS ?= 20
@@ -70,9 +73,16 @@ unit:
 	@$(PY) -m ruff check --quiet
 	@$(STACK) run -- $(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
+# Two phases (tests/conftest.py): the suite in $(LANES) parallel lanes, a file per unit of work, then
+# the tests marked serial alone. Both run; either failing fails. Exit 5 is "nothing collected" in
+# that phase, and fails only when both phases collected nothing.
 test: up
 	@$(PY) -m ruff check --quiet
-	@$(STACK) run -- $(PY) -m pytest --junitxml=$(STATE)/test-report.xml $(PYTEST_ARGS)
+	@$(STACK) run -- $(PY) -m pytest -n $(LANES) --dist loadgroup --no-loadscope-reorder -m "not serial" \
+	    --junitxml=$(STATE)/test-report.xml $(PYTEST_ARGS); lanes=$$?; \
+	  $(STACK) run -- $(PY) -m pytest -m serial --junitxml=$(STATE)/test-report-serial.xml $(PYTEST_ARGS); alone=$$?; \
+	  echo "make test: lanes exit $$lanes, serial phase exit $$alone"; \
+	  [[ $$lanes =~ ^[05]$$ && $$alone =~ ^[05]$$ && $$lanes$$alone != 55 ]]
 
 bench: up
 	@$(STACK) run -- $(PY) bench/batch_load.py $(BENCH_ARGS)

@@ -18,7 +18,7 @@ from tidemark_workshop import bank
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark.window import read_source_clock
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.serial("holds a source transaction open")]
 
 BULK_DAY = date(2001, 2, 3)  # no other writer posts to this business date
 

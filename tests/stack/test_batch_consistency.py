@@ -11,9 +11,12 @@ import threading
 import time
 
 import psycopg2
+import pytest
 
 from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
+
+pytestmark = pytest.mark.serial("holds a source transaction across a batch boundary")
 
 DDL = """
 CREATE TABLE {table} (

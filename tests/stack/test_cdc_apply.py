@@ -157,6 +157,7 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         wh.close()
 
 
+@pytest.mark.serial("kills the Connect worker")
 def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(settings, cdc_pipeline):
     """kill -9 of the Connect worker while writers commit: Debezium starts again from the offsets it
     had stored and delivers what followed them a second time; the serving view ends equal to the

@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pyarrow as pa
+import pytest
 from confluent_kafka import Producer
 
 from tidemark import ledger
@@ -249,6 +250,7 @@ def test_the_serving_view_is_the_source_after_a_batch_and_the_events_that_follow
     assert batch_mark == plan.window.hi.cursor and complete >= batch_mark
 
 
+@pytest.mark.serial("stops the broker")
 def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(settings, tmp_path):
     """Events flow while the broker goes away for 10 s; the sink recovers by itself or the
     supervisor restarts it, and each event is in the real-time table once."""

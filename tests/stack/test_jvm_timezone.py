@@ -23,7 +23,7 @@ from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark_workshop.stack.spark import submit
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.serial("watches every session of the reader role")]
 
 DDL = """
 CREATE TABLE {table} (

@@ -21,6 +21,8 @@ from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.streams.launch import LocalLauncher
 from tidemark.sink import stage_table
 
+pytestmark = pytest.mark.xdist_group("airflow")  # Airflow on the stack's ports
+
 UTC = timezone.utc
 DDL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, "
        "created_at timestamptz NOT NULL)")
@@ -356,6 +358,7 @@ def test_a_worker_killed_mid_extract_is_retried_as_a_new_attempt_and_leaves_no_d
     assert _rows(pipe, "target") == _rows(pipe, "source")
 
 
+@pytest.mark.serial("stops the broker")
 def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(scheduled, settings):
     from tidemark_workshop.stack.kafka import Kafka
 
@@ -380,6 +383,7 @@ def test_the_broker_gone_at_begin_retries_then_aborts_and_says_what_to_do(schedu
     assert log.count("Connection refused") <= 5, "rdkafka's connection noise must be one line per cause"
 
 
+@pytest.mark.serial("stops the broker")
 def test_a_broker_restart_mid_extract_ends_with_every_row_loaded_once(scheduled, settings):
     """However the extract weathers it (its producer retries, or the task fails and a new attempt
     loads the batch), the run ends committed with the source's rows exactly once."""

@@ -17,6 +17,8 @@ from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.window import PlanError
 
+pytestmark = pytest.mark.serial("holds prepared and idle source transactions")
+
 DDL = """
 CREATE TABLE {table} (
     id bigint PRIMARY KEY,

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.serial("`up` and `start` act on the whole stack")]
 
 
 def _stack(*args: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from tidemark.sink import stage_table
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.status import APPLICATION_NAME
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.serial("holds a source transaction; stops the broker; lists every stage table")]
 
 DDL = """
 CREATE TABLE {table} (
