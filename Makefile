@@ -73,12 +73,12 @@ unit:
 	@$(PY) -m ruff check --quiet
 	@$(STACK) run -- $(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
-# Two phases (tests/conftest.py): the suite in $(LANES) parallel lanes, a file per unit of work, then
-# the tests marked serial alone. Both run; either failing fails. Exit 5 is "nothing collected" in
-# that phase, and fails only when both phases collected nothing.
+# Two phases (tests/conftest.py): the suite in $(LANES) parallel lanes, a file per unit of work (the
+# Airflow files one unit), then the tests marked serial alone. Both run; either failing fails. Exit 5
+# is "nothing collected" in that phase, and fails only when both phases collected nothing.
 test: up
 	@$(PY) -m ruff check --quiet
-	@$(STACK) run -- $(PY) -m pytest -n $(LANES) --dist loadgroup --no-loadscope-reorder -m "not serial" \
+	@$(STACK) run -- $(PY) -m pytest -n $(LANES) --dist loadfile --no-loadscope-reorder -m "not serial" \
 	    --junitxml=$(STATE)/test-report.xml $(PYTEST_ARGS); lanes=$$?; \
 	  $(STACK) run -- $(PY) -m pytest -m serial --junitxml=$(STATE)/test-report-serial.xml $(PYTEST_ARGS); alone=$$?; \
 	  echo "make test: lanes exit $$lanes, serial phase exit $$alone"; \

@@ -4,11 +4,11 @@ Every test under tests/stack is marked ``stack``: it talks to the real local sta
 starts. The rest needs none: `make unit` runs it (``-m "not stack"``) without starting anything.
 
 `make test` runs the suite in two phases. First in parallel lanes (pytest-xdist, ``--dist
-loadgroup``): each file is one unit of work, so a module's fixtures are built once, and the files
-that start Airflow's services on the stack's ports share the group ``airflow`` (one after another).
-Then, alone, the tests marked ``serial``: they stop or kill a component every lane uses, hold a
-source transaction (which holds back every pipeline's window on that database), or watch every
-session of a role.
+loadfile``): each file is one unit of work, so a module's fixtures are built once, and the files
+that start Airflow's services on the stack's ports (``AIRFLOW_FILES``) are one unit together, one
+after another. Then, alone, the tests marked ``serial``: they stop or kill a component every lane
+uses, hold a source transaction (which holds back every pipeline's window on that database), or
+watch every session of a role.
 """
 
 from __future__ import annotations
@@ -26,10 +26,30 @@ STACK_DIR = Path(__file__).resolve().parent / "stack"
 STACK_FIXTURES = {"bootstrap", "source_conn", "warehouse_conn", "topic"}  # below: each connects to the stack
 
 
-# The longest files (CI's JUnit report, .state/test-report.xml) go first, so the lanes end together.
+# They start Airflow's services on the stack's ports and metadata database, or run a DAG in that database.
+AIRFLOW_FILES = {"test_scheduler.py", "test_scheduler_cdc.py", "test_ui_clicks.py", "test_smoke_dag.py"}
+# The longest units (CI's JUnit report, .state/test-report.xml) go first, so the lanes end together.
 # Only the order depends on this list.
-LONGEST_FIRST = ("airflow", "test_protocol_v2", "test_batch_faults", "test_bench", "test_untrusted_input",
-                 "test_repair", "test_forgery", "test_standalone_cluster", "test_kill_trials")
+LONGEST_FIRST = ("airflow", "test_protocol_v2.py", "test_batch_faults.py", "test_bench.py", "test_untrusted_input.py",
+                 "test_repair.py", "test_forgery.py", "test_standalone_cluster.py", "test_kill_trials.py")
+
+
+def lane_unit(nodeid: str) -> str:
+    """What one lane runs from start to end: the test's file, or all of AIRFLOW_FILES."""
+    path = nodeid.split("::", 1)[0]
+    return "airflow" if Path(path).name in AIRFLOW_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Lanes(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_unit(nodeid)
+
+    return Lanes(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,17 +59,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.stack)
         elif STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
             outside.append(item.nodeid)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(Path(item.path).stem))
     if outside:  # `make unit` would run them with no stack to talk to
         raise pytest.UsageError(f"tests outside tests/stack use the running stack's fixtures; move them there: {outside}")
-    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
-
-
-def _group(item) -> str:
-    marker = item.get_closest_marker("xdist_group")
-    return marker.args[0] if marker.args else marker.kwargs.get("name", "")
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(lane_unit(item.nodeid)).name, len(rank)))  # stable otherwise
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -21,8 +21,6 @@ from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.streams.launch import LocalLauncher
 from tidemark.sink import stage_table
 
-pytestmark = pytest.mark.xdist_group("airflow")  # Airflow on the stack's ports
-
 UTC = timezone.utc
 DDL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, "
        "created_at timestamptz NOT NULL)")

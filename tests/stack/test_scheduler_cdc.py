@@ -20,7 +20,7 @@ from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, read_slot, remove_capture
 
-pytestmark = [pytest.mark.stack, pytest.mark.xdist_group("airflow")]  # Airflow on the stack's ports
+pytestmark = pytest.mark.stack
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 
 from tidemark_workshop.demo import run_dag
 
-pytestmark = [pytest.mark.stack, pytest.mark.xdist_group("airflow")]  # Airflow on the stack's ports
+pytestmark = pytest.mark.stack
 
 
 def test_smoke_dag_round_trips_the_source_through_spark_and_kafka(settings):

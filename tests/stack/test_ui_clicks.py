@@ -30,7 +30,7 @@ from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.batchrun import make_pipeline
 from ui_driver import SWITCH_INPUT, Browser
 
-pytestmark = [pytest.mark.stack, pytest.mark.xdist_group("airflow")]  # Airflow on the stack's ports
+pytestmark = pytest.mark.stack
 
 UTC = timezone.utc
 DDL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, "
