@@ -43,15 +43,20 @@ def _capture_and_stand(settings, pipe, launcher, wh) -> None:
     grants; the connector reading its slot; the standing sink started by the supervisor's cycle."""
     spec = pipe.spec
 
-    def command(s):
-        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
-
     with wh, wh.cursor() as cur:
         ledger.ensure_control_schema(cur)
     prepare_stream_tables(spec, wh, pipe.src)
     grant(settings, spec)
     start_connector(settings, spec)
-    assert run_cycle([spec], wh, launcher, settings.kafka_bootstrap, command).decisions[spec.name].action == "start"
+    assert _stand(settings, pipe, launcher, wh) == "start"
+
+
+def _stand(settings, pipe, launcher, wh) -> str:
+    """The supervisor's cycle over the pipeline's standing sink: its decision's action."""
+    def command(s):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    return run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[pipe.spec.name].action
 
 
 def _source(pipe, *statements: str) -> None:
@@ -153,6 +158,32 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         applied, duplicates = pipe.query_wh("SELECT sum(events), sum(duplicates) FROM tidemark_control.sink_micro_batches "
                                             "WHERE consumer = %s", (consumer,))[0]
         assert (applied, duplicates) == (3 + 2 + 1000 + 1, copied) and copied == 1005  # each change counted once
+
+        # A transaction the real-time table refuses between two it takes, all three in one micro-batch (they
+        # commit while the sink is stopped): the three are refused together, then applied one at a time, so
+        # only the refused one is a dead letter, whole, and nothing of it is applied
+        launcher.stop(spec.name, grace_s=5)
+        with wh, wh.cursor() as cur:
+            cur.execute(f"ALTER TABLE {live} ADD CONSTRAINT it_refuses CHECK (amount <> 13.13)")
+        changes, boundaries = (end_offsets(settings.kafka_bootstrap, t)[0]
+                               for t in (spec.cdc_topic, spec.cdc_transaction_topic))
+        _source(pipe, "INSERT INTO {table} (id, amount) VALUES (7001, 1.00)")
+        _source(pipe, "INSERT INTO {table} (id, amount) VALUES (7002, 2.00)",
+                "UPDATE {table} SET amount = 13.13, updated_at = now() WHERE id = 1")
+        _source(pipe, "INSERT INTO {table} (id, amount) VALUES (7003, 3.00)")
+        until("their 4 changes and 3 BEGIN and END pairs on the topics", lambda: end_offsets(
+            settings.kafka_bootstrap, spec.cdc_topic)[0] >= changes + 4 and end_offsets(
+            settings.kafka_bootstrap, spec.cdc_transaction_topic)[0] >= boundaries + 6)
+        stopped_at = pipe.query_wh("SELECT clock_timestamp()")[0][0]
+        assert _stand(settings, pipe, launcher, wh) in ("start", "restart")
+        reasons = until("the refused transaction a dead letter", lambda: pipe.query_wh(
+            "SELECT reason FROM tidemark_control.sink_rejects WHERE consumer = %s AND reason LIKE '%%refused it%%'",
+            (consumer,)))
+        assert len(reasons) == 2 and all("it_refuses" in r for r, in reasons), reasons  # its two changes
+        assert pipe.query_wh(f"SELECT id, amount::text FROM {view} WHERE id IN (1, 7001, 7002, 7003) ORDER BY id") == [
+            (1, "0.37"), (7001, "1.00"), (7003, "3.00")]
+        assert pipe.query_wh("SELECT events, rejected FROM tidemark_control.sink_micro_batches WHERE consumer = %s "
+                             "AND committed_at > %s AND records > 0", (consumer, stopped_at)) == [(2, 2)]
     finally:
         wh.close()
 

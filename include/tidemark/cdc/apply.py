@@ -137,69 +137,103 @@ class ChangeWriter:
                          LEFT JOIN tidemark_control.cdc_pending p ON p.consumer = t.consumer AND p.txid = t.txid
                         WHERE t.consumer = %s GROUP BY 1, 2, 3 ORDER BY t.commit_lsn""", (self.consumer,))
         txs = cur.fetchall()
+        ready: list[tuple[int, int, int]] = []  # (txid, commit lsn, changes): to apply, in commit order
+        resolved: list[int] = []  # applied, dead-lettered or redelivered: they wait no longer
+        again = 0
         for i, (txid, lsn, count, got, bad) in enumerate(txs):
-            tag = f"pipeline={self.spec.name} source transaction {txid} (commit {lsn_text(lsn)}, {count} change(s))"
             if lsn <= applied:  # delivered again after the position moved past it
-                report.duplicates += got
-                log.info("%s: already applied (position %s): %s redelivered change(s) skipped", tag, lsn_text(applied), got)
+                again += got
             elif got < count and not any(g >= c for _, _, c, g, _ in txs[i + 1:]):
                 break  # the rest may still come; transactions apply in commit order
             elif got != count or bad:
                 why = (f"only {got} of its {count} change events arrived before a later transaction's did"
                        if got < count else f"{bad} of its change events cannot be applied" if bad else
                        f"{got} change events arrived for an END that counts {count}")
-                self._dead_letter(cur, txid, f"{tag} not applied: {why}", reject)
+                self._dead_letter(cur, txid, f"{self._tag(txid, lsn, count)} not applied: {why}", reject)
             else:
-                refused = self._apply_transaction(cur, txid, lsn, fence, micro_batch)
-                if refused is None:
-                    report.events += got
-                else:
-                    self._dead_letter(cur, txid, f"{tag} not applied: the real-time table {self.cdc.target_table} "
-                                      f"refused it: {refused}", reject)
-            if lsn > applied:  # the position moves past it, applied or dead-lettered: never twice
-                applied = lsn
-                cur.execute("""INSERT INTO tidemark_control.cdc_positions (consumer, commit_lsn, txid, source_ms)
-                               VALUES (%s, %s, %s, (SELECT max(source_ms) FROM tidemark_control.cdc_pending
-                                                     WHERE consumer = %s AND txid = %s))
-                               ON CONFLICT (consumer) DO UPDATE SET commit_lsn = EXCLUDED.commit_lsn,
-                                   txid = EXCLUDED.txid,
-                                   source_ms = coalesce(EXCLUDED.source_ms, cdc_positions.source_ms),
-                                   applied_at = clock_timestamp()""", (self.consumer, lsn, txid, self.consumer, txid))
-            cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = %s",
-                        (self.consumer, txid))
-            cur.execute("DELETE FROM tidemark_control.cdc_transactions WHERE consumer = %s AND txid = %s",
-                        (self.consumer, txid))
+                ready.append((txid, lsn, got))
+            resolved.append(txid)
+        if again:
+            report.duplicates += again
+            log.info("pipeline=%s %s redelivered change(s) of source transactions already applied (position %s) "
+                     "skipped", self.spec.name, again, lsn_text(applied))
+        self._apply_ready(cur, ready, fence, micro_batch, report, reject)
+        moved = [lsn for txid, lsn, *_ in txs[:len(resolved)] if lsn > applied]
+        if moved:  # the position moves past every resolved transaction, applied or dead-lettered: never twice
+            cur.execute("""INSERT INTO tidemark_control.cdc_positions (consumer, commit_lsn, txid, source_ms)
+                           VALUES (%s, %s, %s, (SELECT max(source_ms) FROM tidemark_control.cdc_pending
+                                                 WHERE consumer = %s AND txid = ANY(%s)))
+                           ON CONFLICT (consumer) DO UPDATE SET commit_lsn = EXCLUDED.commit_lsn,
+                               txid = EXCLUDED.txid,
+                               source_ms = coalesce(EXCLUDED.source_ms, cdc_positions.source_ms),
+                               applied_at = clock_timestamp()""",
+                        (self.consumer, moved[-1], txs[len(resolved) - 1][0], self.consumer, resolved))
+        if resolved:
+            cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s)",
+                        (self.consumer, resolved))
+            cur.execute("DELETE FROM tidemark_control.cdc_transactions WHERE consumer = %s AND txid = ANY(%s)",
+                        (self.consumer, resolved))
 
-    def _apply_transaction(self, cur, txid: int, lsn: int, fence: int, micro_batch: int | None) -> str | None:
-        """Write one complete transaction: per key its last version. None, or PostgreSQL's refusal
-        (then nothing of it is written)."""
+    def _tag(self, txid: int, lsn: int, count: int) -> str:
+        return f"pipeline={self.spec.name} source transaction {txid} (commit {lsn_text(lsn)}, {count} change(s))"
+
+    def _apply_ready(self, cur, ready: list[tuple[int, int, int]], fence: int, micro_batch: int | None, report,
+                     reject: Reject) -> None:
+        """All complete transactions in one statement (per key the last version across them); where
+        the real-time table refuses that, one transaction at a time, so only the refused one is a
+        dead letter. Either way they commit together with the offsets: never part of one."""
+        if not ready:
+            return
+        refused = self._apply_transactions(cur, ready, fence, micro_batch)
+        if refused is None:
+            report.events += sum(got for *_, got in ready)
+            return
+        log.warning("pipeline=%s %s source transaction(s) refused together (%s): applied one at a time to find which",
+                    self.spec.name, len(ready), refused)
+        for tx in ready:
+            refused = self._apply_transactions(cur, [tx], fence, micro_batch)
+            if refused is None:
+                report.events += tx[2]
+            else:
+                self._dead_letter(cur, tx[0], f"{self._tag(*tx)} not applied: the real-time table "
+                                  f"{self.cdc.target_table} refused it: {refused}", reject)
+
+    def _apply_transactions(self, cur, txs: list[tuple[int, int, int]], fence: int, micro_batch: int | None
+                            ) -> str | None:
+        """Write complete transactions ``(txid, commit lsn, changes)``: per key its last version. None,
+        or PostgreSQL's refusal (then nothing of them is written)."""
         table, names, pk = quote(self.cdc.target_table), self.columns(cur), [quote(c) for c in self.spec.primary_key]
         cols = ", ".join(quote(c) for c in names)
         sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*map(quote, names), "_tm_txid", "_tm_lsn", "_tm_deleted",
                                                           "_tm_fence", "_tm_micro_batch"))
+        params = {"txids": [t for t, *_ in txs], "lsns": [lsn for _, lsn, _ in txs], "fence": fence,
+                  "mb": micro_batch, "consumer": self.consumer, "pipeline": self.spec.name}
+        ready = """tidemark_control.cdc_pending p
+                   JOIN unnest(%(txids)s::bigint[], %(lsns)s::bigint[]) AS x(txid, commit_lsn) ON x.txid = p.txid"""
         cur.execute("SAVEPOINT cdc_transaction")
         try:
             cur.execute(
                 f"""INSERT INTO {table} ({cols}, _tm_txid, _tm_lsn, _tm_deleted, _tm_fence, _tm_micro_batch)
                     SELECT DISTINCT ON ({', '.join(f'r.{c}' for c in pk)})
-                           {', '.join(f'r.{quote(c)}' for c in names)}, %(txid)s, %(lsn)s, p.op = 'd', %(fence)s, %(mb)s
-                      FROM tidemark_control.cdc_pending p
+                           {', '.join(f'r.{quote(c)}' for c in names)}, p.txid, x.commit_lsn, p.op = 'd',
+                           %(fence)s, %(mb)s
+                      FROM {ready}
                      CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, p.row_values) r
-                     WHERE p.consumer = %(consumer)s AND p.txid = %(txid)s
-                     ORDER BY {', '.join(f'r.{c}' for c in pk)}, p.total_order DESC
+                     WHERE p.consumer = %(consumer)s
+                     ORDER BY {', '.join(f'r.{c}' for c in pk)}, x.commit_lsn DESC, p.total_order DESC
                     ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp()
-                     WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""",
-                {"txid": txid, "lsn": lsn, "fence": fence, "mb": micro_batch, "consumer": self.consumer})
+                     WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""", params)
             key = ", ".join(f"p.row_values ->> {literal(c)}" for c in self.spec.primary_key)
             cur.execute(f"""INSERT INTO tidemark_control.cdc_deletions (pipeline, key, old_values, txid, commit_lsn)
-                            SELECT %s, jsonb_build_array({key}), p.row_values, p.txid, %s
-                              FROM tidemark_control.cdc_pending p
-                             WHERE p.consumer = %s AND p.txid = %s AND p.op = 'd' ORDER BY p.total_order""",
-                        (self.spec.name, lsn, self.consumer, txid))
+                            SELECT %(pipeline)s, jsonb_build_array({key}), p.row_values, p.txid, x.commit_lsn
+                              FROM {ready}
+                             WHERE p.consumer = %(consumer)s AND p.op = 'd' ORDER BY x.commit_lsn, p.total_order""",
+                        params)
             if cur.rowcount:
-                log.warning("pipeline=%s source transaction %s (commit %s) deleted %s key(s) at the source: hidden from "
-                            "%s, each kept with its old values in tidemark_control.cdc_deletions", self.spec.name,
-                            txid, lsn_text(lsn), cur.rowcount, self.cdc.serving_view)
+                log.warning("pipeline=%s source transaction(s) %s (commits %s..%s) deleted %s key(s) at the source: "
+                            "hidden from %s, each kept with its old values in tidemark_control.cdc_deletions",
+                            self.spec.name, _span(params["txids"]), lsn_text(txs[0][1]), lsn_text(txs[-1][1]),
+                            cur.rowcount, self.cdc.serving_view)
         except TABLE_REFUSED as exc:
             cur.execute("ROLLBACK TO SAVEPOINT cdc_transaction")
             return " ".join(str(exc).split())
@@ -213,6 +247,10 @@ class ChangeWriter:
         for topic, partition, offset, key, raw, op, why in cur.fetchall():
             reject({"topic": topic, "partition": partition, "offset": offset, "key": key, "value": raw},
                    f"{reason}{f' (this event: {why})' if op == 'x' else ''}")
+
+
+def _span(txids: list[int]) -> str:
+    return str(txids[0]) if len(txids) == 1 else f"{txids[0]}..{txids[-1]} ({len(txids)})"
 
 
 def _place(value: Any) -> tuple[int, int, int] | None:
