@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from tidemark import catalog, ledger
 from tidemark.cdc.changes import lsn_text
-from tidemark.cdc.source import slot_named
+from tidemark.cdc.source import Slot
 from tidemark.stage import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec
 from tidemark.window import read_source_clock
@@ -67,9 +67,8 @@ def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
         datetime.fromtimestamp(source_ms / 1000, timezone.utc) if source_ms is not None else None, spec.cdc_slot)
 
 
-def with_slot(capture: CaptureStatus, src, spec: PipelineSpec) -> CaptureStatus:
-    """The capture with its slot as the source shows it (the WAL the slot keeps there)."""
-    held = slot_named(src, spec.cdc_slot)
+def with_slot(capture: CaptureStatus, held: Slot | None) -> CaptureStatus:
+    """The capture with its slot as the source shows it (the WAL the slot keeps there; None: no slot)."""
     if held is None:
         return replace(capture, slot_found=False)
     return replace(capture, slot_found=True, slot_active=held.active, wal_status=held.wal_status,

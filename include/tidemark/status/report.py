@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from tidemark import ledger
+from tidemark.cdc.source import Slot, slot_named
 from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
-from tidemark.status.model import FAILURE_WINDOW, CaptureStatus, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
+from tidemark.status.model import FAILURE_WINDOW, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
 from tidemark.status.queries import with_slot, orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
 from tidemark.status.health import Probe, pg_address, probe_broker, remember_health
 from tidemark.status.holds import hold_text, pipeline_holds
+
 
 def collect(
     entries: Iterable[PipelineEntry],
@@ -129,7 +131,7 @@ def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger],
     sources: dict[str, SourceStatus] = {}
     lags: dict[str, Lag | None] = {}
     probes: list[Probe] = []
-    slots: dict[str, Callable[[CaptureStatus], CaptureStatus]] = {}  # a CDC pipeline's slot, as its source shows it
+    slots: dict[str, Slot | None | str] = {}  # a CDC pipeline's slot as its source shows it (str: why unread)
     for conn_id in conn_ids:
         try:
             conn = open_source(conn_id)
@@ -148,7 +150,10 @@ def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger],
                     except Exception as exc:  # e.g. the source table is missing: this row only
                         lags[spec.name] = Lag(error=error_text(exc))
                     if spec.cdc is not None:
-                        slots[spec.name] = _slot_reader(src, spec)
+                        try:
+                            slots[spec.name] = slot_named(src, spec.cdc_slot)
+                        except Exception as exc:  # the slot is this row's news only
+                            slots[spec.name] = error_text(exc)
         except Exception as exc:
             sources[conn_id] = SourceStatus(conn_id, error=error_text(exc))
             if isinstance(exc, psycopg2.OperationalError):
@@ -159,16 +164,6 @@ def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger],
     return sources, lags, probes, slots
 
 
-def _slot_reader(src, spec):
-    try:
-        found = with_slot(CaptureStatus(), src, spec)
-    except Exception as exc:  # the slot is this row's news only
-        error = error_text(exc)
-        return lambda capture: dataclasses.replace(capture, source_error=error)
-    return lambda capture: dataclasses.replace(capture, slot_found=found.slot_found, slot_active=found.slot_active,
-                                               wal_status=found.wal_status, retained_bytes=found.retained_bytes)
-
-
 def _with_capture(t: StreamStatus, slots, sources, specs) -> StreamStatus:
     """A CDC pipeline's stream line with its slot read from its source (or why it could not be)."""
     if t.capture is None:
@@ -176,7 +171,9 @@ def _with_capture(t: StreamStatus, slots, sources, specs) -> StreamStatus:
     spec = next((s for s in specs if s.name == t.pipeline), None)
     source = sources.get(spec.source_conn_id) if spec is not None else None
     if t.pipeline in slots:
-        return dataclasses.replace(t, capture=slots[t.pipeline](t.capture))
+        held = slots[t.pipeline]
+        return dataclasses.replace(t, capture=dataclasses.replace(t.capture, source_error=held) if isinstance(held, str)
+                                   else with_slot(t.capture, held))
     if source is not None and source.error:
         return dataclasses.replace(t, capture=dataclasses.replace(t.capture, source_error=source.error))
     return t
