@@ -164,12 +164,12 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         # only the refused one is a dead letter, whole, and nothing of it is applied
         launcher.stop(spec.name, grace_s=5)
         with wh, wh.cursor() as cur:
-            cur.execute(f"ALTER TABLE {live} ADD CONSTRAINT it_refuses CHECK (amount <> 13.13)")
+            cur.execute(f"ALTER TABLE {live} ADD CONSTRAINT it_refuses CHECK (amount <> 4242.42)")
         changes, boundaries = (end_offsets(settings.kafka_bootstrap, t)[0]
                                for t in (spec.cdc_topic, spec.cdc_transaction_topic))
         _source(pipe, "INSERT INTO {table} (id, amount) VALUES (7001, 1.00)")
         _source(pipe, "INSERT INTO {table} (id, amount) VALUES (7002, 2.00)",
-                "UPDATE {table} SET amount = 13.13, updated_at = now() WHERE id = 1")
+                "UPDATE {table} SET amount = 4242.42, updated_at = now() WHERE id = 1")
         _source(pipe, "INSERT INTO {table} (id, amount) VALUES (7003, 3.00)")
         until("their 4 changes and 3 BEGIN and END pairs on the topics", lambda: end_offsets(
             settings.kafka_bootstrap, spec.cdc_topic)[0] >= changes + 4 and end_offsets(
