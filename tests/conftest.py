@@ -3,12 +3,12 @@
 Every test under tests/stack is marked ``stack``: it talks to the real local stack that `make test`
 starts. The rest needs none: `make unit` runs it (``-m "not stack"``) without starting anything.
 
-`make test` runs the suite in two phases. First in parallel lanes (pytest-xdist, ``--dist
-loadfile``): each file is one unit of work, so a module's fixtures are built once, and the files
-that start Airflow's services on the stack's ports (``AIRFLOW_FILES``) are one unit together, one
-after another. Then, alone, the tests marked ``serial``: they stop or kill a component every lane
-uses, hold a source transaction (which holds back every pipeline's window on that database), or
-watch every session of a role.
+`make test` runs the suite in two phases. First in ``LANES`` lanes (pytest-xdist, ``--dist loadfile``;
+one lane until each has its own source database, docs/local-stack.md): each file is one unit of
+work, so a module's fixtures are built once, and the files that start Airflow's services on the
+stack's ports (``AIRFLOW_FILES``) are one unit together, one after another. Then, alone, the tests
+marked ``serial``: they stop or kill a component every lane uses, hold a source transaction (which
+holds back every pipeline's window on that database), or watch every session of a role.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 
 from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
 
-PARSE_TIMES = pytest.StashKey[dict]()
+PARSE_SECONDS = "dag_parse_seconds"  # tests/test_dag_integrity.py records (file, seconds) per DAG file
+PARSE_TIMES: dict[str, float] = {}  # ... and pytest_terminal_summary reports them
 STACK_DIR = Path(__file__).resolve().parent / "stack"
 STACK_FIXTURES = {"bootstrap", "source_conn", "warehouse_conn", "topic"}  # below: each connects to the stack
 
@@ -40,6 +41,7 @@ def lane_unit(nodeid: str) -> str:
     return "airflow" if Path(path).name in AIRFLOW_FILES else path
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: `-p no:xdist` still runs
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
@@ -65,11 +67,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(Path(lane_unit(item.nodeid)).name, len(rank)))  # stable otherwise
 
 
+def pytest_runtest_logreport(report):
+    # under xdist this runs in the controller too: a report's user_properties travel with it from the worker
+    for name, value in report.user_properties:
+        if name == PARSE_SECONDS and report.when == "call":
+            PARSE_TIMES[value[0]] = value[1]
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    times = config.stash.get(PARSE_TIMES, None)
-    if times:
+    if PARSE_TIMES:
         terminalreporter.section("DAG parse time per file")
-        for name, seconds in sorted(times.items()):
+        for name, seconds in sorted(PARSE_TIMES.items()):
             terminalreporter.write_line(f"{name:<40} {seconds:6.2f}s")
 
 

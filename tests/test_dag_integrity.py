@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tidemark_workshop.settings import REPO_ROOT
-from conftest import PARSE_TIMES
+from conftest import PARSE_SECONDS
 
 DAGS_DIR = REPO_ROOT / "dags"
 DAG_FILES = sorted(p for p in DAGS_DIR.glob("*.py") if not p.name.startswith("_"))
@@ -33,14 +33,12 @@ def _dagbag(path: Path):
 
 
 @pytest.fixture(scope="module")
-def parsed(request) -> dict[Path, tuple[object, float]]:
+def parsed() -> dict[Path, tuple[object, float]]:
     out = {}
     for path in DAG_FILES:
         t0 = time.perf_counter()
         bag = _dagbag(path)
         out[path] = (bag, time.perf_counter() - t0)
-    # reported at the end of the run by conftest.pytest_terminal_summary
-    request.config.stash[PARSE_TIMES] = {p.name: seconds for p, (_, seconds) in out.items()}
     return out
 
 
@@ -49,8 +47,9 @@ def test_there_are_dags():
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
-def test_imports_without_errors(parsed, path):
-    bag, _ = parsed[path]
+def test_imports_without_errors(parsed, path, record_property):
+    bag, seconds = parsed[path]
+    record_property(PARSE_SECONDS, (path.name, seconds))  # reported at the end of the run (conftest)
     assert bag.import_errors == {}, f"{path.name}: {bag.import_errors}"
     assert bag.dags or path.name in DAGLESS, f"{path.name} defines no DAG"
 
