@@ -158,8 +158,8 @@ class ChangeWriter:
             log.info("pipeline=%s %s redelivered change(s) of source transactions already applied (position %s) "
                      "skipped", self.spec.name, again, lsn_text(applied))
         self._apply_ready(cur, ready, fence, micro_batch, report, reject)
-        moved = [lsn for txid, lsn, *_ in txs[:len(resolved)] if lsn > applied]
-        if moved:  # the position moves past every resolved transaction, applied or dead-lettered: never twice
+        last_txid, last_lsn, *_ = txs[len(resolved) - 1] if resolved else (None, applied)
+        if last_lsn > applied:  # past every resolved transaction, applied or dead-lettered: never twice
             cur.execute("""INSERT INTO tidemark_control.cdc_positions (consumer, commit_lsn, txid, source_ms)
                            VALUES (%s, %s, %s, (SELECT max(source_ms) FROM tidemark_control.cdc_pending
                                                  WHERE consumer = %s AND txid = ANY(%s)))
@@ -167,7 +167,7 @@ class ChangeWriter:
                                txid = EXCLUDED.txid,
                                source_ms = coalesce(EXCLUDED.source_ms, cdc_positions.source_ms),
                                applied_at = clock_timestamp()""",
-                        (self.consumer, moved[-1], txs[len(resolved) - 1][0], self.consumer, resolved))
+                        (self.consumer, last_lsn, last_txid, self.consumer, resolved))
         if resolved:
             cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s)",
                         (self.consumer, resolved))
