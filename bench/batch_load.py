@@ -45,7 +45,7 @@ import psycopg2
 
 from tidemark_workshop import bank
 from tidemark.kafka_io import delete_topic, ensure_topic
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import WAREHOUSE_DB, Settings
 from tidemark.catalog import ensure_target
 from tidemark.spec import PipelineSpec, load_spec, quote
 from tidemark_workshop.stack.batchrun import Pipeline
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     memory_rows = [int(n) for n in args.memory_rows.split(",") if n.strip()]
 
     settings = Settings.from_env()
-    src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    src, wh = psycopg2.connect(settings.dsn(settings.source_db)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     pipe = _pipeline(settings, args.partitions, "tidemark", args.record_format, sink)
     standing = _pipeline(settings, args.partitions, "standing", args.record_format, sink)
     # The same batch again with one core per Spark job: does the work spread over the two?
@@ -286,7 +286,7 @@ def _empty_target(src, wh, contender: str) -> str:
 
 def _copy_pipe(settings: Settings, target: str, where: str) -> float:
     """Seconds for COPY TO STDOUT on the source piped into COPY FROM STDIN on the warehouse."""
-    reader = psycopg2.connect(settings.dsn(SOURCE_DB))
+    reader = psycopg2.connect(settings.dsn(settings.source_db))
     writer = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     read_fd, write_fd = os.pipe()
     failed: list[BaseException] = []
@@ -319,7 +319,7 @@ def _copy_pipe(settings: Settings, target: str, where: str) -> float:
 
 def _spark_jdbc(settings: Settings, target: str, where: str) -> dict:
     job = submit(settings, BENCH / "naive_jdbc_copy.py", [
-        *settings.database_args(SOURCE_DB),
+        *settings.database_args(settings.source_db),
         "--query", f"SELECT * FROM {bank.SCHEMA}.ledger_entries WHERE {where}",
         "--target-database", settings.database_args(WAREHOUSE_DB)[1], "--target-table", target,
     ], secret=settings.pg_password, timeout_s=3600)

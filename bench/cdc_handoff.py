@@ -49,7 +49,7 @@ from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
-from tidemark_workshop.settings import SOURCE_DB, Settings
+from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import Pipeline, until
 from tidemark_workshop.stack.cdcrun import SourceWriters, grant, make_cdc_pipeline, remove_capture, write_secret
 from tidemark_workshop.stack.spark import submit_command
@@ -101,7 +101,7 @@ def _peer_spec(pipe: Pipeline, tmp: Path):
 
 
 def _endpoint(settings: Settings) -> SourceEndpoint:
-    return SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user, write_secret(settings),
+    return SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user, write_secret(settings),
                           str(settings.connect_secrets_dir))
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark_workshop.settings import SOURCE_DB, Settings
+from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import make_pipeline
 
 DDL = "CREATE TABLE {table} (id bigserial PRIMARY KEY, amount numeric(18,2) NOT NULL)"
@@ -31,7 +31,7 @@ DDL = "CREATE TABLE {table} (id bigserial PRIMARY KEY, amount numeric(18,2) NOT 
 def slow_writer(settings: Settings, table: str, seed: int, stop: threading.Event, held: list[float]) -> None:
     rng = random.Random(seed)
     while not stop.is_set():
-        conn = psycopg2.connect(settings.dsn(SOURCE_DB), application_name=f"campaign-slow-{seed}")
+        conn = psycopg2.connect(settings.dsn(settings.source_db), application_name=f"campaign-slow-{seed}")
         try:
             with conn, conn.cursor() as cur:
                 cur.execute(f"INSERT INTO {table} (amount) SELECT round((random() * 1000)::numeric, 2) "
@@ -44,7 +44,7 @@ def slow_writer(settings: Settings, table: str, seed: int, stop: threading.Event
 
 
 def fast_writer(settings: Settings, table: str, stop: threading.Event) -> None:
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB), application_name="campaign-fast")
+    conn = psycopg2.connect(settings.dsn(settings.source_db), application_name="campaign-fast")
     try:
         while not stop.is_set():
             with conn, conn.cursor() as cur:

@@ -36,7 +36,7 @@ import psycopg2
 from tidemark import reconcile
 from tidemark.spec import load_spec
 from tidemark.window import Bound, Window
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import WAREHOUSE_DB, Settings
 
 DDL = """CREATE UNLOGGED TABLE {table} (
     entry_id bigint PRIMARY KEY, txn_id uuid NOT NULL, account_id bigint NOT NULL, business_date date NOT NULL,
@@ -66,7 +66,7 @@ def main() -> int:
                       "double_entry": {"journal": "txn_id", "amount": "amount", "currency": "currency"}}}))
     spec = load_spec(folder / f"{name}.yaml")
     window = Window(Bound(datetime(2026, 10, 1, tzinfo=timezone.utc)), Bound(datetime(2026, 12, 1, tzinfo=timezone.utc)))
-    src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    src, wh = psycopg2.connect(settings.dsn(settings.source_db)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     beside = psycopg2.connect(settings.dsn(WAREHOUSE_DB))  # invariants beside the passes, as the DAG runs them
     for conn in (src, wh):
         conn.autocommit = True

@@ -33,7 +33,7 @@ from tidemark.kafka_io import ensure_topic, produce_waiting, producer_config  # 
 from tidemark.ledger import consumer_for  # noqa: E402
 from tidemark.window import predicate  # noqa: E402
 from tidemark_workshop import bank  # noqa: E402
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings  # noqa: E402
+from tidemark_workshop.settings import WAREHOUSE_DB, Settings  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sink = {"max_offsets_per_trigger": args.max_offsets_per_trigger} if args.max_offsets_per_trigger else {}
     settings = Settings.from_env()
-    src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    src, wh = psycopg2.connect(settings.dsn(settings.source_db)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     good = bench._pipeline(settings, 3, "tidemark", "avro", sink)
     flood = bench._pipeline(settings, 3, "standing", "avro", sink)
     try:

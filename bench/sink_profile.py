@@ -54,13 +54,13 @@ def _profile(args) -> int:
     from tidemark.sink import stage_table
     from tidemark.spec import quote
     from tidemark_workshop import bank
-    from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+    from tidemark_workshop.settings import WAREHOUSE_DB, Settings
     from tidemark_workshop.stack.spark import submit_command
 
     settings = Settings.from_env()
     if args.master:
         settings = replace(settings, spark_master=args.master)
-    src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    src, wh = psycopg2.connect(settings.dsn(settings.source_db)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     pipe = bench._pipeline(settings, 3, "tidemark", "avro", {})
     try:
         bench._reset(src, wh)

@@ -4,7 +4,7 @@ Every test under tests/stack is marked ``stack``: it talks to the real local sta
 starts. The rest needs none: `make unit` runs it (``-m "not stack"``) without starting anything.
 
 `make test` runs the suite in two phases. First in ``LANES`` lanes (pytest-xdist, ``--dist loadfile``;
-one lane until each has its own source database, docs/local-stack.md): each file is one unit of
+each lane reads and writes its own source database, ``tidemark_source_gw0``, ...): each file is one unit of
 work, so a module's fixtures are built once, and the files that start Airflow's services on the
 stack's ports (``AIRFLOW_FILES``) are one unit together, one after another. Then, alone, the tests
 marked ``serial``: they stop or kill a component every lane uses, hold a source transaction (which
@@ -13,6 +13,7 @@ holds back every pipeline's window on that database), or watch every session of 
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def pytest_xdist_make_scheduler(config, log):
             return lane_unit(nodeid)
 
     return Lanes(config, log)
+
+
+def pytest_configure(config):
+    """A lane (an xdist worker) gets its own source database, so a transaction a test leaves open in one
+    lane cannot hold back the windows of another (the plan's clamp is per database). Set before any
+    Settings is made: the lane's Airflow connections and every process it starts follow."""
+    lane = os.environ.get("PYTEST_XDIST_WORKER")
+    if lane:
+        os.environ["TIDEMARK_SOURCE_DB"] = f"{SOURCE_DB}_{lane}"
+        if "AIRFLOW_CONN_TIDEMARK_SOURCE" in os.environ:  # the stack's environment (`stack run`): follow it
+            os.environ.update(Settings.from_env().airflow_connections())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -94,9 +106,27 @@ def bootstrap(settings: Settings) -> str:
     return settings.kafka_bootstrap
 
 
+@pytest.fixture(scope="session", autouse=True)
+def source_database(request, settings: Settings) -> str | None:
+    """The source database, created with the reader's and the replication role's grants when missing
+    (a lane's own, the first time), as `make up` does for the default; kept between runs like it.
+    First of all fixtures (session scope, autouse), and only when stack tests run."""
+    if not any(item.get_closest_marker("stack") for item in request.session.items):
+        return None
+    import fcntl
+
+    from tidemark_workshop.stack.postgres import Postgres
+
+    # one lane at a time: the roles are the cluster's, and the stack's advisory lock is per database
+    with open(settings.state_dir / "source-databases.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        Postgres(settings).create_databases()
+    return settings.source_db
+
+
 @pytest.fixture
 def source_conn(settings: Settings):
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    conn = psycopg2.connect(settings.dsn(settings.source_db))
     yield conn
     conn.close()
 

@@ -56,7 +56,7 @@ def environments(compose) -> dict[str, dict[str, str]]:
 @pytest.fixture
 def local(monkeypatch) -> Settings:
     """The local stack's settings with its defaults (no TIDEMARK_* override from this shell)."""
-    for var in ("TIDEMARK_PG_USER", "TIDEMARK_SOURCE_USER", "TIDEMARK_SPARK_MASTER"):
+    for var in ("TIDEMARK_PG_USER", "TIDEMARK_SOURCE_USER", "TIDEMARK_SOURCE_DB", "TIDEMARK_SPARK_MASTER"):
         monkeypatch.delenv(var, raising=False)
     return Settings.from_env()
 

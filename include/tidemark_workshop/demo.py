@@ -162,7 +162,7 @@ def _prove(settings: Settings) -> list[str]:
     import psycopg2
 
     from tidemark.ledger import committed_watermark
-    from tidemark_workshop.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
+    from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
     def keyed(conn, spec, table):
@@ -172,7 +172,7 @@ def _prove(settings: Settings) -> list[str]:
             return {tuple(r[:-1]): r[-1] for r in cur.fetchall()}
 
     lines = []
-    src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    src, wh = psycopg2.connect(settings.dsn(settings.source_db)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
         for name in PIPELINES:
             spec = load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml")
@@ -205,13 +205,13 @@ def _start_afresh(settings: Settings) -> None:
     from tidemark_workshop import bank
     from tidemark.kafka_io import delete_topic
     from tidemark.ledger import ensure_control_schema, forget_pipeline
-    from tidemark_workshop.settings import REPO_ROOT, SOURCE_DB, WAREHOUSE_DB
+    from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
     from tidemark_workshop.stack.__main__ import stop_streams
 
     stop_streams(settings)  # a standing sink of an earlier demo would apply into what is dropped now
-    src = psycopg2.connect(settings.dsn(SOURCE_DB))
+    src = psycopg2.connect(settings.dsn(settings.source_db))
     wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
         bank.reset(src)
@@ -291,7 +291,7 @@ def _events(settings: Settings, api, published: int) -> bool:
     from tidemark.kafka_io import producer_config
     from tidemark.spec import DEAD_LETTER_TOPIC
     from tidemark_workshop import bank
-    from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+    from tidemark_workshop.settings import WAREHOUSE_DB
     from tidemark_workshop.stack.batchrun import dead_letters
 
     columns = "entry_id, txn_id, account_id, business_date, amount, currency, side, created_at"
@@ -308,7 +308,7 @@ def _events(settings: Settings, api, published: int) -> bool:
     def rows(db: str, table: str) -> dict:
         return {r[0]: r for r in query(db, f"SELECT {columns} FROM {table}")}
 
-    source = rows(SOURCE_DB, "bank.ledger_entries")
+    source = rows(settings.source_db, "bank.ledger_entries")
     print(f"\nreal-time path: {published} payment events published to {bank.EVENTS_TOPIC} while the writers ran")
     try:
         api.wait_for("serving.ledger_entries to equal the source",
@@ -328,7 +328,7 @@ def _events(settings: Settings, api, published: int) -> bool:
     print(f"  freshness: the events are complete up to {stream_mark.isoformat() if stream_mark else '-'}, the view "
           f"up to {complete.isoformat() if complete else '-'}")
     bad = b'{"entry_id": 1, "amount": "12.50"'  # cut short: not JSON
-    src = psycopg2.connect(settings.dsn(SOURCE_DB))
+    src = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with src, src.cursor() as cur:  # then a good event: the newest entry's, under a new entry id
             key, value = bank.entry_events(cur, [max(source)])[0]
@@ -356,10 +356,9 @@ def main() -> int:
     import psycopg2
 
     from tidemark_workshop import bank
-    from tidemark_workshop.settings import SOURCE_DB
 
     settings = Settings.from_env()
-    dsn = settings.dsn(SOURCE_DB)
+    dsn = settings.dsn(settings.source_db)
     _start_afresh(settings)
     conn = psycopg2.connect(dsn)
     seeded = bank.seed(conn)

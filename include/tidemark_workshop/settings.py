@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +25,11 @@ from tidemark.control import CONTROL_KEYS_ENV, Keyring
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: the stack's scripts, poms and state
 
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
-SOURCE_DB = "tidemark_source"
+SOURCE_DB = "tidemark_source"  # the default; Settings.source_db is the one in use (make test gives each lane its own)
 WAREHOUSE_DB = "tidemark_warehouse"
 AIRFLOW_DB = "airflow"
-DATABASES = (SOURCE_DB, WAREHOUSE_DB, AIRFLOW_DB)
+DATABASES = (SOURCE_DB, WAREHOUSE_DB, AIRFLOW_DB)  # as docker/postgres-init.sql creates them
+DATABASE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 def _env(name: str, default: str) -> str:
@@ -40,6 +42,14 @@ def _port(name: str, default: int) -> int:
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         raise ValueError(f"environment variable {name}={raw!r} is not a TCP port")
     return int(raw)
+
+
+def _database(name: str, default: str) -> str:
+    raw = _env(name, default)
+    if not DATABASE_NAME.fullmatch(raw):
+        raise ValueError(f"environment variable {name}={raw!r} is not a database name: "
+                         "lower-case letters, digits and _, at most 63, not starting with a digit")
+    return raw
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ class Settings:
     cdc_user: str = "tidemark_cdc"  # the replication role Debezium reads the source's WAL as
     cdc_password: str = "tidemark-cdc-local"
     spark_quick_start: bool = True  # local jobs' JVMs: C1 only and a class archive (they start twice as fast)
+    source_db: str = SOURCE_DB  # the source database: pipelines read it, CDC captures it
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -81,6 +92,7 @@ class Settings:
             cdc_user=_env("TIDEMARK_CDC_USER", "tidemark_cdc"),
             cdc_password=_env("TIDEMARK_CDC_PASSWORD", "tidemark-cdc-local"),
             spark_quick_start=_env("TIDEMARK_SPARK_QUICK_START", "1") != "0",
+            source_db=_database("TIDEMARK_SOURCE_DB", SOURCE_DB),
         )
 
     # --- paths -------------------------------------------------------------------------
@@ -183,7 +195,7 @@ class Settings:
 
         return {
             # Pipelines read the source as a role that can only read (least privilege).
-            "AIRFLOW_CONN_TIDEMARK_SOURCE": pg(SOURCE_DB, self.source_user, self.source_password),
+            "AIRFLOW_CONN_TIDEMARK_SOURCE": pg(self.source_db, self.source_user, self.source_password),
             "AIRFLOW_CONN_TIDEMARK_WAREHOUSE": pg(WAREHOUSE_DB, self.pg_user, self.pg_password),
             "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps(
                 {"conn_type": "kafka", "extra": {"bootstrap.servers": self.kafka_bootstrap}}
@@ -192,7 +204,7 @@ class Settings:
                 {"conn_type": "spark", "host": self.spark_master}
             ),
             # Debezium logs in as the replication role (REPLICATION, SELECT on the captured tables)
-            "AIRFLOW_CONN_TIDEMARK_CDC": pg(SOURCE_DB, self.cdc_user, self.cdc_password),
+            "AIRFLOW_CONN_TIDEMARK_CDC": pg(self.source_db, self.cdc_user, self.cdc_password),
             # Kafka Connect's REST API; its worker reads the connectors' secrets from secrets_dir
             "AIRFLOW_CONN_TIDEMARK_CONNECT": json.dumps(
                 {"conn_type": "http", "host": "127.0.0.1", "port": self.connect_port, "schema": "http",

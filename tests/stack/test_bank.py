@@ -15,7 +15,6 @@ import psycopg2
 import pytest
 
 from tidemark_workshop import bank
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark.window import read_source_clock
 
 pytestmark = [pytest.mark.stack, pytest.mark.serial("holds a source transaction open")]
@@ -26,7 +25,7 @@ BULK_DAY = date(2001, 2, 3)  # no other writer posts to this business date
 @pytest.fixture(scope="module", autouse=True)
 def fresh_bank(settings):
     """Schema ``bank`` from nothing, so no test depends on another having run (or not)."""
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    conn = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         bank.reset(conn)
         assert bank.seed(conn, customers=50, accounts_per_customer=2, seed=0) == {"customers": 50, "accounts": 100}
@@ -36,7 +35,7 @@ def fresh_bank(settings):
 
 @pytest.fixture
 def dsn(settings) -> str:
-    return settings.dsn(SOURCE_DB)
+    return settings.dsn(settings.source_db)
 
 
 def _one(conn, sql: str, params=None):

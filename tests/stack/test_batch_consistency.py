@@ -13,7 +13,6 @@ import time
 import psycopg2
 import pytest
 
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 
 pytestmark = pytest.mark.serial("holds a source transaction across a batch boundary")
@@ -83,7 +82,7 @@ def naive_pull(conn, table: str, last):
 def test_late_commits_and_shared_timestamps_lose_nothing(settings, tmp_path):
     pipe = make_pipeline(settings, tmp_path, DDL)
     table = pipe.source_table
-    dsn = settings.dsn(SOURCE_DB)
+    dsn = settings.dsn(settings.source_db)
     src = psycopg2.connect(dsn)
     with src, src.cursor() as cur:
         cur.execute(f"INSERT INTO {table} (id, amount, note) SELECT g, g * 1.01, 'seed' FROM generate_series(1, 2000) g")

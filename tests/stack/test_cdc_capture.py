@@ -19,7 +19,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tidemark.cdc.connector import connector_name
 from tidemark.cdc.source import CaptureNotReady, check_capture
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, read_slot, remove_capture, start_connector
 
 
@@ -52,7 +51,7 @@ def captured(settings, tmp_path, bootstrap):
 def _as(settings, user: str, password: str):
     import dataclasses
 
-    return psycopg2.connect(dataclasses.replace(settings, pg_user=user, pg_password=password).dsn(SOURCE_DB))
+    return psycopg2.connect(dataclasses.replace(settings, pg_user=user, pg_password=password).dsn(settings.source_db))
 
 
 def test_debezium_captures_inserts_updates_and_deletes_with_their_source_transactions(settings, captured, bootstrap):

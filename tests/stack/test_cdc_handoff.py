@@ -13,7 +13,6 @@ import pytest
 
 from tidemark.cdc.handoff import HandoffError, exported_snapshot, import_snapshot, snapshot_init
 from tidemark.cdc.source import slot_named
-from tidemark_workshop.settings import SOURCE_DB
 
 pytestmark = pytest.mark.stack
 
@@ -28,7 +27,7 @@ def table(settings):
     """A source table with rows 1..100, its publication, and the read grants of both roles; the
     slot and publication of the test dropped afterwards."""
     name = f"handoff_{uuid.uuid4().hex[:8]}"
-    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
+    owner = psycopg2.connect(settings.dsn(settings.source_db))
     owner.autocommit = True
     with owner.cursor() as cur:
         cur.execute(f"CREATE TABLE public.{name} (id int PRIMARY KEY, v text NOT NULL)")

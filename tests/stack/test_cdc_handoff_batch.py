@@ -32,7 +32,6 @@ from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import until
 from tidemark_workshop.stack.cdcrun import (SourceWriters, grant, make_cdc_pipeline, read_slot, remove_capture,
                                             write_secret)
@@ -46,13 +45,13 @@ def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_write
     spec = pipe.spec
     launcher = LocalLauncher(tmp_path / "streams")
     client = ConnectClient(settings.connect_url)
-    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user, write_secret(settings),
+    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user, write_secret(settings),
                               str(settings.connect_secrets_dir))
     policy = Policy(trigger_interval=timedelta(seconds=1), restart_budget=2)
     wh = pipe.wh()
 
     def capture_cycle() -> tuple[str, str | None]:
-        source = psycopg2.connect(settings.dsn(SOURCE_DB))
+        source = psycopg2.connect(settings.dsn(settings.source_db))
         try:
             return supervise_capture(spec, wh, source, client, endpoint, policy, datetime.now(timezone.utc))
         finally:

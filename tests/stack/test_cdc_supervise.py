@@ -23,7 +23,6 @@ from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables
 from tidemark.config import CONN_CDC
 from tidemark.streams.policy import Policy
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import until
 from tidemark_workshop.stack.cdcrun import drop_slot, grant, make_cdc_pipeline, remove_capture, write_secret
 
@@ -37,12 +36,12 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
     pipe = pipe.with_fields(cdc={**json.loads(pipe.path.read_text())["cdc"], "retained_wal_warning": "64KiB",
                                  "retained_wal_limit": "2MiB"})
     spec, client, name = pipe.spec, ConnectClient(settings.connect_url), connector_name(pipe.spec)
-    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user, write_secret(settings),
+    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user, write_secret(settings),
                               str(settings.connect_secrets_dir))
     wh = pipe.wh()
 
     def cycle() -> tuple[str, str | None]:
-        source = psycopg2.connect(settings.dsn(SOURCE_DB))
+        source = psycopg2.connect(settings.dsn(settings.source_db))
         try:
             return supervise_capture(spec, wh, source, client, endpoint, POLICY, datetime.now(timezone.utc))
         finally:

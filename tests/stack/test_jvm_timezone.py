@@ -19,7 +19,6 @@ import psycopg2
 import pytest
 
 from tidemark.spark import jobs
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark_workshop.stack.spark import submit
 
@@ -47,13 +46,13 @@ NAIVE = {
 def _reader_sessions(settings, since: float) -> list[tuple]:
     """The source reader role's sessions that started at or after ``since`` (epoch s): pid,
     application, state, transaction start, query."""
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    conn = psycopg2.connect(settings.dsn(settings.source_db))
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT pid, application_name, state, xact_start, left(query, 120) FROM pg_stat_activity "
                         "WHERE usename = %s AND datname = %s AND backend_start >= to_timestamp(%s) "
-                        "AND pid <> pg_backend_pid()", (settings.source_user, SOURCE_DB, since))
+                        "AND pid <> pg_backend_pid()", (settings.source_user, settings.source_db, since))
             return cur.fetchall()
     finally:
         conn.close()
@@ -96,7 +95,7 @@ def test_naive_timestamps_survive_a_worker_in_berlin_and_the_extract_ends_its_so
     attempt = pipe.begin(plan)
     report_path = tmp_path / "extract.report.json"
     # as the DAG runs it: the source read as the least-privilege reader role
-    args = [*settings.database_args(SOURCE_DB, settings.source_user),
+    args = [*settings.database_args(settings.source_db, settings.source_user),
             *jobs.extract_args(pipe.path, plan.batch_id, attempt, plan.window, settings.kafka_bootstrap, report_path)]
     started = time.time() - 1  # backend_start and this clock may differ by a rounding
     with Watch(settings, started) as watch:

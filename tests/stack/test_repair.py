@@ -12,7 +12,6 @@ import pytest
 
 from tidemark import reconcile, repair
 from tidemark.spark import jobs
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 
 RECONCILE = {"control_totals": [{"columns": ["amount"], "group_by": ["currency"]}]}
@@ -114,7 +113,7 @@ def test_a_full_reconciliation_repairs_a_row_no_incremental_pull_can_see(setting
     report = tmp_path / "tampered-report.json"
     s = settings
     proc = pipe._submit(jobs.EXTRACT_JOB, [
-        *s.database_args(SOURCE_DB),
+        *s.database_args(s.source_db),
         *jobs.extract_args(pipe.path, tampered.batch_id, attempt, tampered.window, s.kafka_bootstrap, report,
                            repair_keys=doc)])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,7 +9,7 @@ import psycopg2
 import pytest
 
 from tidemark import batch
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.window import PlanError
 
@@ -51,7 +51,7 @@ def test_a_revoked_select_fails_the_plan_naming_the_table_and_the_grant(settings
     finally:
         source.close()
         warehouse.close()
-    src = psycopg2.connect(settings.dsn(SOURCE_DB))
+    src = psycopg2.connect(settings.dsn(settings.source_db))
     with src, src.cursor() as cur:
         cur.execute(f"GRANT SELECT ON {pipe.spec.table} TO {reader}")
     src.close()
@@ -95,7 +95,7 @@ def test_first_runs_creating_one_schema_and_table_at_once_take_turns(settings, t
             start = threading.Barrier(3)
 
             def first_run(spec=spec, start=start):
-                src, wh = psycopg2.connect(settings.dsn(SOURCE_DB)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+                src, wh = psycopg2.connect(settings.dsn(settings.source_db)), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
                 try:
                     with src, src.cursor() as s, wh, wh.cursor() as w:
                         start.wait()

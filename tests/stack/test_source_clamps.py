@@ -13,7 +13,6 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark_workshop.settings import SOURCE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.window import PlanError
 
@@ -43,7 +42,7 @@ def test_a_prepared_transaction_holds_the_window_until_it_commits(settings, tmp_
     src = pipe.src()
     with src, src.cursor() as cur:
         cur.execute(f"INSERT INTO {pipe.source_table} (id, amount) VALUES (1, 1.00)")
-    writer = psycopg2.connect(settings.dsn(SOURCE_DB))
+    writer = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with writer.cursor() as cur:
             cur.execute(f"INSERT INTO {pipe.source_table} (id, amount) VALUES (2, 2.00)")  # stamped now ...
@@ -75,7 +74,7 @@ def test_an_id_taken_by_an_open_transaction_is_never_passed(settings, tmp_path, 
         cur.execute(f"INSERT INTO {pipe.source_table} (amount) SELECT g FROM generate_series(1, 10) g")
     first, _ = pipe.run("run-1")  # ids 1..10, and the ledger keeps what it saw
     assert first.window.hi.cursor == 10
-    slow = psycopg2.connect(settings.dsn(SOURCE_DB))
+    slow = psycopg2.connect(settings.dsn(settings.source_db))
     slow.set_session(autocommit=False)
     try:
         with slow.cursor() as cur:
@@ -99,7 +98,7 @@ def test_an_id_taken_by_an_open_transaction_is_never_passed(settings, tmp_path, 
 
 def test_an_idle_session_in_a_transaction_is_named_and_fails_the_plan_past_max_hold(settings, tmp_path, caplog):
     pipe = make_pipeline(settings, tmp_path, DDL, max_hold="PT2S")
-    idle = psycopg2.connect(settings.dsn(SOURCE_DB), application_name="teller-42")
+    idle = psycopg2.connect(settings.dsn(settings.source_db), application_name="teller-42")
     try:
         with idle.cursor() as cur:
             cur.execute("SELECT 1")  # opens a transaction and leaves it idle

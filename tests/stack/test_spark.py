@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 
 from tidemark import smoke
 from tidemark.kafka_io import end_offsets, producer_config, read_committed
-from tidemark_workshop.settings import REPO_ROOT, SOURCE_DB
+from tidemark_workshop.settings import REPO_ROOT
 
 pytestmark = pytest.mark.stack
 
@@ -20,7 +20,7 @@ def _submit(settings, topic: str) -> subprocess.CompletedProcess:
     from tidemark_workshop.stack.spark import submit
 
     return submit(settings, JOB.name, [
-        *settings.database_args(SOURCE_DB), "--table", smoke.TABLE, "--key", "id",
+        *settings.database_args(settings.source_db), "--table", smoke.TABLE, "--key", "id",
         "--topic", topic, "--bootstrap", settings.kafka_bootstrap,
     ], secret=settings.pg_password)
 
@@ -44,7 +44,7 @@ def spark_round_trip(settings, bootstrap, source_conn_module):
 def source_conn_module(settings):
     import psycopg2
 
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    conn = psycopg2.connect(settings.dsn(settings.source_db))
     yield conn
     conn.close()
 

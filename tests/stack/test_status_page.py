@@ -16,7 +16,7 @@ import psycopg2
 import pytest
 
 from tidemark.ledger import consumer_for
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark.sink import stage_table
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.status import APPLICATION_NAME
@@ -53,7 +53,7 @@ def fetch(client) -> tuple[str, dict]:
 
 def status_sessions(settings, wait_s: float = 5.0) -> list[tuple]:
     """The page's sessions still on the server (a closed connection's backend exits a moment later)."""
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    conn = psycopg2.connect(settings.dsn(settings.source_db))
     deadline = time.monotonic() + wait_s
     try:
         while True:
@@ -93,7 +93,7 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
     ghost = stage_table(f"ghost-{uuid.uuid4().hex}", 1)  # an attempt the ledger never heard of
     in_use = stage_table(unfinished.batch_id, c1)  # an open attempt's stage: not an orphan
     wh = pipe.wh()
-    holder = psycopg2.connect(settings.dsn(SOURCE_DB), application_name=f"status-test-{uuid.uuid4().hex[:8]}")
+    holder = psycopg2.connect(settings.dsn(settings.source_db), application_name=f"status-test-{uuid.uuid4().hex[:8]}")
     try:
         with wh, wh.cursor() as cur:
             for table in (leftover, ghost, in_use):
@@ -213,7 +213,7 @@ def test_collect_leaves_its_connections_read_only(settings, tmp_path, warehouse_
     from tidemark.status import collect, load_pipelines
 
     make_pipeline(settings, tmp_path, DDL)
-    collect(load_pipelines(tmp_path), warehouse_conn, lambda conn_id: psycopg2.connect(settings.dsn(SOURCE_DB)))
+    collect(load_pipelines(tmp_path), warehouse_conn, lambda conn_id: psycopg2.connect(settings.dsn(settings.source_db)))
     with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction):
         with warehouse_conn.cursor() as cur:
             cur.execute("CREATE TABLE tidemark_control.status_must_not_write (x int)")

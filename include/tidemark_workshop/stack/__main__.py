@@ -23,7 +23,7 @@ import shlex
 import sys
 import time
 
-from tidemark_workshop.settings import AIRFLOW_DB, SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import AIRFLOW_DB, WAREHOUSE_DB, Settings
 from tidemark_workshop.stack import airflow, spark
 from tidemark_workshop.stack.connect import Connect
 from tidemark_workshop.stack.kafka import Kafka
@@ -125,11 +125,11 @@ def status_report(s: Settings, health_path=None):
 
     from tidemark.config import pipelines_dir
     from tidemark.status import CHECK_TIMEOUT_S, collect, load_pipelines
-    from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB
+    from tidemark_workshop.settings import WAREHOUSE_DB
 
     timeout = max(2, int(CHECK_TIMEOUT_S))
     return collect(load_pipelines(pipelines_dir()), None,
-                   lambda _conn_id: psycopg2.connect(s.dsn(SOURCE_DB), connect_timeout=timeout),
+                   lambda _conn_id: psycopg2.connect(s.dsn(s.source_db), connect_timeout=timeout),
                    open_warehouse=lambda: psycopg2.connect(s.dsn(WAREHOUSE_DB), connect_timeout=timeout),
                    kafka_bootstrap=s.kafka_bootstrap,
                    health_path=health_path or s.state_dir / "status" / "health.json")
@@ -156,8 +156,8 @@ def dsn_lines(s: Settings) -> list[str]:
     read every table the owner creates, by default privileges)."""
     reader = dataclasses.replace(s, pg_user=s.source_user, pg_password=s.source_password)
     endpoints = [
-        ("source", reader.dsn(SOURCE_DB)),
-        ("source-owner", s.dsn(SOURCE_DB)),
+        ("source", reader.dsn(reader.source_db)),
+        ("source-owner", s.dsn(s.source_db)),
         ("warehouse", s.dsn(WAREHOUSE_DB)),
         ("airflow", s.dsn(AIRFLOW_DB)),
         ("kafka", s.kafka_bootstrap),

@@ -17,7 +17,7 @@ import psycopg2
 
 from tidemark import batch, ledger, repair
 from tidemark.spark import jobs
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
 from tidemark_workshop.stack.spark import Submitted, submit
 
@@ -45,7 +45,7 @@ class Pipeline:
         return self.spec.table
 
     def src(self):
-        return psycopg2.connect(self.settings.dsn(SOURCE_DB))
+        return psycopg2.connect(self.settings.dsn(self.settings.source_db))
 
     def wh(self):
         return psycopg2.connect(self.settings.dsn(WAREHOUSE_DB))
@@ -79,7 +79,7 @@ class Pipeline:
                 src.close()
                 wh.close()
         # as the DAG's extract step does: a CDC handoff batch runs as the replication role
-        return [*s.database_args(SOURCE_DB, user=s.cdc_user if plan.handoff else None),
+        return [*s.database_args(s.source_db, user=s.cdc_user if plan.handoff else None),
                 *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report,
                                    repair_keys=keys, writer_schema=plan.writer_schema, handoff=plan.handoff)]
 
@@ -232,7 +232,7 @@ def make_pipeline(settings: Settings, tmp_path: Path, source_ddl: str, **fields)
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    conn = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with conn, conn.cursor() as cur:
             cur.execute(source_ddl.format(table=spec["table"]))

@@ -17,7 +17,7 @@ from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.cdc.source import grant_sql, slot
 from tidemark.config import CONN_CDC
 from tidemark.spec import PipelineSpec
-from tidemark_workshop.settings import SOURCE_DB, Settings
+from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeline, until
 
 STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
@@ -33,7 +33,7 @@ def make_cdc_pipeline(settings: Settings, tmp_path: Path) -> Pipeline:
 
 def grant(settings: Settings, spec: PipelineSpec) -> None:
     """What the table's owner runs once per pipeline (tidemark.cdc.source.grant_sql)."""
-    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
+    owner = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with owner, owner.cursor() as cur:
             for statement in grant_sql(spec, settings.cdc_user):
@@ -48,7 +48,7 @@ def write_secret(settings: Settings) -> str:
 
 
 def read_slot(settings: Settings, spec: PipelineSpec):
-    conn = psycopg2.connect(settings.dsn(SOURCE_DB))
+    conn = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with conn, conn.cursor() as cur:
             return slot(cur, spec)
@@ -58,7 +58,7 @@ def read_slot(settings: Settings, spec: PipelineSpec):
 
 def drop_slot(settings: Settings, spec: PipelineSpec) -> None:
     """The pipeline's slot gone from the source (as a DBA's drop or a lost slot leaves it)."""
-    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
+    owner = psycopg2.connect(settings.dsn(settings.source_db))
     owner.autocommit = True
     try:
         with owner.cursor() as cur:
@@ -70,7 +70,7 @@ def drop_slot(settings: Settings, spec: PipelineSpec) -> None:
 def start_connector(settings: Settings, spec: PipelineSpec) -> ConnectClient:
     """Create the pipeline's connector and wait until its task runs and reads its slot."""
     client = ConnectClient(settings.connect_url)
-    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, SOURCE_DB, settings.cdc_user,
+    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user,
                               write_secret(settings), str(settings.connect_secrets_dir))
     client.put_config(connector_name(spec), connector_config(spec, endpoint))
     until("the connector and its task running", lambda: client.state(connector_name(spec)).running, timeout=120)
@@ -85,7 +85,7 @@ def remove_capture(settings: Settings, spec: PipelineSpec) -> None:
     client = ConnectClient(settings.connect_url)
     if client.config(connector_name(spec)) is not None:
         client.delete(connector_name(spec))
-    owner = psycopg2.connect(settings.dsn(SOURCE_DB))
+    owner = psycopg2.connect(settings.dsn(settings.source_db))
     owner.autocommit = True
     try:
         with owner.cursor() as cur:
@@ -114,7 +114,7 @@ class SourceWriters:
         self.thread = threading.Thread(target=self._run)
 
     def _run(self) -> None:
-        conn = psycopg2.connect(self.settings.dsn(SOURCE_DB))
+        conn = psycopg2.connect(self.settings.dsn(self.settings.source_db))
         try:
             while not self.done.is_set():
                 kind = self.rng.choice("IIUUD") if self.ids else "I"

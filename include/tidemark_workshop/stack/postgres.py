@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tidemark_workshop.settings import DATABASES, SOURCE_DB, Settings
+from tidemark_workshop.settings import AIRFLOW_DB, WAREHOUSE_DB, Settings
 from tidemark_workshop.stack.proc import StackError, run, say, tail
 
 _CREATECLUSTER_CONF = Path("/etc/postgresql-common/createcluster.conf")
@@ -180,7 +180,7 @@ class Postgres:
             with conn.cursor() as cur:
                 cur.execute("SELECT datname FROM pg_database")
                 existing = {row[0] for row in cur.fetchall()}
-                for name in DATABASES:
+                for name in (self.s.source_db, WAREHOUSE_DB, AIRFLOW_DB):
                     if name not in existing:
                         say("postgres", f"creating database {name}")
                         cur.execute(f'CREATE DATABASE "{name}"')
@@ -195,7 +195,7 @@ class Postgres:
         reader, owner = _ident(self.s.source_user), _ident(self.s.pg_user)
         with self._source_role(self.s.source_user, self.s.source_password, "", "read-only") as cur:
             cur.execute(f"GRANT pg_read_all_stats TO {reader}")
-            cur.execute(f"GRANT CONNECT ON DATABASE {_ident(SOURCE_DB)} TO {reader}")
+            cur.execute(f"GRANT CONNECT ON DATABASE {_ident(self.s.source_db)} TO {reader}")
             cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT USAGE ON SCHEMAS TO {reader}")
             cur.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT SELECT ON TABLES TO {reader}")
             cur.execute("SELECT nspname FROM pg_namespace WHERE nspname !~ '^pg_' AND nspname <> 'information_schema'")
@@ -209,7 +209,7 @@ class Postgres:
         else; each CDC pipeline's publication and SELECT on its table are granted apart
         (tidemark.cdc.source.grant_sql), as a DBA would."""
         with self._source_role(self.s.cdc_user, self.s.cdc_password, "REPLICATION", "replication") as cur:
-            cur.execute(f"GRANT CONNECT ON DATABASE {_ident(SOURCE_DB)} TO {_ident(self.s.cdc_user)}")
+            cur.execute(f"GRANT CONNECT ON DATABASE {_ident(self.s.source_db)} TO {_ident(self.s.cdc_user)}")
 
     @contextmanager
     def _source_role(self, user: str, password: str, attributes: str, kind: str) -> Iterator[Any]:
@@ -218,7 +218,7 @@ class Postgres:
         import psycopg2
 
         role = _ident(user)
-        conn = psycopg2.connect(self.s.dsn(SOURCE_DB))
+        conn = psycopg2.connect(self.s.dsn(self.s.source_db))
         try:
             with conn, conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark_workshop.stack.role'), hashtext(%s))",
