@@ -2,7 +2,7 @@
 #   make demo   installs what is missing, starts the stack, runs the demo end to end
 #   make unit   ruff (pyproject.toml), then the tests that need no stack (tests/unit, DAG integrity, compose, launcher choice): starts nothing, under a minute
 #   make test   installs what is missing, starts the stack, runs the whole suite, both kinds (what CI runs; 7 seeded kill trials):
-#               first in LANES lanes (1 until each lane has its own source database: docs/local-stack.md), then
+#               first in LANES lanes (2; each lane its own source database: docs/local-stack.md), then
 #               the tests marked serial alone (tests/conftest.py)
 #               every test's duration: .state/test-report.xml and test-report-serial.xml (JUnit; TIDEMARK_STATE_DIR
 #               moves .state); PYTEST_ARGS= for pytest (both phases)
@@ -22,7 +22,7 @@ export PYTHONPATH := $(ROOT)/include
 PY := $(STATE)/venv/bin/python
 STACK := $(PY) -m tidemark_workshop.stack
 PYTEST_ARGS ?=
-LANES ?= 1
+LANES ?= 2
 BENCH_ARGS ?=
 CAMPAIGN_ARGS ?=
 TRIALS ?= 20

@@ -17,6 +17,16 @@ def test_ports_and_paths_come_from_the_environment(monkeypatch, tmp_path):
     assert ":6543/airflow" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
 
 
+def test_the_source_database_comes_from_the_environment_and_is_a_plain_name(monkeypatch):
+    monkeypatch.setenv("TIDEMARK_SOURCE_DB", "tidemark_source_gw1")
+    conns = Settings.from_env().airflow_connections()
+    assert {json.loads(conns[f"AIRFLOW_CONN_{c}"])["schema"] for c in ("TIDEMARK_SOURCE", "TIDEMARK_CDC")} == {
+        "tidemark_source_gw1"}
+    monkeypatch.setenv("TIDEMARK_SOURCE_DB", 'source"; DROP DATABASE x; --')
+    with pytest.raises(ValueError, match="TIDEMARK_SOURCE_DB=.* is not a database name"):
+        Settings.from_env()
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "70000", "-1"])
 def test_a_bad_port_names_the_variable(monkeypatch, value):
     monkeypatch.setenv("TIDEMARK_PG_PORT", value)
@@ -25,6 +35,7 @@ def test_a_bad_port_names_the_variable(monkeypatch, value):
 
 
 def test_connections_are_json_with_the_shared_ids(monkeypatch):
+    monkeypatch.delenv("TIDEMARK_SOURCE_DB", raising=False)  # a make test lane sets its own
     monkeypatch.setenv("TIDEMARK_PG_PASSWORD", "s3cret")
     monkeypatch.setenv("TIDEMARK_SOURCE_PASSWORD", "r3ader")
     conns = Settings.from_env().airflow_connections()

@@ -15,6 +15,7 @@ def lines(monkeypatch) -> dict[str, str]:
     monkeypatch.setenv("TIDEMARK_PG_PASSWORD", "it's a \\ s3cret")  # quote, backslash, spaces survive
     monkeypatch.setenv("TIDEMARK_SOURCE_USER", "reader")
     monkeypatch.setenv("TIDEMARK_SOURCE_PASSWORD", "r3ader'")
+    monkeypatch.delenv("TIDEMARK_SOURCE_DB", raising=False)  # a make test lane sets its own
     from tidemark_workshop.settings import Settings
 
     out = dsn_lines(Settings.from_env())
