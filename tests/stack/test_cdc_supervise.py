@@ -14,6 +14,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import psycopg2
+import pytest
 
 from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient
@@ -30,6 +31,7 @@ POLICY = Policy(trigger_interval=timedelta(seconds=1), restart_budget=1, backoff
                 stall_factor=5, min_stall=timedelta(seconds=5))  # the stall window: 5 s
 
 
+@pytest.mark.serial("writes a wrong password into the Connect worker's secret file, which every lane's connectors read")
 def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watches_the_slot(
         settings, tmp_path, bootstrap):
     pipe = make_cdc_pipeline(settings, tmp_path)
