@@ -1,12 +1,15 @@
 """Change events applied with exactly-once effect, one source transaction at a time.
 
 The standing sink hands each micro-batch's records of the CDC topics to ``ChangeWriter.apply``,
-inside the warehouse transaction that also stores their Kafka offsets. Change events and END
-boundaries wait in ``tidemark_control.cdc_pending`` / ``cdc_transactions`` until a transaction's END
-and all of its events have come (the two topics interleave freely); then the transaction is
-applied whole, in commit order: per key its last version (a DELETE as a tombstone with the row it
-deleted, audited in ``cdc_deletions``), and the commit position recorded in ``cdc_positions``. A
-reader of the serving view never sees part of a source transaction.
+inside the warehouse transaction that also stores their Kafka offsets. A source transaction applies
+whole, in commit order: per key its last version (a DELETE as a tombstone with the row it deleted,
+audited in ``cdc_deletions``), and the commit position recorded in ``cdc_positions``. A reader of
+the serving view never sees part of a source transaction.
+
+The two topics interleave freely, and a micro-batch may end inside a transaction: what has come of
+a transaction that is not complete waits, its events in ``tidemark_control.cdc_pending`` and its
+END in ``cdc_transactions``. Each micro-batch applies the complete transactions in commit order up
+to the first that is not, from its own records plus what waited; the rest wait.
 
 Exactly once: the offsets commit with the rows; a transaction Debezium delivers again (after a
 crash of the worker, at new offsets) ends at or before the position applied and is a no-op. What
@@ -25,7 +28,7 @@ from typing import Any
 import psycopg2.errors
 from psycopg2.extras import Json, execute_values
 
-from tidemark.cdc.changes import Shape, boundary, change, lsn_text
+from tidemark.cdc.changes import Change, Shape, boundary, change, lsn_text
 from tidemark.cdc.tables import add_columns, realtime_shapes
 from tidemark.records import payload_text
 from tidemark.spec import PipelineSpec, quote
@@ -87,8 +90,9 @@ class ChangeWriter:
 
     # --- one micro-batch ---------------------------------------------------------------------
     def apply(self, cur, records, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
+        ends: dict[int, tuple] = {}  # txid -> (consumer, txid, commit lsn, event count)
+        arrived: dict[int, dict[int, tuple[dict, Change]]] = {}  # txid -> total_order -> (record, change)
         pending: list[tuple] = []
-        ends: list[tuple] = []
         for rec in records.to_pylist():
             where = {k: rec.get(k) for k in ("topic", "partition", "offset", "key", "value")}
             if rec["topic"] == self.tx_topic:
@@ -98,9 +102,8 @@ class ChangeWriter:
                     reject(where, f"transaction boundary rejected: {exc}")
                     continue
                 if edge.status == "END":
-                    ends.append((self.consumer, edge.txid, edge.commit_lsn, edge.event_count))
+                    ends.setdefault(edge.txid, (self.consumer, edge.txid, edge.commit_lsn, edge.event_count))
                 continue
-            raw = payload_text(rec["value"], None)
             try:
                 event = change(rec["value"], self.shapes(cur))
                 if event.added:
@@ -110,11 +113,20 @@ class ChangeWriter:
                 if place is None:  # belongs to no transaction we can name: a dead letter now
                     reject(where, f"change event rejected: {exc}")
                 else:  # its transaction is dead-lettered whole once complete: never applied in part
-                    pending.append((self.consumer, *place, "x", Json({"reason": str(exc)}), None,
-                                    rec["topic"], rec["partition"], rec["offset"], payload_text(rec.get("key"), None), raw))
+                    pending.append((self.consumer, *place, "x", Json({"reason": str(exc)}), None, *_origin(rec)))
                 continue
-            pending.append((self.consumer, event.txid, event.order, event.lsn, event.op, Json(event.row),
-                            event.source_ms, rec["topic"], rec["partition"], rec["offset"], payload_text(rec.get("key"), None), raw))
+            events = arrived.setdefault(event.txid, {})
+            if event.order in events:
+                report.duplicates += 1  # the same event twice in one micro-batch: a redelivery
+            else:
+                events[event.order] = (rec, event)
+        applied = self._position(cur)
+        for txid in self._apply_direct(cur, ends, arrived, {row[1] for row in pending}, applied, fence, micro_batch,
+                                       report):
+            ends.pop(txid, None)
+            arrived.pop(txid, None)
+        pending += [(self.consumer, e.txid, e.order, e.lsn, e.op, Json(e.row), e.source_ms, *_origin(rec))
+                    for events in arrived.values() for rec, e in events.values()]
         if pending:
             kept = execute_values(cur, """INSERT INTO tidemark_control.cdc_pending (consumer, txid, total_order, lsn,
                                               op, row_values, source_ms, topic, partition, "offset", record_key, raw)
@@ -123,15 +135,75 @@ class ChangeWriter:
             report.duplicates += len(pending) - len(kept)  # the same event again, still waiting: a redelivery
         if ends:
             execute_values(cur, """INSERT INTO tidemark_control.cdc_transactions (consumer, txid, commit_lsn,
-                                       event_count) VALUES %s ON CONFLICT DO NOTHING""", ends)
+                                       event_count) VALUES %s ON CONFLICT DO NOTHING""", list(ends.values()))
         self._resolve(cur, fence, micro_batch, report, reject)
 
-    def _resolve(self, cur, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
-        """Apply every transaction that is complete, in commit order, up to the first that is not."""
+    def _position(self, cur) -> int:
+        """The commit position applied (-1: none yet), locked for this micro-batch."""
         cur.execute("SELECT commit_lsn FROM tidemark_control.cdc_positions WHERE consumer = %s FOR UPDATE",
                     (self.consumer,))
         row = cur.fetchone()
-        applied = row[0] if row else -1
+        return row[0] if row else -1
+
+    def _apply_direct(self, cur, ends: dict[int, tuple], arrived: dict[int, dict[int, tuple[dict, Change]]],
+                      spoiled: set[int], applied: int, fence: int, micro_batch: int | None, report) -> list[int]:
+        """The transactions whose END has come (in this micro-batch or waiting from one before) and whose
+        events have all come (in this one, or the rest of them in this one), all readable: in commit
+        order up to the first that is not complete, applied without this micro-batch's events waiting
+        in ``cdc_pending``. Their txids (redelivered ones too); or none, and then they wait like the
+        rest (where the table refuses them: the waiting path finds which one and dead-letters only it)."""
+        cur.execute("SELECT consumer, txid, commit_lsn, event_count FROM tidemark_control.cdc_transactions "
+                    "WHERE consumer = %s", (self.consumer,))
+        stored = {row[1]: row for row in cur.fetchall()}  # ENDs that came before all their events did
+        candidates = {**ends, **stored}
+        if not candidates:
+            return []
+        cur.execute("""SELECT txid, array_agg(total_order), bool_or(op = 'x'), max(source_ms)
+                         FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s) GROUP BY txid""",
+                    (self.consumer, list(candidates)))
+        waiting = {txid: (set(orders), bad, ms) for txid, orders, bad, ms in cur.fetchall()}
+        whole, again, changes, duplicates, times = [], [], [], 0, []
+        for _, txid, lsn, count in sorted(candidates.values(), key=lambda end: end[2]):
+            events = arrived.get(txid, {})
+            earlier, bad, ms = waiting.get(txid, (set(), False, None))
+            fresh = {order: e for order, (_, e) in events.items() if order not in earlier}
+            if txid in spoiled or bad or len(earlier) + len(fresh) != count:
+                break
+            if lsn <= applied:  # delivered again after the position moved past it
+                again.append(txid)
+                duplicates += len(events) + len(earlier)
+                continue
+            whole.append((txid, lsn, count))
+            duplicates += len(events) - len(fresh)  # an event again while its first copy waits
+            changes += [(txid, lsn, e.order, e.op, e.row) for e in fresh.values()]
+            times += [ms, *(e.source_ms for e in fresh.values())]
+        if whole and self._apply_transactions(cur, whole, fence, micro_batch, changes) is not None:
+            return []  # refused: they wait, and the waiting path applies them one at a time
+        if again:
+            log.info("pipeline=%s %s redelivered change(s) of source transactions already applied (position %s) "
+                     "skipped", self.spec.name, sum(len(arrived.get(t, {})) for t in again), lsn_text(applied))
+        done = [txid for txid, *_ in whole] + again
+        if done:
+            report.duplicates += duplicates
+            report.events += sum(count for *_, count in whole)
+            for table, kept in (("cdc_pending", waiting), ("cdc_transactions", stored)):
+                cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s AND txid = ANY(%s)",
+                            (self.consumer, [t for t in done if t in kept]))
+        if whole:
+            last_txid, last_lsn, _ = whole[-1]
+            self._move_position(cur, last_lsn, last_txid, max((t for t in times if t is not None), default=None))
+        return done
+
+    def _move_position(self, cur, lsn: int, txid: int, source_ms: int | None) -> None:
+        cur.execute("""INSERT INTO tidemark_control.cdc_positions (consumer, commit_lsn, txid, source_ms)
+                       VALUES (%s, %s, %s, %s)
+                       ON CONFLICT (consumer) DO UPDATE SET commit_lsn = EXCLUDED.commit_lsn, txid = EXCLUDED.txid,
+                           source_ms = coalesce(EXCLUDED.source_ms, cdc_positions.source_ms),
+                           applied_at = clock_timestamp()""", (self.consumer, lsn, txid, source_ms))
+
+    def _resolve(self, cur, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
+        """Apply every waiting transaction that is complete, in commit order, up to the first that is not."""
+        applied = self._position(cur)
         cur.execute("""SELECT t.txid, t.commit_lsn, t.event_count, count(p.txid), count(p.txid) FILTER (WHERE p.op = 'x')
                          FROM tidemark_control.cdc_transactions t
                          LEFT JOIN tidemark_control.cdc_pending p ON p.consumer = t.consumer AND p.txid = t.txid
@@ -160,14 +232,9 @@ class ChangeWriter:
         self._apply_ready(cur, ready, fence, micro_batch, report, reject)
         last_txid, last_lsn, *_ = txs[len(resolved) - 1] if resolved else (None, applied)
         if last_lsn > applied:  # past every resolved transaction, applied or dead-lettered: never twice
-            cur.execute("""INSERT INTO tidemark_control.cdc_positions (consumer, commit_lsn, txid, source_ms)
-                           VALUES (%s, %s, %s, (SELECT max(source_ms) FROM tidemark_control.cdc_pending
-                                                 WHERE consumer = %s AND txid = ANY(%s)))
-                           ON CONFLICT (consumer) DO UPDATE SET commit_lsn = EXCLUDED.commit_lsn,
-                               txid = EXCLUDED.txid,
-                               source_ms = coalesce(EXCLUDED.source_ms, cdc_positions.source_ms),
-                               applied_at = clock_timestamp()""",
-                        (self.consumer, last_lsn, last_txid, self.consumer, resolved))
+            cur.execute("SELECT max(source_ms) FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s)",
+                        (self.consumer, resolved))
+            self._move_position(cur, last_lsn, last_txid, cur.fetchone()[0])
         if resolved:
             cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s)",
                         (self.consumer, resolved))
@@ -198,37 +265,43 @@ class ChangeWriter:
                 self._dead_letter(cur, tx[0], f"{self._tag(*tx)} not applied: the real-time table "
                                   f"{self.cdc.target_table} refused it: {refused}", reject)
 
-    def _apply_transactions(self, cur, txs: list[tuple[int, int, int]], fence: int, micro_batch: int | None
-                            ) -> str | None:
-        """Write complete transactions ``(txid, commit lsn, changes)``: per key its last version. None,
-        or PostgreSQL's refusal (then nothing of them is written)."""
+    def _apply_transactions(self, cur, txs: list[tuple[int, int, int]], fence: int, micro_batch: int | None,
+                            changes: list[tuple] | None = None) -> str | None:
+        """Write complete transactions ``(txid, commit lsn, changes)``: per key its last version. Their
+        changes as they wait in ``cdc_pending``, and ``changes`` ``(txid, commit lsn, total_order, op,
+        row)`` besides. None, or PostgreSQL's refusal (then nothing of them is written)."""
         table, names, pk = quote(self.cdc.target_table), self.columns(cur), [quote(c) for c in self.spec.primary_key]
         cols = ", ".join(quote(c) for c in names)
         sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*map(quote, names), "_tm_txid", "_tm_lsn", "_tm_deleted",
                                                           "_tm_fence", "_tm_micro_batch"))
         params = {"txids": [t for t, *_ in txs], "lsns": [lsn for _, lsn, _ in txs], "fence": fence,
                   "mb": micro_batch, "consumer": self.consumer, "pipeline": self.spec.name}
-        ready = """tidemark_control.cdc_pending p
-                   JOIN unnest(%(txids)s::bigint[], %(lsns)s::bigint[]) AS x(txid, commit_lsn) ON x.txid = p.txid"""
+        source = """SELECT p.txid, x.commit_lsn, p.total_order, p.op, p.row_values
+                      FROM tidemark_control.cdc_pending p
+                      JOIN unnest(%(txids)s::bigint[], %(lsns)s::bigint[]) AS x(txid, commit_lsn) ON x.txid = p.txid
+                     WHERE p.consumer = %(consumer)s"""
+        if changes is not None:  # one parameter, however many: a JSON array of [txid, commit lsn, order, op, row]
+            params["changes"] = Json(changes)
+            source += """ UNION ALL
+                    SELECT (c ->> 0)::bigint, (c ->> 1)::bigint, (c ->> 2)::integer, c ->> 3, c -> 4
+                      FROM jsonb_array_elements(%(changes)s::jsonb) c"""
         cur.execute("SAVEPOINT cdc_transaction")
         try:
             cur.execute(
                 f"""INSERT INTO {table} ({cols}, _tm_txid, _tm_lsn, _tm_deleted, _tm_fence, _tm_micro_batch)
                     SELECT DISTINCT ON ({', '.join(f'r.{c}' for c in pk)})
-                           {', '.join(f'r.{quote(c)}' for c in names)}, p.txid, x.commit_lsn, p.op = 'd',
+                           {', '.join(f'r.{quote(c)}' for c in names)}, p.txid, p.commit_lsn, p.op = 'd',
                            %(fence)s, %(mb)s
-                      FROM {ready}
+                      FROM ({source}) p
                      CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, p.row_values) r
-                     WHERE p.consumer = %(consumer)s
-                     ORDER BY {', '.join(f'r.{c}' for c in pk)}, x.commit_lsn DESC, p.total_order DESC
+                     ORDER BY {', '.join(f'r.{c}' for c in pk)}, p.commit_lsn DESC, p.total_order DESC
                     ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp()
                      WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""", params)
             key = ", ".join(f"p.row_values ->> {literal(c)}" for c in self.spec.primary_key)
             cur.execute(f"""INSERT INTO tidemark_control.cdc_deletions (pipeline, key, old_values, txid, commit_lsn)
-                            SELECT %(pipeline)s, jsonb_build_array({key}), p.row_values, p.txid, x.commit_lsn
-                              FROM {ready}
-                             WHERE p.consumer = %(consumer)s AND p.op = 'd' ORDER BY x.commit_lsn, p.total_order""",
-                        params)
+                            SELECT %(pipeline)s, jsonb_build_array({key}), p.row_values, p.txid, p.commit_lsn
+                              FROM ({source}) p
+                             WHERE p.op = 'd' ORDER BY p.commit_lsn, p.total_order""", params)
             if cur.rowcount:
                 log.warning("pipeline=%s source transaction(s) %s (commits %s..%s) deleted %s key(s) at the source: "
                             "hidden from %s, each kept with its old values in tidemark_control.cdc_deletions",
@@ -251,6 +324,12 @@ class ChangeWriter:
 
 def _span(txids: list[int]) -> str:
     return str(txids[0]) if len(txids) == 1 else f"{txids[0]}..{txids[-1]} ({len(txids)})"
+
+
+def _origin(rec: dict[str, Any]) -> tuple:
+    """Where a waiting change came from, and the record itself, for a dead letter."""
+    return (rec["topic"], rec["partition"], rec["offset"], payload_text(rec.get("key"), None),
+            payload_text(rec["value"], None))
 
 
 def _place(value: Any) -> tuple[int, int, int] | None:
