@@ -271,13 +271,34 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(settings, tmp_
     def event(i: int) -> bytes:
         return f'{{"id": {i}, "amount": {i}.00, "currency": "EUR", "updated_at": "2099-01-01T00:00:00Z"}}'.encode()
 
-    def feed():  # 20 events a second for 30 s; the producer holds them while the broker is away
-        producer = Producer(producer_config(settings.kafka_bootstrap))
-        for i in range(1, total + 1):
-            producer.produce(stream["topic"], value=event(i), key=str(i).encode())
+    delivered: set[int] = set()
+    resent: list[int] = []
+    feed_errors: list[Exception] = []
+
+    def send(producer, ids, pace: float) -> None:
+        def note(err, msg):
+            if err is None:
+                delivered.add(int(msg.key()))
+        for i in ids:
+            producer.produce(stream["topic"], value=event(i), key=str(i).encode(), on_delivery=note)
             producer.poll(0)
-            time.sleep(0.05)
-        assert producer.flush(120) == 0
+            time.sleep(pace)
+        producer.flush(90)
+
+    def feed():  # 20 events a second for 30 s; the producer holds them while the broker is away
+        try:
+            send(Producer(producer_config(settings.kafka_bootstrap, **{"message.timeout.ms": 60_000})),
+                 range(1, total + 1), 0.05)
+            # librdkafka's idempotent producer now and then stays stuck after a broker restart
+            # (seen once in CI: 439 records undelivered 120 s after the broker was back, the sink
+            # idle with no lag). The producer is the test's, not the system under test: send what
+            # timed out again with a fresh one, as an application would; the key makes it an upsert.
+            resent.extend(sorted(set(range(1, total + 1)) - delivered))
+            if resent:
+                send(Producer(producer_config(settings.kafka_bootstrap)), resent, 0)
+                assert delivered == set(range(1, total + 1)), f"undelivered after a resend: {len(resent)}"
+        except Exception as exc:  # a thread cannot fail the test: the test reads this below
+            feed_errors.append(exc)
 
     wh = pipe.wh()
     try:
@@ -290,7 +311,8 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(settings, tmp_
         time.sleep(8)
         with Kafka(settings).away():
             time.sleep(10)
-        feeder.join(180)
+        feeder.join(240)
+        assert not feeder.is_alive() and not feed_errors, f"the test's producer failed: {feed_errors}"
 
         def caught_up():  # the supervisor's cycle every 5 s, as its DAG would (every minute)
             actions.append(run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name].action)
@@ -303,7 +325,7 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(settings, tmp_
         assert amounts == sum(range(1, total + 1)), "control total"
         assert pipe.query_wh("SELECT count(*) FROM tidemark_control.sink_rejects WHERE consumer = %s",
                              (ledger.consumer_for(name),)) == [(0,)]
-        print(f"supervisor actions: {actions}")
+        print(f"supervisor actions: {actions}; events sent again by the test's producer: {len(resent)}")
     finally:
         launcher.kill(name)
         wh.close()
