@@ -7,8 +7,9 @@ starts. The rest needs none: `make unit` runs it (``-m "not stack"``) without st
 each lane reads and writes its own source database, ``tidemark_source_gw0``, ...): each file is one unit of
 work, so a module's fixtures are built once, and the files that start Airflow's services on the
 stack's ports (``AIRFLOW_FILES``) are one unit together, one after another. Then, alone, the tests
-marked ``serial``: they stop or kill a component every lane uses (or break the secret its connectors read), hold a source transaction (which
-holds back every pipeline's window on that database), or watch every session of a role.
+marked ``serial``: they stop or kill a component every lane uses (or break the secret its connectors
+read), or watch every session of a role. A transaction a test holds open on the source holds back only
+its own lane's database.
 """
 
 from __future__ import annotations

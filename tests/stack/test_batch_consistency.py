@@ -15,7 +15,7 @@ import pytest
 
 from tidemark_workshop.stack.batchrun import make_pipeline
 
-pytestmark = pytest.mark.serial("holds a source transaction across a batch boundary")
+pytestmark = [pytest.mark.stack]  # holds a source transaction: only its own lane's database (tests/conftest.py)
 
 DDL = """
 CREATE TABLE {table} (

@@ -16,7 +16,7 @@ import pytest
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark.window import PlanError
 
-pytestmark = pytest.mark.serial("holds prepared and idle source transactions")
+pytestmark = [pytest.mark.stack]  # holds prepared and idle source transactions: only its own lane's database
 
 DDL = """
 CREATE TABLE {table} (
