@@ -10,7 +10,10 @@ the watermark. The writers also publish payment events: the demo proves that the
 that a malformed event is a dead letter while the next one lands.
 bank_ledger_entries' sink stands under the tidemark_supervisor DAG: the demo prints
 each pipeline's status line, kills that sink with kill -9 and waits for the supervisor to restart
-it. The services stay up afterwards, so the runs and their logs can be read in the UI.
+it. bank_accounts is captured by change data capture (its first nightly run is the handoff, under
+the writers): an update and a delete at the source reach serving.accounts in seconds, and a kill -9
+of the Connect worker loses and repeats no change. The services stay up afterwards, so the runs and
+their logs can be read in the UI.
 ``run_dag`` runs a DAG with `airflow dags test` (the smoke test uses it).
 """
 
@@ -209,25 +212,34 @@ def _start_afresh(settings: Settings) -> None:
     from tidemark.spec import load_spec, quote
 
     from tidemark_workshop.stack.__main__ import stop_streams
+    from tidemark_workshop.stack.cdcrun import grant, remove_capture
 
     stop_streams(settings)  # a standing sink of an earlier demo would apply into what is dropped now
+    specs = [load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml") for name in PIPELINES]
     src = psycopg2.connect(settings.dsn(settings.source_db))
     wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
-        bank.reset(src)
         with wh, wh.cursor() as cur:
             ensure_control_schema(cur)
-            for name in PIPELINES:
-                spec = load_spec(REPO_ROOT / "include" / "pipelines" / f"{name}.yaml")
-                if spec.stream is not None:  # its serving views read the tables dropped next
-                    view = spec.stream.serving_view
+            for spec in specs:
+                realtime = spec.stream or spec.cdc
+                if realtime is not None:  # its serving views read the tables dropped next
+                    view = realtime.serving_view
                     cur.execute(f"DROP VIEW IF EXISTS {quote(view + '_freshness')}, {quote(view)}")
                 cur.execute(f"DROP TABLE IF EXISTS {quote(spec.target_table)}")
-                forget_pipeline(cur, name)
+                forget_pipeline(cur, spec.name)  # its handoff too: the supervisor creates no connector now
                 delete_topic(settings.kafka_bootstrap, spec.topic)
+                if realtime is not None:
+                    cur.execute(f"DROP TABLE IF EXISTS {quote(realtime.target_table)}")
                 if spec.stream is not None:
-                    cur.execute(f"DROP TABLE IF EXISTS {quote(spec.stream.target_table)}")
                     delete_topic(settings.kafka_bootstrap, spec.stream.topic)
+        for spec in specs:
+            if spec.cdc is not None:  # the connector, slot, publication and topics of an earlier demo
+                remove_capture(settings, spec)
+        bank.reset(src)
+        for spec in specs:
+            if spec.cdc is not None:  # what the table's owner runs once: publication, grants
+                grant(settings, spec)
     finally:
         src.close()
         wh.close()
@@ -352,6 +364,85 @@ def _events(settings: Settings, api, published: int) -> bool:
     return ok
 
 
+def _changes(settings: Settings, api, closed_in_error: int) -> bool:
+    """Change data capture of bank.accounts: its nightly run was the handoff (the table loaded in the
+    snapshot its replication slot exported, while the writers ran); Debezium streams every change
+    after it. An update and a delete made at the source reach serving.accounts in seconds, a kill -9
+    of the Connect worker loses and repeats nothing, and the view ends equal to the source."""
+    import os
+    import signal
+
+    import psycopg2
+
+    from tidemark.cdc.connect import ConnectClient
+    from tidemark.cdc.connector import connector_name
+    from tidemark.spec import load_spec
+    from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
+    from tidemark_workshop.stack.cdcrun import read_slot
+    from tidemark_workshop.stack.connect import Connect
+
+    spec = load_spec(REPO_ROOT / "include" / "pipelines" / "bank_accounts.yaml")
+    view, columns = spec.cdc.serving_view, "account_id, customer_id, currency, status, opened_at, updated_at"
+
+    def query(db: str, sql: str, args=None) -> list[tuple]:
+        conn = psycopg2.connect(settings.dsn(db))
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql, args)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    handoff = query(WAREHOUSE_DB, "SELECT h.batch_id, h.consistent_point FROM tidemark_control.cdc_handoffs h JOIN "
+                    "tidemark_control.batches b USING (batch_id) WHERE h.pipeline = %s AND b.state = 'committed'",
+                    (spec.name,))
+    if not handoff:
+        print(f"\nchange data capture of {spec.table}: no committed handoff batch: MISMATCH")
+        return False
+    print(f"\nchange data capture of {spec.table}: its nightly run was the handoff batch {handoff[0][0]}, read in "
+          f"the snapshot of slot {spec.cdc_slot} at {handoff[0][1]} while the writers ran; Debezium streams every "
+          "change after it. Waiting for the supervisor to create the connector on that slot ...", flush=True)
+    client = ConnectClient(settings.connect_url)
+    try:
+        api.wait_for("the connector reading its slot", lambda: client.state(connector_name(spec)).running and (
+            (held := read_slot(settings, spec)) is not None and held.active), timeout_s=300)
+        frozen = query(settings.source_db, "UPDATE bank.accounts SET status = 'frozen', updated_at = now() WHERE "
+                       "account_id = (SELECT min(account_id) FROM bank.accounts WHERE status = 'open') "
+                       "RETURNING account_id")[0][0]
+        query(settings.source_db, "DELETE FROM bank.accounts WHERE account_id = %s", (closed_in_error,))
+        t0 = time.monotonic()
+        api.wait_for("the update and the delete in the serving view", lambda: query(
+            WAREHOUSE_DB, f"SELECT account_id, status FROM {view} WHERE account_id IN (%s, %s)",
+            (frozen, closed_in_error)) == [(frozen, "frozen")], timeout_s=120, every_s=0.2)
+        print(f"  account {frozen} frozen and account {closed_in_error} (opened in error) deleted at the source: "
+              f"both in {view} {time.monotonic() - t0:.1f} s later: OK")
+
+        worker = Connect(settings)
+        pid = int(worker.pid_file.read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        api.wait_for("the Connect worker gone", lambda: not worker.is_running(), timeout_s=30)
+        reopened = query(settings.source_db, "UPDATE bank.accounts SET status = 'open', updated_at = now() WHERE "
+                         "account_id = %s RETURNING account_id", (frozen,))[0][0]
+        print(f"  kill -9 of the Connect worker (pid {pid}); account {reopened} unfrozen while it is down; the worker "
+              "started again, as the stack (or compose's restart policy) does ...", flush=True)
+        t0 = time.monotonic()
+        worker.start()
+        api.wait_for("the unfreeze in the serving view", lambda: query(
+            WAREHOUSE_DB, f"SELECT status FROM {view} WHERE account_id = %s", (reopened,)) == [("open",)],
+            timeout_s=240)
+        print(f"  Debezium went on from the offsets it had stored: the unfreeze in {view} "
+              f"{time.monotonic() - t0:.0f} s after the restart: OK")
+    except StackError as exc:
+        print(f"  {exc}: MISMATCH (the supervisor's log: tidemark_supervisor; the worker's: make logs connect)")
+        return False
+    source = query(settings.source_db, f"SELECT {columns} FROM {spec.table} ORDER BY account_id")
+    served = query(WAREHOUSE_DB, f"SELECT {columns} FROM {view} ORDER BY account_id")
+    differ = len(set(source) ^ set(served))
+    print(f"  {view}: {len(served)} rows against the source's {len(source)}, {differ} missing, stray or different: "
+          f"{'OK' if differ == 0 else 'MISMATCH'}")
+    return differ == 0
+
+
 def main() -> int:
     import psycopg2
 
@@ -363,6 +454,10 @@ def main() -> int:
     conn = psycopg2.connect(dsn)
     seeded = bank.seed(conn)
     bank.post_transfers(conn, 200, rng=__import__("random").Random(1))
+    with conn, conn.cursor() as cur:  # closed at once, no entries: the change capture deletes it later
+        cur.execute("INSERT INTO bank.accounts (customer_id, currency, status, opened_at) "
+                    "VALUES (1, 'EUR', 'closed', now()) RETURNING account_id")
+        closed_in_error = cur.fetchone()[0]
     conn.close()
     print(f"source: core-banking schema seeded ({seeded}); 3 concurrent writers start now, and one "
           "transaction stays open for 20 s (longer than the 2 s safe lag)", flush=True)
@@ -389,6 +484,7 @@ def main() -> int:
         print(line)
     ok &= _detect_a_difference(settings, api)
     ok &= _events(settings, api, sim.stats["events"] + held_events)
+    ok &= _changes(settings, api, closed_in_error)
     print("\nper pipeline (make status):")
     ok &= _streams(settings, api)
     print(f"\nThe Airflow UI is running at {ui.url} (runs, task logs; Tidemark status at {ui.url}/tidemark/), "

@@ -283,7 +283,8 @@ def advance_watermark(cur, pipeline: str, batch_id: str, window: Window) -> bool
 
 def forget_pipeline(cur, pipeline: str) -> None:
     """Remove everything the ledger holds for a pipeline (its batches by their ``<pipeline>:`` ids,
-    record schemas, watermark, id observations, stream state) and its sink's offsets, fences and rejects: for a demo
+    record schemas, watermark, id observations, stream state) and its sink's offsets, fences, rejects and
+    change-capture position (the audited deletions and drift stay): for a demo
     that starts afresh, never for a production pipeline (the ledger is its audit trail)."""
     prefix = f"{pipeline}:"
     for table in ("batch_ends", "staged_totals", "staged_loads", "cdc_handoffs", "batch_attempts", "batches"):
@@ -291,9 +292,10 @@ def forget_pipeline(cur, pipeline: str) -> None:
     cur.execute("DELETE FROM tidemark_control.record_schemas WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.watermarks WHERE pipeline = %s", (pipeline,))
     cur.execute("DELETE FROM tidemark_control.id_observations WHERE pipeline = %s", (pipeline,))
-    for table in ("streams", "stream_events", "stream_heartbeats"):
+    for table in ("streams", "stream_events", "stream_heartbeats", "cdc_slot_watch"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE pipeline = %s", (pipeline,))
-    for table in ("sink_offsets", "sink_fences", "sink_rejects", "sink_micro_batches", "stream_event_times"):
+    for table in ("sink_offsets", "sink_fences", "sink_rejects", "sink_micro_batches", "stream_event_times",
+                  "cdc_pending", "cdc_transactions", "cdc_positions"):
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer_for(pipeline),))
 
 

@@ -177,13 +177,13 @@ class RestApi:
             return "\n".join(str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in content)
         return str(content)
 
-    def wait_for(self, what: str, check, timeout_s: float | None = None):
+    def wait_for(self, what: str, check, timeout_s: float | None = None, every_s: float = 1.0):
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while time.monotonic() < deadline:
             got = check()
             if got:
                 return got
-            time.sleep(1)
+            time.sleep(every_s)
         raise StackError(f"timed out after {timeout_s or self.timeout_s:.0f}s waiting for {what}")
 
     def wait_finished(self, dag_id: str, run_id: str, timeout_s: float | None = None) -> dict:
