@@ -52,7 +52,6 @@ def capture(conn_id: str = CONN_CONNECT, cdc_conn_id: str = CONN_CDC):
     """Kafka Connect's REST client, and the source endpoint Debezium logs in with: the replication
     role's connection, its password written (0600) where the worker resolves it (the Connect
     connection's extra ``secrets_dir``), never into a connector config."""
-    from tidemark.cdc.connect import ConnectClient
     from tidemark.cdc.connector import SourceEndpoint, write_secret
 
     connect, cdc = Connection.get(conn_id), Connection.get(cdc_conn_id)
@@ -61,6 +60,13 @@ def capture(conn_id: str = CONN_CONNECT, cdc_conn_id: str = CONN_CDC):
         raise ValueError(f"Airflow connection {conn_id} has no 'secrets_dir' in its extra: where its worker reads "
                          "the replication role's password")
     write_secret(secrets_dir, cdc_conn_id, cdc.password or "")
-    url = f"{connect.schema or 'http'}://{connect.host}:{connect.port or 8083}"
     endpoint = SourceEndpoint(cdc.host, cdc.port or 5432, cdc.schema, cdc.login, cdc_conn_id, secrets_dir)
-    return ConnectClient(url), endpoint
+    return connect_client(conn_id), endpoint
+
+
+def connect_client(conn_id: str = CONN_CONNECT, *, timeout_s: float = 10.0):
+    """Kafka Connect's REST client, from the Connect connection (host, port; schema: http or https)."""
+    from tidemark.cdc.connect import ConnectClient
+
+    connect = Connection.get(conn_id)
+    return ConnectClient(f"{connect.schema or 'http'}://{connect.host}:{connect.port or 8083}", timeout_s=timeout_s)

@@ -34,6 +34,17 @@ def broker_bootstrap() -> str | BaseException:
         return exc
 
 
+def connect_client() -> Any:
+    """Kafka Connect's client for the CDC pipelines' connector states, or why it cannot be made."""
+    from tidemark.status import CHECK_TIMEOUT_S
+    from tidemark_airflow.hooks import connect_client as client
+
+    try:
+        return client(timeout_s=CHECK_TIMEOUT_S)
+    except Exception as exc:  # a missing connection: shown on the CDC pipeline's line, not a failed page
+        return exc
+
+
 def current_status():
     from tidemark.config import pipelines_dir
     from tidemark.status import collect, health_file, load_pipelines
@@ -42,7 +53,8 @@ def current_status():
     directory = pipelines_dir()
     entries = load_pipelines(directory)
     return collect(entries, None, page_connect, open_warehouse=lambda: page_connect(CONN_WAREHOUSE),
-                   kafka_bootstrap=broker_bootstrap(), health_path=health_file(), pipelines_directory=directory)
+                   kafka_bootstrap=broker_bootstrap(), health_path=health_file(), pipelines_directory=directory,
+                   connect=connect_client() if any(e.spec and e.spec.cdc for e in entries) else None)
 
 
 # --- HTML -------------------------------------------------------------------------------------
@@ -228,7 +240,8 @@ def _streams(streams, *, broker_down: bool = False) -> str:
         serving = (f"<code>{_e(t.serving_view)}</code> complete up to {_e(utc_iso(t.complete_up_to)) or '-'}"
                    if t.serving_view else "-")
         if t.capture is not None:  # a CDC pipeline: its handoff, last position applied and slot
-            bad = t.capture.slot_found is False or t.capture.slot_active is False or t.capture.source_error
+            bad = (t.capture.slot_found is False or t.capture.slot_active is False or t.capture.source_error
+                   or t.capture.connector_ok is False)
             serving += (f"<br><small class=capture>capture: <span{' class=bad' if bad else ''}>"
                         f"{_e(t.capture.text())}</span></small>")
         lag = _e(lag)

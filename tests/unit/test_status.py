@@ -437,3 +437,38 @@ def test_a_cdc_pipeline_shows_its_handoff_last_position_and_slot_on_the_page_and
     assert "<span class=bad>handoff cdc:run-1 at 0/16B3748;" in render_html(report)
     assert CaptureStatus(slot="s").text() == ("no handoff batch committed yet; no change applied yet; slot s: not read")
     assert "slot s MISSING on the source" in CaptureStatus(slot="s", slot_found=False).text()
+
+
+def test_a_cdc_pipeline_shows_its_connector_and_task_states_and_a_failed_or_missing_one_is_bad():
+    """Issue 31, item 8: the connector's state from Connect's REST API, its failed task's own error
+    line, a connector missing after the handoff, and Connect unreachable, each named."""
+    from tidemark.cdc.connect import ConnectError, ConnectorState, TaskState
+    from tidemark.status import CaptureStatus
+    from tidemark.status.queries import with_connector
+
+    class Connect:  # answers as Kafka Connect's REST API would, for one connector
+        def __init__(self, state):
+            self.answer = state
+
+        def state(self, name):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return ConnectorState(name, self.answer[0], self.answer[1])
+
+    handed = CaptureStatus("cdc:run-1", "0/16B3748", slot="s")
+    running = with_connector(handed, Connect(("RUNNING", (TaskState(0, "RUNNING"),))), "tidemark-cdc-x")
+    assert (running.connector, running.connector_ok) == ("tidemark-cdc-x RUNNING, task 0 RUNNING", True)
+    assert running.text().startswith("connector tidemark-cdc-x RUNNING, task 0 RUNNING; handoff cdc:run-1")
+    trace = "org.apache.kafka.connect.errors.ConnectException: password authentication failed\n\tat x.y(Z.java:1)"
+    failed = with_connector(handed, Connect(("RUNNING", (TaskState(0, "FAILED", trace),))), "c")
+    assert failed.connector == ("c RUNNING, task 0 FAILED (org.apache.kafka.connect.errors.ConnectException: "
+                                "password authentication failed)") and failed.connector_ok is False
+    missing = with_connector(handed, Connect(("MISSING", ())), "c")
+    assert (missing.connector, missing.connector_ok) == ("c not created", False)
+    waiting = with_connector(CaptureStatus(slot="s"), Connect(("MISSING", ())), "c")
+    assert (waiting.connector, waiting.connector_ok) == ("c not created yet (after the handoff)", True)
+    away = with_connector(handed, Connect(ConnectError("GET /connectors/c/status", None, "no answer")), "c")
+    assert away.connector == "state unknown (Kafka Connect GET /connectors/c/status: no answer)"
+    assert away.connector_ok is False
+    unresolved = with_connector(handed, ValueError("connection tidemark_connect missing"), "c")
+    assert unresolved.connector_ok is False and "tidemark_connect missing" in unresolved.connector

@@ -217,6 +217,8 @@ class CaptureStatus:
     wal_status: str | None = None
     retained_bytes: int | None = None
     source_error: str | None = None
+    connector: str | None = None  # the connector and its tasks as Kafka Connect reports them (None: not asked)
+    connector_ok: bool | None = None  # False: failed, missing after the handoff, or Connect unreachable
 
     def text(self) -> str:
         handoff = (f"handoff {self.handoff_batch} at {self.handoff_point}" if self.handoff_batch
@@ -232,7 +234,8 @@ class CaptureStatus:
         else:
             slot = (f"slot {self.slot} {'read' if self.slot_active else 'UNREAD'}, wal_status {self.wal_status}, "
                     f"retains {byte_size(self.retained_bytes or 0)}")
-        return f"{handoff}; {applied}; {slot}"
+        connector = f"connector {self.connector}; " if self.connector else ""
+        return f"{connector}{handoff}; {applied}; {slot}"
 
 
 

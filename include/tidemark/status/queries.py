@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from tidemark import catalog, ledger
 from tidemark.cdc.changes import lsn_text
+from tidemark.cdc.connect import ConnectError
 from tidemark.cdc.source import Slot
 from tidemark.stage import STAGE_SCHEMA, stage_table
 from tidemark.spec import PipelineSpec
@@ -65,6 +66,23 @@ def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
         handoff.batch_id if handoff else None, handoff.consistent_point if handoff else None,
         lsn_text(applied) if applied is not None else None,
         datetime.fromtimestamp(source_ms / 1000, timezone.utc) if source_ms is not None else None, spec.cdc_slot)
+
+
+def with_connector(capture: CaptureStatus, connect, name: str) -> CaptureStatus:
+    """The capture with its connector's state from Kafka Connect's REST API (``connect``: a
+    ``ConnectClient``, or the exception that kept its connection from being resolved)."""
+    if isinstance(connect, BaseException):
+        return replace(capture, connector=f"state unknown (the Connect connection: {connect})", connector_ok=False)
+    try:
+        state = connect.state(name)
+    except ConnectError as exc:
+        return replace(capture, connector=f"state unknown ({exc})", connector_ok=False)
+    if state.state == "MISSING":  # the supervisor creates it once the handoff batch commits
+        waiting = capture.handoff_batch is None
+        return replace(capture, connector=f"{name} not created{' yet (after the handoff)' if waiting else ''}",
+                       connector_ok=waiting)
+    tasks = ", ".join(f"task {t.id} {t.state}" + (f" ({t.error_line})" if t.error_line else "") for t in state.tasks)
+    return replace(capture, connector=f"{name} {state.state}, {tasks or 'no task'}", connector_ok=state.running)
 
 
 def with_slot(capture: CaptureStatus, held: Slot | None) -> CaptureStatus:

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from tidemark import ledger
+from tidemark.cdc.connector import connector_name
 from tidemark.cdc.source import Slot, slot_named
 from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
 from tidemark.status.model import FAILURE_WINDOW, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
-from tidemark.status.queries import with_slot, orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
+from tidemark.status.queries import with_connector, with_slot, orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
 from tidemark.status.health import Probe, pg_address, probe_broker, remember_health
 from tidemark.status.holds import hold_text, pipeline_holds
 
@@ -29,13 +30,16 @@ def collect(
     kafka_conn_id: str = CONN_KAFKA,
     health_path: Path | None = None,
     broker_probe: Callable[[str], str | None] = probe_broker,
+    connect: Any = None,
 ) -> StatusReport:
     """The status of every pipeline. ``warehouse_conn`` is the caller's, or None: then
     ``open_warehouse()`` opens one (closed here), and a warehouse that does not answer is shown as
     unreachable instead of failing the report. ``open_source(conn_id)`` opens a connection to a
     source, closed here; a source that fails shows its error. ``kafka_bootstrap``: the broker to
     check (an exception: its connection could not be resolved; None: no broker check). Each
-    outage's first failed check is kept in ``health_path`` (None: the outage dates from this check)."""
+    outage's first failed check is kept in ``health_path`` (None: the outage dates from this check).
+    ``connect``: Kafka Connect's client, for each CDC pipeline's connector state (an exception: its
+    connection could not be resolved; None: not asked)."""
     entries = list(entries)
     specs = [e.spec for e in entries if e.spec]
     wh = warehouse_view(specs, warehouse_conn, open_warehouse, failure_window)
@@ -47,7 +51,7 @@ def collect(
         probes.append(broker)
     now = datetime.now(timezone.utc)
     health = remember_health(probes, health_path, now)
-    stream_of = {t.pipeline: _with_capture(t, slots, sources, specs) for t in wh.streams}
+    stream_of = {t.pipeline: _with_capture(t, slots, sources, specs, connect) for t in wh.streams}
     pipelines = []
     for e in entries:
         if e.spec is None:
@@ -164,11 +168,14 @@ def source_views(conn_ids: list[str], specs, ledgers: dict[str, PipelineLedger],
     return sources, lags, probes, slots
 
 
-def _with_capture(t: StreamStatus, slots, sources, specs) -> StreamStatus:
-    """A CDC pipeline's stream line with its slot read from its source (or why it could not be)."""
+def _with_capture(t: StreamStatus, slots, sources, specs, connect) -> StreamStatus:
+    """A CDC pipeline's stream line with its connector's state (when ``connect`` is given) and its
+    slot read from its source (or why either could not be read)."""
     if t.capture is None:
         return t
     spec = next((s for s in specs if s.name == t.pipeline), None)
+    if connect is not None and spec is not None:
+        t = dataclasses.replace(t, capture=with_connector(t.capture, connect, connector_name(spec)))
     source = sources.get(spec.source_conn_id) if spec is not None else None
     if t.pipeline in slots:
         held = slots[t.pipeline]

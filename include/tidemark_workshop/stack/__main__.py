@@ -123,6 +123,7 @@ def status_report(s: Settings, health_path=None):
     up after a couple of seconds; outages dated in the same health file as the page's)."""
     import psycopg2
 
+    from tidemark.cdc.connect import ConnectClient
     from tidemark.config import pipelines_dir
     from tidemark.status import CHECK_TIMEOUT_S, collect, load_pipelines
     from tidemark_workshop.settings import WAREHOUSE_DB
@@ -131,7 +132,7 @@ def status_report(s: Settings, health_path=None):
     return collect(load_pipelines(pipelines_dir()), None,
                    lambda _conn_id: psycopg2.connect(s.dsn(s.source_db), connect_timeout=timeout),
                    open_warehouse=lambda: psycopg2.connect(s.dsn(WAREHOUSE_DB), connect_timeout=timeout),
-                   kafka_bootstrap=s.kafka_bootstrap,
+                   kafka_bootstrap=s.kafka_bootstrap, connect=ConnectClient(s.connect_url, timeout_s=timeout),
                    health_path=health_path or s.state_dir / "status" / "health.json")
 
 
