@@ -10,6 +10,8 @@ would otherwise run this pipeline's standing sink through all its tests).
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from tidemark import ledger
@@ -71,6 +73,9 @@ def test_the_first_scheduled_run_hands_off_and_the_supervisor_dag_then_streams_f
         api.wait_for("the supervisor DAG to create the connector on the handoff's slot",
                      lambda: client.state(connector_name(spec)).running
                      and (s := read_slot(settings, spec)) is not None and s.active, timeout_s=300)
+        with urllib.request.urlopen(f"{api.url}/tidemark/", timeout=60) as page:  # the status page, as a person opens it
+            html = page.read().decode()
+        assert f"connector {connector_name(spec)} RUNNING, task 0 RUNNING; handoff {handoff[0][0]}" in html, html[-3000:]
         src = pipe.src()
         with src, src.cursor() as cur:
             cur.execute(f"UPDATE {spec.table} SET amount = 12.34, updated_at = now() WHERE id = 7")
