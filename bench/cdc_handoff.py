@@ -62,6 +62,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rate", type=int, default=5_000, help="changes per second in the latency phase")
     p.add_argument("--seconds", type=int, default=30)
     args = p.parse_args(argv)
+    if args.rate * args.seconds > args.rows or args.changes > args.rows:
+        # the phases update existing rows by id: a transaction past the last row changes nothing, so the
+        # capture sends nothing for it and the wait for it to be applied would never end
+        p.error(f"--changes ({args.changes}) and --rate x --seconds ({args.rate * args.seconds}) must not "
+                f"exceed --rows ({args.rows}): every change updates an existing row")
     settings = Settings.from_env()
     tmp = Path(tempfile.mkdtemp(prefix="tidemark-bench-cdc-"))
     pipe = make_cdc_pipeline(settings, tmp)
