@@ -67,6 +67,7 @@ Bytes = Annotated[ByteSize, WithJsonSchema({"type": "string", "format": "byte-si
 
 DEAD_LETTER_TOPIC = "tidemark.dlq"
 CDC_RECORDS_PER_TRIGGER = 20_000
+CDC_RECORDS_PER_TASK = 5_000
 CDC_TOPICS = "tidemark.cdc."  # every CDC pipeline's change events (tidemark.cdc.<name>.<schema>.<table>)
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a pipeline's name: in topics, tables, paths
 
@@ -366,6 +367,15 @@ class PipelineSpec(BaseModel):
         if self.cdc is not None and "max_offsets_per_trigger" not in self.sink.model_fields_set:
             return CDC_RECORDS_PER_TRIGGER
         return self.sink.max_offsets_per_trigger
+
+    @property
+    def records_per_task(self) -> int:
+        """The most records one Spark task reads: the spec's ``sink.max_records_per_task``, or for a CDC
+        pipeline that does not set it, ``CDC_RECORDS_PER_TASK``: its change events come on one
+        partition, a few KB each, and read by one task they kept one core busy while the other idled."""
+        if self.cdc is not None and "max_records_per_task" not in self.sink.model_fields_set:
+            return CDC_RECORDS_PER_TASK
+        return self.sink.max_records_per_task
 
     @property
     def cdc_slot(self) -> str:

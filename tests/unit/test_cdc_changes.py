@@ -130,3 +130,30 @@ def test_a_wal_position_is_spelled_as_postgresql_spells_it():
     from tidemark.cdc.changes import lsn_text
 
     assert lsn_text(0x16B3748) == "0/16B3748" and lsn_text((1 << 32) + 0xA0) == "1/A0"
+
+
+
+def test_a_record_read_in_two_halves_reads_as_the_whole_and_any_other_form_is_read_whole():
+    """tidemark.cdc.schemas: the schema parsed once per table version, the payload per record."""
+    import json
+
+    from tidemark.cdc.schemas import Schemas
+
+    schema = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "name", "type": "string", "default": 'caf\u00e9 ,"payload": {'}]}]}  # the cut quoted inside
+
+    def record(payload, sch=schema) -> bytes:
+        return json.dumps({"schema": sch, "payload": payload}, separators=(",", ":"), ensure_ascii=False).encode()
+
+    schemas = Schemas(most=2)
+    first, second = record({"op": "c", "after": {"name": ',"payload":'}}), record({"op": "u"})
+    assert schemas.read(first) == ({"op": "c", "after": {"name": ',"payload":'}}, schema)
+    payload, again = schemas.read(second)
+    assert payload == {"op": "u"} and again is schemas.read(first)[1], "one parse per schema"
+    for other in (b"\xff\xfe", b'{"payload":{"op":"c"},"schema":{}}', first + b"\n", b"",
+                  record([1, 2]), record({"op": "c"}, [1]), None, "text",
+                  b'{"schema":{"a":1},"payload":{"op":"c"},"payload":{"op":"d"}}'):  # duplicate key: read whole
+        assert schemas.read(other) is None, other
+    for n in range(3):  # a bounded memory: past two schemas every one is parsed again
+        schemas.read(record({"op": "c"}, {"n": n}))
+    assert len(schemas._parsed) <= 2

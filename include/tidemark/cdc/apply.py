@@ -29,6 +29,7 @@ import psycopg2.errors
 from psycopg2.extras import Json, execute_values
 
 from tidemark.cdc.changes import Change, Shape, boundary, change, lsn_text
+from tidemark.cdc.schemas import Schemas
 from tidemark.cdc.tables import add_columns, realtime_shapes
 from tidemark.records import payload_text
 from tidemark.spec import PipelineSpec, quote
@@ -45,6 +46,7 @@ class ChangeWriter:
         self.spec, self.cdc, self.consumer = spec, spec.cdc, consumer
         self.data_topic, self.tx_topic = spec.cdc_topic, spec.cdc_transaction_topic
         self._shapes: dict[str, Shape | None] | None = None
+        self.schemas = Schemas()  # each change record's 4 KB schema parsed once per table version
 
     def rules(self, cur) -> None:
         """At start: the real-time table exists (else ``LookupError``). Change events are checked
@@ -105,7 +107,7 @@ class ChangeWriter:
                     ends.setdefault(edge.txid, (self.consumer, edge.txid, edge.commit_lsn, edge.event_count))
                 continue
             try:
-                event = change(rec["value"], self.shapes(cur))
+                event = change(rec["value"], self.shapes(cur), self.schemas.read(rec["value"]))
                 if event.added:
                     self._add_columns(cur, dict(event.added), event.txid)
             except ValueError as exc:

@@ -156,11 +156,13 @@ def boundary(value: bytes | str | None) -> Boundary:
     return Boundary(status, _int(txid, "the transaction id's txId"), _int(lsn, "the transaction id's LSN"), count)
 
 
-def change(value: bytes | str | None, table: dict[str, Shape | None]) -> Change:
+def change(value: bytes | str | None, table: dict[str, Shape | None],
+           parts: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Change:
     """One change event of the captured table; ``table``: the real-time table's columns and their
-    shapes. A column the source gained comes back in ``added`` (its type one the sink can add); a
-    column the source lost or renamed, or whose type changed, raises ``ValueError`` with both schemas."""
-    payload, schema = _payload(value)
+    shapes; ``parts``: the record's payload and schema, parsed already (tidemark.cdc.schemas). A
+    column the source gained comes back in ``added`` (its type one the sink can add); a column the
+    source lost or renamed, or whose type changed, raises ``ValueError`` with both schemas."""
+    payload, schema = parts or _payload(value)
     op = payload.get("op")
     if op not in OPS:
         what = "a TRUNCATE at the source (every row deleted)" if op == "t" else f"operation {op!r}"
@@ -172,8 +174,7 @@ def change(value: bytes | str | None, table: dict[str, Shape | None]) -> Change:
     row = payload.get(side)
     if not isinstance(row, dict):
         raise ValueError(f"{OPS[op]} without its row '{side}'")
-    types = _field_types(schema, side)
-    added = _schema_change(row, types, table)
+    types, added = _checked_schema(schema, side, row, table)
     order = _int(tx.get("total_order"), "transaction.total_order")
     if order < 1:
         raise ValueError(f"transaction.total_order is {order}")
@@ -181,6 +182,26 @@ def change(value: bytes | str | None, table: dict[str, Shape | None]) -> Change:
     return Change(_int(source.get("txId"), "source.txId"), order, _int(source.get("lsn"), "source.lsn"), op,
                   {name: text(v, types.get(name, {})) for name, v in row.items()},
                   ms if isinstance(ms, int) and not isinstance(ms, bool) else None, added)
+
+
+# (schema, side, columns, real-time table) -> their field types and the columns to add: most records of
+# a table version share one schema object (tidemark.cdc.schemas), so it is checked once, not per record.
+# An entry holds its schema, so no other object can take that schema's id while the entry lives.
+_CHECKED: dict[tuple, tuple[dict[str, Any], dict[str, dict[str, Any]], tuple[tuple[str, Shape], ...]]] = {}
+
+
+def _checked_schema(schema: dict[str, Any], side: str, row: dict[str, Any],
+                    table: dict[str, Shape | None]) -> tuple[dict[str, dict[str, Any]], tuple[tuple[str, Shape], ...]]:
+    key = (id(schema), side, tuple(row), tuple(table.items()))
+    hit = _CHECKED.get(key)
+    if hit is not None and hit[0] is schema:
+        return hit[1], hit[2]
+    types = _field_types(schema, side)
+    added = _schema_change(row, types, table)  # ValueError: not remembered, raised again for the next record
+    if len(_CHECKED) >= 256:
+        _CHECKED.clear()
+    _CHECKED[key] = (schema, types, added)
+    return types, added
 
 
 def _schema_change(row: dict[str, Any], types: dict[str, dict[str, Any]],

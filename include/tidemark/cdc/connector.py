@@ -67,6 +67,11 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         "interval.handling.mode": "string",
         "tombstones.on.delete": "false",  # a delete is one event (op d, with the row before it)
         "heartbeat.interval.ms": str(int(spec.cdc.heartbeat.total_seconds() * 1000)),
+        # throughput and latency: larger batches from the slot to Kafka (Debezium's 2,048 kept the capture
+        # under 4,000 changes/s here), and a 100 ms wait when the queue is empty (its 500 ms: latency)
+        "max.batch.size": "8192",
+        "max.queue.size": "32768",
+        "poll.interval.ms": "100",
         "slot.drop.on.stop": "false",  # dropping the slot loses the position: only when stopped for good, asked
         "topic.creation.default.replication.factor": str(replication_factor),
         "topic.creation.default.partitions": "1",  # one partition: the events of a transaction stay in order

@@ -133,7 +133,7 @@ def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")
         .option("maxOffsetsPerTrigger", args.max_records_per_trigger or spec.records_per_trigger)
-        .option("maxRecordsPerPartition", spec.sink.max_records_per_task)
+        .option("maxRecordsPerPartition", spec.records_per_task)
         .load()
     )
 
