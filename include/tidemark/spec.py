@@ -90,7 +90,8 @@ class SinkSpec(BaseModel):
     trigger: Annotated[timedelta, Field(ge=timedelta(milliseconds=100), le=timedelta(minutes=10))] = timedelta(seconds=2)
     max_offsets_per_trigger: Annotated[int, Field(ge=1, le=10_000_000)] = 200_000  # bounds a micro-batch's memory
     # A Spark task reads at most this many of a micro-batch's records (Kafka's maxRecordsPerPartition):
-    # a big micro-batch spreads over every core however few partitions the topic has.
+    # a big micro-batch spreads over every core however few partitions the topic has (a CDC pipeline
+    # that does not set it: PipelineSpec.records_per_task).
     max_records_per_task: Annotated[int, Field(ge=1_000, le=10_000_000)] = 50_000
     heartbeat: Annotated[timedelta, Field(ge=timedelta(seconds=1), le=timedelta(minutes=5))] = timedelta(seconds=5)
     driver_memory: Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}[mg]$")] = "1g"
