@@ -140,7 +140,8 @@ def test_a_record_read_in_two_halves_reads_as_the_whole_and_any_other_form_is_re
     from tidemark.cdc.schemas import Schemas
 
     schema = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
-        {"field": "name", "type": "string", "default": 'caf\u00e9 ,"payload": {'}]}]}  # the cut quoted inside
+        {"field": "name", "type": "string", "default": 'caf\u00e9 ,"payload": {'}]}]}  # escaped: never the cut
+    cut_inside = {"type": "struct", "parameters": {"a": "b", "payload": "x"}}  # ,"payload": inside the schema
 
     def record(payload, sch=schema) -> bytes:
         return json.dumps({"schema": sch, "payload": payload}, separators=(",", ":"), ensure_ascii=False).encode()
@@ -152,7 +153,10 @@ def test_a_record_read_in_two_halves_reads_as_the_whole_and_any_other_form_is_re
     assert payload == {"op": "u"} and again is schemas.read(first)[1], "one parse per schema"
     for other in (b"\xff\xfe", b'{"payload":{"op":"c"},"schema":{}}', first + b"\n", b"",
                   record([1, 2]), record({"op": "c"}, [1]), None, "text",
-                  b'{"schema":{"a":1},"payload":{"op":"c"},"payload":{"op":"d"}}'):  # duplicate key: read whole
+                  b'{"schema":{"a":1},"payload":{"op":"c"},"payload":{"op":"d"}}',  # duplicate key
+                  b'{"schema":{"a":1},"payload":\xef\xbb\xbf{"op":"c"}}',  # a BOM: not JSON read whole either
+                  b'{"schema":{"a":1},"payload":' + '{"op":"c"}'.encode("utf-16-le") + b'}',  # UTF-16
+                  record({"op": "c"}, cut_inside)):  # the first cut falls inside the schema
         assert schemas.read(other) is None, other
     for n in range(3):  # a bounded memory: past two schemas every one is parsed again
         schemas.read(record({"op": "c"}, {"n": n}))

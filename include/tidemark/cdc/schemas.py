@@ -30,10 +30,10 @@ class Schemas:
             return None
         text = value[len(PREFIX):at]
         schema = self._parsed.get(text)
-        try:
-            payload = json.loads(value[at + len(SEPARATOR):-len(SUFFIX)])
+        try:  # UTF-8, as the whole record is read (json.loads would guess each half's encoding: a BOM, UTF-16)
+            payload = json.loads(value[at + len(SEPARATOR):-len(SUFFIX)].decode("utf-8"))
             if schema is None:
-                schema = json.loads(text)
+                schema = json.loads(text.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):  # not two whole JSON values: not the record's own cut
             return None
         if not isinstance(schema, dict) or not isinstance(payload, dict):
