@@ -89,6 +89,34 @@ def _copy_records(bootstrap: str, topic: str) -> int:
     return copied
 
 
+def _write_until(pipe, stop: threading.Event, written: list[int], *, deletes: bool = False) -> None:
+    """Source transactions one at a time until ``stop``, counted in ``written``: 3 inserts and an update
+    of an earlier row; with ``deletes``, also a delete of the second row of two transactions before
+    (never a row that is updated later)."""
+    import time
+
+    src = pipe.src()
+    try:
+        while not stop.is_set():
+            n = written[0]
+            with src, src.cursor() as cur:
+                cur.execute(f"INSERT INTO {pipe.spec.table} (id, amount) SELECT g, g * 0.01 FROM "
+                            f"generate_series({n * 3 + 1}, {n * 3 + 3}) g")
+                cur.execute(f"UPDATE {pipe.spec.table} SET amount = amount + 1, updated_at = now() WHERE id = %s",
+                            (max(1, n * 3 - 5),))
+                if deletes and n >= 2:
+                    cur.execute(f"DELETE FROM {pipe.spec.table} WHERE id = %s", (n * 3 - 4,))
+            written[0] += 1
+            time.sleep(0.02)
+    finally:
+        src.close()
+
+
+def _serving_is_source(pipe) -> bool:
+    return pipe.rows("source", "amount") == {r[0]: r[1:] for r in pipe.query_wh(
+        f"SELECT id, amount FROM {pipe.spec.cdc.serving_view} ORDER BY id")}
+
+
 def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_dead_letter(settings, cdc_pipeline):
     pipe, launcher = cdc_pipeline
     spec = pipe.spec
@@ -195,7 +223,6 @@ def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(setti
     source, key by key (the lesson of its users: duplicates after a connector crash)."""
     import os
     import signal
-    import time
 
     from tidemark_workshop.stack.connect import Connect
 
@@ -208,23 +235,7 @@ def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(setti
         _capture_and_stand(settings, pipe, launcher, wh)
         stop = threading.Event()
         written = [0]
-
-        def write():  # one source transaction at a time: 3 inserts and an update of an earlier row
-            src = pipe.src()
-            try:
-                while not stop.is_set():
-                    n = written[0]
-                    with src, src.cursor() as cur:
-                        cur.execute(f"INSERT INTO {spec.table} (id, amount) SELECT g, g * 0.01 FROM "
-                                    f"generate_series({n * 3 + 1}, {n * 3 + 3}) g")
-                        cur.execute(f"UPDATE {spec.table} SET amount = amount + 1, updated_at = now() WHERE id = %s",
-                                    (max(1, n * 3 - 5),))
-                    written[0] += 1
-                    time.sleep(0.02)
-            finally:
-                src.close()
-
-        writer = threading.Thread(target=write)
+        writer = threading.Thread(target=_write_until, args=(pipe, stop, written))
         writer.start()
         try:
             until("a few hundred transactions", lambda: written[0] >= 150, timeout=60)
@@ -237,12 +248,7 @@ def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(setti
             stop.set()
             writer.join()
 
-        def same() -> bool:
-            source = pipe.rows("source", "amount")
-            return source == {r[0]: r[1:] for r in pipe.query_wh(
-                f"SELECT id, amount FROM {spec.cdc.serving_view} ORDER BY id")}
-
-        until("the serving view equal to the source, key by key", same, timeout=180)
+        until("the serving view equal to the source, key by key", lambda: _serving_is_source(pipe), timeout=180)
         consumer = ledger.consumer_for(spec.name)
         assert pipe.query_wh("SELECT count(*) FROM tidemark_control.sink_rejects WHERE consumer = %s",
                              (consumer,))[0][0] == 0
@@ -296,5 +302,76 @@ def test_a_column_added_at_the_source_lands_before_its_rows_and_a_narrowed_one_i
         assert pipe.query_wh(f"SELECT id FROM {view} ORDER BY id") == [(1,), (2,)]  # nothing of it applied
         until("its dead letter published", lambda: pipe.query_wh(
             "SELECT bool_and(in_dlq) FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))[0][0])
+    finally:
+        wh.close()
+
+
+def test_the_sink_killed_at_seeded_moments_of_its_apply_loses_and_duplicates_no_change(settings, cdc_pipeline):
+    """Issue 31's tests, the sink's half: kill -9 of the standing sink while writers commit, once after
+    a seeded delay, once just before its micro-batch's commit and once just after it (``tidemark.faults``,
+    on a seeded pass). The micro-batch in flight commits nothing; the next start reads again from the
+    offsets in the warehouse; the supervisor's cycle restarts the last. Every change is applied once
+    (each DELETE audited once), and the serving view ends equal to the source.
+    TIDEMARK_KILL_SEED picks other moments (``make kill-trials`` runs the long campaigns of events)."""
+    import os
+    import random
+    import time
+
+    from tidemark.faults import ENV as KILL_AT
+
+    seed = int(os.environ.get("TIDEMARK_KILL_SEED", "31"))
+    rng = random.Random(seed)
+    pipe, launcher = cdc_pipeline
+    spec, name = pipe.spec, pipe.spec.name
+    argv, env = submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+    wh = pipe.wh()
+    stop, written = threading.Event(), [0]
+
+    def lease_free() -> bool:  # a killed instance's lease lasts until its last beat is a lease old
+        return not pipe.query_wh(
+            "SELECT 1 FROM tidemark_control.stream_heartbeats WHERE pipeline = %s AND ended_at IS NULL "
+            "AND heartbeat_at > clock_timestamp() - %s", (name, spec.sink.lease))
+
+    try:
+        _capture_and_stand(settings, pipe, launcher, wh)
+        writer = threading.Thread(target=_write_until, args=(pipe, stop, written), kwargs={"deletes": True})
+        writer.start()
+        deaths = []
+        try:
+            until("the sink's first micro-batch", lambda: pipe.query_wh(
+                "SELECT count(*) FROM tidemark_control.sink_micro_batches WHERE consumer = %s AND events > 0",
+                (ledger.consumer_for(name),))[0][0], timeout=180)
+            delay = rng.uniform(0.5, 3.0)
+            time.sleep(delay)
+            launcher.kill(name)
+            deaths.append(f"kill -9 {delay:.1f} s into the stream")
+            for point in ("before_commit", "committed"):
+                nth = rng.randint(1, 3)
+                until("the killed sink's lease to lapse", lease_free, timeout=60)
+                launcher.start(name, argv, {**env, KILL_AT: f"{point}:{nth}"})
+                until(f"the sink's kill -9 at {point}, pass {nth}", lambda: not launcher.status(name).alive,
+                      timeout=180)
+                # its own line may not reach the log (the JVM copies the driver's output, and died with it)
+                assert "FAILED" not in launcher.log_tail(name, 40), launcher.log_tail(name, 60)
+                deaths.append(f"kill -9 at {point} (pass {nth})")
+            until("the supervisor's restart", lambda: _stand(settings, pipe, launcher, wh) == "restart", timeout=60,
+                  every=2)
+            until("more transactions after it", lambda: written[0] >= 300, timeout=120)
+        finally:
+            stop.set()
+            writer.join()
+
+        until("the serving view equal to the source, key by key", lambda: _serving_is_source(pipe), timeout=180)
+        # Applied once: a source transaction applied twice would audit its DELETE twice (cdc_deletions is
+        # append-only); the upserts alone could not tell, the last version wins either way.
+        deleted = sorted(n * 3 - 4 for n in range(2, written[0]))
+        audited = [(int(k), times) for k, times in pipe.query_wh(
+            "SELECT key ->> 0, count(*) FROM tidemark_control.cdc_deletions WHERE pipeline = %s GROUP BY 1 ORDER BY 1",
+            (name,))]
+        assert sorted(audited) == [(k, 1) for k in deleted], (deaths, len(audited), len(deleted))
+        assert pipe.query_wh("SELECT count(*) FROM tidemark_control.sink_rejects WHERE consumer = %s",
+                             (ledger.consumer_for(name),))[0][0] == 0
+        print(f"seed {seed}: {'; '.join(deaths)}; {written[0]} source transactions, each of {len(deleted)} deletes "
+              "audited once")
     finally:
         wh.close()
