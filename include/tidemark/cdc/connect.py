@@ -86,6 +86,15 @@ class ConnectClient:
     def _path(name: str, suffix: str = "") -> str:
         return f"/connectors/{urllib.parse.quote(name, safe='')}{suffix}"
 
+    def create_stopped(self, name: str, config: dict[str, str]) -> None:
+        """Create the connector in Connect's STOPPED state: nothing runs until ``resume``."""
+        self._call("POST", "/connectors", {"name": name, "config": config, "initial_state": "STOPPED"})
+
+    def reset_offsets(self, name: str) -> None:
+        """Forget the source offsets Connect keeps for the connector (its name's, in the offsets topic,
+        which outlive a deleted connector). It must be STOPPED; Debezium then starts from its slot."""
+        self._call("DELETE", self._path(name, "/offsets"))
+
     def put_config(self, name: str, config: dict[str, str]) -> None:
         """Create the connector, or update its configuration (Connect restarts it then)."""
         self._call("PUT", self._path(name, "/config"), config)

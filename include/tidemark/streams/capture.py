@@ -123,8 +123,18 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
 def _act(spec: PipelineSpec, decision: ConnectorDecision, state: ConnectorState, client: ConnectClient,
          wanted: dict[str, str], wh) -> str | None:
     name, connector = spec.name, connector_name(spec)
-    if decision.action in ("create", "update"):
+    if decision.action == "create":
+        # The slot says where the stream goes on, never offsets Connect kept from an earlier connector of
+        # this name (a pipeline stopped for good and made again, a new handoff after a lost slot): those
+        # point before the slot's start, and Debezium refuses them. Start without any.
+        client.create_stopped(connector, wanted)
+        client.reset_offsets(connector)
+        client.resume(connector)
+    elif decision.action == "update":
         client.put_config(connector, wanted)
+    elif decision.action == "resume" and state.state == "STOPPED":
+        client.reset_offsets(connector)  # as at creation: after a stop, a new handoff may have made a new slot
+        client.resume(connector)
     elif decision.action == "resume":
         client.resume(connector)
     elif decision.action == "pause":
