@@ -291,6 +291,19 @@ def _streams(settings: Settings, api) -> bool:
     return True
 
 
+def _query(settings: Settings, db: str, sql: str, args=None) -> list[tuple]:
+    """One statement in its own connection and transaction: its rows (none for a statement without)."""
+    import psycopg2
+
+    conn = psycopg2.connect(settings.dsn(db))
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
 def _events(settings: Settings, api, published: int) -> bool:
     """The real-time path, with the writers stopped: serving.ledger_entries (the batch target merged
     with the events applied since its watermark) equals the source, row for row; then a malformed
@@ -309,13 +322,7 @@ def _events(settings: Settings, api, published: int) -> bool:
     columns = "entry_id, txn_id, account_id, business_date, amount, currency, side, created_at"
 
     def query(db: str, sql: str) -> list[tuple]:
-        conn = psycopg2.connect(settings.dsn(db))
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(sql)
-                return cur.fetchall()
-        finally:
-            conn.close()
+        return _query(settings, db, sql)
 
     def rows(db: str, table: str) -> dict:
         return {r[0]: r for r in query(db, f"SELECT {columns} FROM {table}")}
@@ -376,6 +383,7 @@ def _changes(settings: Settings, api, closed_in_error: int) -> bool:
 
     from tidemark.cdc.connect import ConnectClient
     from tidemark.cdc.connector import connector_name
+    from tidemark.ledger import committed_handoff
     from tidemark.spec import load_spec
     from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
     from tidemark_workshop.stack.cdcrun import read_slot
@@ -385,22 +393,19 @@ def _changes(settings: Settings, api, closed_in_error: int) -> bool:
     view, columns = spec.cdc.serving_view, "account_id, customer_id, currency, status, opened_at, updated_at"
 
     def query(db: str, sql: str, args=None) -> list[tuple]:
-        conn = psycopg2.connect(settings.dsn(db))
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(sql, args)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        return _query(settings, db, sql, args)
 
-    handoff = query(WAREHOUSE_DB, "SELECT h.batch_id, h.consistent_point FROM tidemark_control.cdc_handoffs h JOIN "
-                    "tidemark_control.batches b USING (batch_id) WHERE h.pipeline = %s AND b.state = 'committed'",
-                    (spec.name,))
-    if not handoff:
+    conn = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
+    try:
+        with conn, conn.cursor() as cur:
+            handoff = committed_handoff(cur, spec.name)
+    finally:
+        conn.close()
+    if handoff is None:
         print(f"\nchange data capture of {spec.table}: no committed handoff batch: MISMATCH")
         return False
-    print(f"\nchange data capture of {spec.table}: its nightly run was the handoff batch {handoff[0][0]}, read in "
-          f"the snapshot of slot {spec.cdc_slot} at {handoff[0][1]} while the writers ran; Debezium streams every "
+    print(f"\nchange data capture of {spec.table}: its nightly run was the handoff batch {handoff.batch_id}, read in "
+          f"the snapshot of slot {handoff.slot} at {handoff.consistent_point} while the writers ran; Debezium streams every "
           "change after it. Waiting for the supervisor to create the connector on that slot ...", flush=True)
     client = ConnectClient(settings.connect_url)
     try:
