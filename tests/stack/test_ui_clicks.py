@@ -131,14 +131,6 @@ def _settled(api: RestApi, dag_id: str) -> list[dict]:
     return api.wait_for(f"every run of {dag_id} to finish", done)
 
 
-def _open_trigger_dialog(browser: Browser, dag_id: str):
-    browser.open(f"/dags/{dag_id}")
-    browser.click(browser.button("Trigger"))  # the DAG page's header button
-    dialog = browser.dialog()
-    assert f"Trigger Dag - {dag_id}" in " ".join(dialog.find_element(By.TAG_NAME, "h2").text.split())
-    return dialog
-
-
 def _checkbox(browser: Browser, dialog, label_starts: str):
     """A Chakra checkbox by its label's text: (its visible label, its input)."""
     label = browser.wait(f"the checkbox {label_starts!r}", lambda d: (browser.visible(
@@ -157,7 +149,7 @@ def test_trigger_with_the_forms_defaults_runs_the_nightly_batch_and_loads_its_wi
     assert api.call("GET", f"/dags/{dag_id}")["is_paused"], "a new DAG starts paused"
     assert api.runs(dag_id) == []
 
-    dialog = _open_trigger_dialog(browser, dag_id)
+    dialog = browser.trigger_dialog(dag_id)
     assert browser.field("repair_batch", dialog).get_attribute("value") == ""
     _, unpause = _checkbox(browser, dialog, f"Unpause {dag_id} on trigger")
     assert unpause.is_selected(), "Airflow 3's dialog unpauses on trigger by default"
@@ -214,7 +206,7 @@ def test_stream_control_needs_only_a_pipeline_and_records_who_paused_it(ui, brow
     dag_id, name = "tidemark_stream_control", standing.spec.name
     before = {r["dag_run_id"] for r in api.runs(dag_id)}
 
-    dialog = _open_trigger_dialog(browser, dag_id)
+    dialog = browser.trigger_dialog(dag_id)
     pipeline = browser.field("pipeline", dialog)
     submit = browser.button("Trigger", dialog)
     browser.wait("the Trigger button to be disabled while pipeline is empty",
@@ -258,7 +250,7 @@ def test_stream_control_resume_chosen_in_the_select_records_who_resumed_it(ui, b
     assert [d for d, *_ in standing.query_wh(streams, (name,))] == ["paused"], "the pause test runs first"
     before = {r["dag_run_id"] for r in api.runs(dag_id)}
 
-    dialog = _open_trigger_dialog(browser, dag_id)
+    dialog = browser.trigger_dialog(dag_id)
     browser.type_into(browser.field("pipeline", dialog), name)
     action = browser.field_root("action", dialog)
     browser.choose(action, "resume")
@@ -295,7 +287,7 @@ def test_a_backfill_from_the_dialog_loads_exactly_its_three_days(ui, browser):
     assert before, "the first test loads the nightly window first"
     start, end = BACKFILL
 
-    dialog = _open_trigger_dialog(browser, dag_id)
+    dialog = browser.trigger_dialog(dag_id)
     browser.click(browser.text("Run this Dag for a range of dates"))  # the Backfill choice
     run_backfill = browser.button("Run Backfill", dialog)
     assert not run_backfill.is_enabled(), "no dates yet"
@@ -442,7 +434,7 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     (source_amount, _), = _rows(pipe, "source", "id = %s", (key,)).values()
     assert forged - source_amount == Decimal("0.01")
 
-    dialog = _open_trigger_dialog(browser, dag_id)
+    dialog = browser.trigger_dialog(dag_id)
     _, unpause = _checkbox(browser, dialog, f"Unpause {dag_id} on trigger")
     assert unpause.is_selected()
     assert browser.field("batch_id", dialog).get_attribute("value") == ""  # empty: the newest committed batch

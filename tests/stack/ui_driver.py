@@ -111,6 +111,15 @@ class Browser:
         return self.wait("an open dialog", lambda d: (self.visible(By.CSS_SELECTOR, "[role=dialog]") or [None])[-1],
                          timeout_s)
 
+    def trigger_dialog(self, dag_id: str) -> WebElement:
+        """The DAG page's Trigger dialog, opened as a person opens it (the page's header button)."""
+        self.open(f"/dags/{dag_id}")
+        self.click(self.button("Trigger"))
+        dialog = self.dialog()
+        title = " ".join(dialog.find_element(By.TAG_NAME, "h2").text.split())
+        assert f"Trigger Dag - {dag_id}" in title, title
+        return dialog
+
     def button(self, text: str, within: WebElement | None = None, timeout_s: float = WAIT_S) -> WebElement:
         """A visible button whose text (its whole text, trimmed) is ``text``."""
         xpath = (f".//button[normalize-space(.)={_literal(text)}] | "
