@@ -1,12 +1,15 @@
 """
-### Tidemark stream control: pause, resume, stop, clear
+### Tidemark stream control: pause, resume, stop, clear, re-snapshot
 
 Trigger this DAG (**Trigger** in the UI, or the REST API) with:
 
 - `pipeline`: a pipeline whose spec says `sink: {mode: standing}`;
 - `action`: `pause` or `stop` (the sink finishes its micro-batch and exits; the supervisor never
   restarts it), `resume` (the supervisor starts it at its next cycle), or `clear` (a crash-looping
-  pipeline may be restarted again, with a fresh restart budget);
+  pipeline may be restarted again, with a fresh restart budget), or `resnapshot` (a CDC pipeline only:
+  its stream starts over from a new handoff: the supervisor stops the connector, the next batch run
+  makes the slot again with a snapshot of the table, then the connector resumes on it; a row deleted
+  at the source in between is found by that batch's reconciliation, not applied);
 - `reason`: why, kept with the change.
 
 Who asked (the user who triggered the run) and when go into the control schema
@@ -31,7 +34,7 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "owner": "tidemark"},
     params={
         "pipeline": Param("", type="string", description="a pipeline with sink.mode standing"),
-        "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear"]),
+        "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear", "resnapshot"]),
         "reason": Param(None, type=["null", "string"], description="why (optional, kept with the change)"),
     },
     tags=["tidemark", "streams"],

@@ -70,10 +70,12 @@ def plan(
             wh.connection.commit()  # keep the id observation: it is what lets a later plan move on
             raise
         whole = window
-        # a CDC pipeline with no committed handoff, or whose slot is gone or lost: this batch is its (new) handoff
+        # a CDC pipeline with no committed handoff, whose slot is gone or lost, or asked to re-snapshot by a
+        # person since its last handoff: this batch is its (new) handoff
         handoff = spec.cdc is not None and (ledger.committed_handoff(wh, spec.name) is None
                                             or (held := slot_named(src, spec.cdc_slot)) is None
-                                            or held.wal_status == "lost")
+                                            or held.wal_status == "lost"
+                                            or ledger.resnapshot_asked(wh, spec.name) is not None)
         if spec.max_batch_rows is not None and not handoff:
             types = {name: type_ for name, type_, _ in catalog.source_columns(src, spec.table)}
             window = cap_rows(src, spec, window, types)

@@ -19,7 +19,7 @@ from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, pipelines_di
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 
 log = logging.getLogger(__name__)
-ACTIONS = {"pause": "paused", "resume": "running", "stop": "stopped", "clear": None}
+ACTIONS = {"pause": "paused", "resume": "running", "stop": "stopped", "clear": None, "resnapshot": None}
 
 
 def _standing_specs():
@@ -146,12 +146,16 @@ def control(pipeline: str, action: str, reason: str, actor: str) -> str:
     """Record what a person asks of a pipeline's stream; the supervisor acts on it at its next cycle."""
     from tidemark import ledger
 
-    names = {spec.name for _, spec in _standing_specs()}
+    specs = {spec.name: spec for _, spec in _standing_specs()}
+    names = set(specs)
     if pipeline not in names:
         raise AirflowFailException(f"pipeline {pipeline!r} has no standing sink (standing: {sorted(names) or 'none'}); "
                                    "set sink.mode: standing in its spec first")
     if action not in ACTIONS:
         raise AirflowFailException(f"action {action!r} is not one of {sorted(ACTIONS)}")
+    if action == "resnapshot" and specs[pipeline].cdc is None:
+        raise AirflowFailException(f"pipeline {pipeline!r} has no cdc section: only a pipeline that captures its "
+                                   "table's changes is re-snapshotted")
     warehouse = pg_connect(CONN_WAREHOUSE, application_name="tidemark-stream-control")
     try:
         with warehouse, warehouse.cursor() as cur:
@@ -160,6 +164,11 @@ def control(pipeline: str, action: str, reason: str, actor: str) -> str:
                 done = ledger.clear_crash_loop(cur, pipeline, actor)
                 return (f"pipeline={pipeline} crash loop cleared by {actor}: the supervisor restarts it at its next cycle"
                         if done else f"pipeline={pipeline} was not crash-looping: nothing to clear")
+            if action == "resnapshot":
+                ledger.request_resnapshot(cur, pipeline, actor, reason or None)
+                return (f"pipeline={pipeline} re-snapshot asked for by {actor}" + (f" ({reason})" if reason else "")
+                        + ": the supervisor stops its connector at its next cycle; the next batch run is a new "
+                        "handoff (its slot made again with a snapshot of the table), then the stream resumes on it")
             before = ledger.set_desired(cur, pipeline, ACTIONS[action], actor, reason or None)
     finally:
         warehouse.close()

@@ -17,6 +17,7 @@ connector reads it. Creating the slot waits for the transactions running at that
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from tidemark.errors import Terminal
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")  # PostgreSQL's rule for replication slot names
 SNAPSHOT_NAME = re.compile(r"[0-9A-F]{8}-[0-9A-F]{8}-[0-9]+")  # as pg_export_snapshot and the walsender spell it
 SAVEPOINT = "tidemark_snapshot"
+RELEASE_WAIT_S = 30.0  # how long a handoff waits for a slot in the way to lose its reader
 
 
 class HandoffError(Terminal):
@@ -73,9 +75,10 @@ def exported_snapshot(params: dict[str, Any], slot: str, publication: str, *,
 
     ``params``: psycopg2 connection parameters of a role with REPLICATION on the source database.
     The publication must exist before the slot (a change decoded before it existed is not
-    published). A slot of that name that no one reads is dropped first when ``replace_stale`` (the
-    ledger says no handoff of this pipeline completed: an earlier attempt died holding it); any other
-    slot in the way refuses the handoff."""
+    published). A slot of that name that no one reads (within ``RELEASE_WAIT_S``) is dropped first
+    when ``replace_stale`` (the ledger planned a handoff: none completed, an earlier attempt died
+    holding the slot, or a person asked for a re-snapshot and the supervisor stopped the connector);
+    any other slot in the way refuses the handoff."""
     import psycopg2
     import psycopg2.extras
 
@@ -114,6 +117,10 @@ def _check_way_clear(cur, slot: str, publication: str, replace_stale: bool) -> N
         raise HandoffError(f"publication {publication} does not exist on the source: it must exist before the slot "
                            "(tidemark.cdc.source.grant_sql gives the statements for the table's owner)")
     found = slot_named(cur, slot)
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while replace_stale and found is not None and found.active and time.monotonic() < deadline:
+        time.sleep(1.0)  # a connector stopped a moment ago (a re-snapshot) lets go of its slot within seconds
+        found = slot_named(cur, slot)
     if found is None:
         return
     active = found.active

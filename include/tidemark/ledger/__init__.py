@@ -30,7 +30,9 @@ from tidemark.ledger.lifecycle import (  # noqa: F401
     batch_summary, extract_offsets, extract_totals, finished_attempts, lock_batch, open_attempt,
     record_extract, release_turn, seal_attempt, take_turn, transition,
 )
-from tidemark.ledger.handoffs import HandoffPosition, committed_handoff, record_handoff  # noqa: F401
+from tidemark.ledger.handoffs import (  # noqa: F401
+    HandoffPosition, ResnapshotRequest, committed_handoff, record_handoff, request_resnapshot, resnapshot_asked,
+)
 from tidemark.ledger.streams import (  # noqa: F401
     STREAM_STATES, StreamState, beat, clear_crash_loop, heartbeat, mark_crash_looping, observe_stream,
     record_stream_event, restarts_since, set_desired, stream_state,

@@ -4,6 +4,7 @@ them committed (the pipeline's handoff position: its stream starts there)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -32,3 +33,33 @@ def committed_handoff(cur, pipeline: str) -> HandoffPosition | None:
                    ORDER BY b.committed_at DESC LIMIT 1""", (pipeline,))
     row = cur.fetchone()
     return HandoffPosition(*row) if row else None
+
+
+@dataclass(frozen=True)
+class ResnapshotRequest:
+    actor: str
+    at: Any
+    reason: str | None
+
+
+def request_resnapshot(cur, pipeline: str, actor: str, reason: str | None = None) -> None:
+    """A person asks for the pipeline's stream to start over from a new handoff (who, when, why): until
+    a handoff batch commits after it, the supervisor keeps the connector stopped and the next batch
+    run is that handoff."""
+    cur.execute("INSERT INTO tidemark_control.stream_events (pipeline, kind, actor, detail) "
+                "VALUES (%s, 'resnapshot', %s, %s)", (pipeline, actor, reason))
+
+
+def resnapshot_asked(cur, pipeline: str) -> ResnapshotRequest | None:
+    """The newest re-snapshot asked for since the pipeline's last committed handoff (None: none waits;
+    a pipeline with no committed handoff has its first one coming anyway)."""
+    cur.execute("""SELECT e.actor, e.at, e.detail
+                     FROM tidemark_control.stream_events e
+                    WHERE e.pipeline = %(p)s AND e.kind = 'resnapshot'
+                      AND e.at > (SELECT max(b.committed_at) FROM tidemark_control.cdc_handoffs h
+                                    JOIN tidemark_control.batches b
+                                      ON b.batch_id = h.batch_id AND b.committed_attempt = h.attempt
+                                   WHERE h.pipeline = %(p)s AND b.state = 'committed')
+                    ORDER BY e.at DESC LIMIT 1""", {"p": pipeline})
+    row = cur.fetchone()
+    return ResnapshotRequest(*row) if row else None

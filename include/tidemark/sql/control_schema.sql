@@ -352,12 +352,13 @@ CREATE TRIGGER cdc_deletions_append_only
     FOR EACH STATEMENT EXECUTE FUNCTION tidemark_control.refuse_change();
 REVOKE UPDATE, DELETE, TRUNCATE ON tidemark_control.cdc_deletions FROM PUBLIC, CURRENT_USER;
 
--- The supervisor's actions on a CDC pipeline's connector are stream events too (who, when, why).
+-- The supervisor's actions on a CDC pipeline's connector are stream events too (who, when, why), and so is
+-- a person's request for a re-snapshot (tidemark_stream_control's resnapshot: the next batch is a new handoff).
 ALTER TABLE tidemark_control.stream_events DROP CONSTRAINT IF EXISTS stream_events_kind_check;
 ALTER TABLE tidemark_control.stream_events ADD CONSTRAINT stream_events_kind_check CHECK (kind IN (
     'desired', 'start', 'restart', 'stop', 'crash_loop', 'cleared',
     'connector_create', 'connector_update', 'connector_restart', 'connector_pause', 'connector_resume',
-    'connector_stop'));
+    'connector_stop', 'resnapshot'));
 -- Since when a CDC pipeline's slot has had no reader (PostgreSQL 15 does not say): a connector whose
 -- task looks RUNNING while Connect retries a failing poll forever is found by its unread slot.
 CREATE TABLE IF NOT EXISTS tidemark_control.cdc_slot_watch (

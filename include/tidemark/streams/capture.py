@@ -6,7 +6,8 @@ or task is restarted with backoff within the spec's restart budget, and past it 
 naming the task's own error line until a person clears the pipeline. The source is checked first
 (grants, publication, ``wal_level``) and the slot watched: the WAL it keeps on the source warns past
 ``cdc.retained_wal_warning`` and fails the cycle past ``cdc.retained_wal_limit``; a lost slot fails
-it with the re-snapshot as the next step.
+it with the re-snapshot as the next step. A re-snapshot a person asked for (``tidemark_stream_control``)
+keeps the connector stopped until the new handoff batch commits.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
                     {"p": name, "unread": held is not None and not held.active, "now": now})
         inactive_since = cur.fetchone()[0]
         handoff = ledger.committed_handoff(cur, name)
+        asked = ledger.resnapshot_asked(cur, name)
     wanted = connector_config(spec, endpoint)
     state = client.state(connector)
     stored = client.config(connector) if state.state != "MISSING" else None
@@ -100,6 +102,8 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
     decision = decide(desired, state, differs, restarts, now, policy,
                       now - unread_since if unread_since is not None else None, handed_off=handoff is not None)
+    if asked is not None:
+        return _resnapshot(spec, asked, state, client, wh), None
     if held is None and handoff is not None and desired == "running":
         # never let Debezium make a new slot of its own: it would start at the present, past every change since
         if state.state not in ("MISSING", "STOPPED"):
@@ -118,6 +122,25 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
     line = (f"pipeline={name} connector={connector} state={state.state} tasks={tasks} desired={desired} "
             f"action={decision.action}: {decision.reason}; {slot_text}")
     return line, failure or slot_failure
+
+
+def _resnapshot(spec: PipelineSpec, asked: ledger.ResnapshotRequest, state: ConnectorState, client: ConnectClient,
+                wh) -> str:
+    """A re-snapshot waits: the connector is kept stopped (its task would hold the slot, which the new
+    handoff's extract drops and creates again) until the handoff batch commits; the line says so."""
+    name, connector = spec.name, connector_name(spec)
+    action = "none"
+    if state.state not in ("MISSING", "STOPPED"):
+        client.stop(connector)
+        action = "stop"
+        with wh, wh.cursor() as cur:
+            ledger.record_stream_event(cur, name, "connector_stop", "supervisor",
+                                       f"a re-snapshot asked for by {asked.actor}")
+    return (f"pipeline={name} connector={connector} state={state.state} action={action}: a re-snapshot asked for by "
+            f"{asked.actor} at {asked.at:%Y-%m-%d %H:%M:%S%z}" + (f" ({asked.reason})" if asked.reason else "")
+            + f"; the connector stays stopped until it commits. Next: run the pipeline's batch DAG (Trigger): its "
+            f"next batch is the new handoff (slot {spec.cdc_slot} made again with a snapshot of {spec.table}); "
+            "this cycle then resumes the connector on it")
 
 
 def _act(spec: PipelineSpec, decision: ConnectorDecision, state: ConnectorState, client: ConnectClient,
