@@ -19,7 +19,10 @@ One CDC pipeline over the tests' payments table, ``--rows`` rows in the source:
    capture's share of the path).
 5. Latency: ``--rate`` updates per second for ``--seconds`` (transactions of 50), each row's cursor
    set at its update; ``p50_ms``/``p99_ms`` = the real-time table's apply time minus that cursor
-   (the apply's micro-batch commits a few milliseconds after it).
+   (the apply's micro-batch commits a few milliseconds after it), also printed per 5 s of the phase;
+   ``capture_p50_ms``/``capture_p99_ms`` = the capture's share: the change event's Kafka timestamp
+   (when the Connect worker wrote it) minus the same cursor.
+   ``--trigger`` sets the standing sink's trigger (PT1S by default, as the tests' CDC pipelines).
 
 The last line printed is one JSON object. The benchmark's tables, slots, publications, connectors
 and topics are dropped at the end.
@@ -61,6 +64,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--changes", type=int, default=200_000)
     p.add_argument("--rate", type=int, default=5_000, help="changes per second in the latency phase")
     p.add_argument("--seconds", type=int, default=30)
+    p.add_argument("--trigger", default=None, help="the standing sink's trigger, ISO 8601 (default PT1S)")
     args = p.parse_args(argv)
     if args.rate * args.seconds > args.rows or args.changes > args.rows:
         # the phases update existing rows by id: a transaction past the last row changes nothing, so the
@@ -69,10 +73,10 @@ def main(argv: list[str]) -> int:
                 f"exceed --rows ({args.rows}): every change updates an existing row")
     settings = Settings.from_env()
     tmp = Path(tempfile.mkdtemp(prefix="tidemark-bench-cdc-"))
-    pipe = make_cdc_pipeline(settings, tmp)
+    pipe = make_cdc_pipeline(settings, tmp, args.trigger)
     peer = _peer_spec(pipe, tmp)
     launcher = LocalLauncher(tmp / "streams")
-    figures: dict[str, float | int] = {"rows": args.rows}
+    figures: dict[str, float | int | str] = {"rows": args.rows, "trigger_s": pipe.spec.sink.trigger.total_seconds()}
     try:
         _source(pipe, f"INSERT INTO {pipe.spec.table} (id, amount, updated_at) SELECT g, g %% 100000 / 100.0, "
                       "now() - interval '1 day' FROM generate_series(1, %s) g", (args.rows,))
@@ -83,7 +87,7 @@ def main(argv: list[str]) -> int:
         remove_capture(settings, peer)
         figures.update(_handoff(settings, pipe, launcher, args.rows))
         figures.update(_sustained(pipe, args.changes, settings.kafka_bootstrap))
-        figures.update(_latency(pipe, args.rate, args.seconds))
+        figures.update(_latency(pipe, args.rate, args.seconds, settings.kafka_bootstrap))
         figures["snapshot_ratio_vs_debezium"] = round(figures["snapshot_rows_per_s"]
                                                       / figures["debezium_snapshot_rows_per_s"], 2)
     finally:
@@ -215,9 +219,10 @@ def _applied(pipe: Pipeline, txid: int) -> None:
         timeout=3600, every=0.2)
 
 
-def _latency(pipe: Pipeline, rate: int, seconds: int) -> dict:
+def _latency(pipe: Pipeline, rate: int, seconds: int, bootstrap: str) -> dict:
     table, live = quote(pipe.spec.table), quote(pipe.spec.cdc.target_table)
     per_tx, ids = 50, rate * seconds
+    first_offsets = end_offsets(bootstrap, pipe.spec.cdc_topic)
     src = pipe.src()
     began = time.monotonic()
     try:
@@ -242,8 +247,48 @@ def _latency(pipe: Pipeline, rate: int, seconds: int) -> dict:
         f"SELECT extract(epoch FROM _tm_applied_at - updated_at) * 1000 FROM {live} WHERE updated_at >= %s", (since,)))
     if not lags:
         raise SystemExit("no change of the latency phase reached the real-time table")
+    for window, n, p50, p99 in pipe.query_wh(  # where in the phase the slow changes were
+            f"""SELECT floor(extract(epoch FROM updated_at - %(s)s) / 5)::int * 5, count(*),
+                       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM _tm_applied_at - updated_at)),
+                       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM _tm_applied_at - updated_at))
+                  FROM {live} WHERE updated_at >= %(s)s GROUP BY 1 ORDER BY 1""", {"s": since}):
+        print(f"latency phase {window:>3}-{window + 5} s: {n} changes, p50 {p50 * 1000:,.0f} ms, p99 {p99 * 1000:,.0f} ms",
+              flush=True)
+    captured = _capture_lags(pipe, bootstrap, first_offsets, since)
     return {"rate_achieved": round(achieved), "latency_changes": len(lags), "p50_ms": round(statistics.median(lags)),
-            "p99_ms": round(lags[min(len(lags) - 1, int(len(lags) * 0.99))])}
+            "p99_ms": _p99(lags), "capture_p50_ms": round(statistics.median(captured)) if captured else None,
+            "capture_p99_ms": _p99(captured) if captured else None}
+
+
+def _p99(values: list[float]) -> int:
+    return round(values[min(len(values) - 1, int(len(values) * 0.99))])
+
+
+def _capture_lags(pipe: Pipeline, bootstrap: str, offsets: dict[int, int], since: datetime) -> list[float]:
+    """The capture's share of each latency-phase change: when the Connect worker wrote its change event
+    (the record's Kafka timestamp) minus its row's ``updated_at``, in ms, sorted."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tidemark-bench-{pipe.spec.name}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    topic, lags, open_parts = pipe.spec.cdc_topic, [], set(offsets)
+    consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+    try:
+        while open_parts:
+            msg = consumer.poll(10)
+            if msg is None:
+                break
+            if msg.error():
+                open_parts.discard(msg.partition())
+                continue
+            after = (json.loads(msg.value()).get("payload") or {}).get("after") or {}
+            if after.get("updated_at"):
+                written = datetime.fromisoformat(after["updated_at"].replace("Z", "+00:00"))
+                if written >= since:
+                    lags.append(msg.timestamp()[1] - written.timestamp() * 1000)
+    finally:
+        consumer.close()
+    return sorted(lags)
 
 
 def _rows(pipe: Pipeline, side: str) -> dict:

@@ -22,6 +22,7 @@ from tidemark.config import executor_checks_from
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.kafka_io import end_offsets, ensure_topic
+from tidemark import ledger
 from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
 from tidemark.progress import Steps, progress_line, summary_line
 from tidemark.sink.apply import BatchSink
@@ -39,7 +40,7 @@ def run(args: Namespace) -> int:
     except KeyringError as exc:
         raise JobError(f"pipeline {spec.name}: {exc}") from None
     conn = connect(args.database, args.user, password(args))
-    control = spark = None
+    control = spark = batches = None
     try:
         sink = open_sink(conn, spec, keyring, args)
         control = take_over(sink, spec, args)
@@ -48,8 +49,10 @@ def run(args: Namespace) -> int:
         if control is not None:
             signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
         starting = sink.starting_offsets()
+        # a standing CDC sink reads micro-batch N+1 while N applies, on a connection of its own
+        reader = connect(args.database, args.user, password(args)) if control and spec.cdc else None
         batches = MicroBatches(sink, spec, control, connect_params(args.database, args.user, password(args)),
-                               backlog(args.bootstrap, starting))
+                               backlog(args.bootstrap, starting), reader=reader)
         spark = session(f"tidemark-batch-sink-{spec.name}")
         records = topic_records(spark, args, spec, starting)
         stream(records, batches, spec, args.available_now, control,
@@ -58,6 +61,8 @@ def run(args: Namespace) -> int:
         print(summary_line("sink", pipeline=spec.name, **batches.total.totals(),
                            **({"stopped": control.reason} if control else {})), flush=True)
     finally:
+        if batches is not None:
+            batches.close()  # an apply in flight ends first (its lock is the life line's)
         if control is not None:
             control.finish()  # the lease ends first: a successor starts at once
         if spark is not None:
@@ -179,7 +184,7 @@ def stream(records, batches: MicroBatches, spec: PipelineSpec, available_now: bo
             query.awaitTermination()
             return
         while query.isActive and not control.stop_requested.wait(1.0):
-            pass
+            batches.raise_failure()  # an apply that failed on its own thread while no micro-batch came
         if not control.stop_requested.is_set():
             query.awaitTermination()  # it ended by itself: this raises its error
         with control.apply_lock:  # the micro-batch in flight, if any, finishes first
@@ -190,11 +195,23 @@ def stream(records, batches: MicroBatches, spec: PipelineSpec, available_now: bo
 class MicroBatches:
     """The query's ``foreachBatch`` function: reads one micro-batch (protocol version 2: decoded,
     checked and staged by the executors), hands it to ``BatchSink.apply``, adds its report to
-    ``total`` and prints a progress line."""
+    ``total`` and prints a progress line.
+
+    With a ``reader`` connection (a standing CDC sink), the apply of micro-batch N runs on a thread
+    of its own while Spark reads N+1: the read's only look at the warehouse (are batch attempts
+    open?) goes through ``reader``, applies stay in order (N+1's waits for N's), and the offsets
+    commit with the rows as before, so a crash anywhere re-reads from the last commit. Where the
+    read needs the ledger (an attempt open: decode, check, stage) or the micro-batch holds records of
+    the pipeline's own topic (whose apply moves the ledger), it waits for the apply as before."""
 
     def __init__(self, sink: BatchSink, spec: PipelineSpec, control: StandingControl | None,
-                 executor_db: dict, backlog: int | None):
+                 executor_db: dict, backlog: int | None, reader=None):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.sink, self.spec, self.control = sink, spec, control
+        self.reader = reader if control is not None else None
+        self._applying = ThreadPoolExecutor(1, thread_name_prefix="tidemark-apply") if self.reader else None
+        self._pending = None  # the Future of the apply in flight
         self.executor_db = executor_db  # the executors' own connection parameters (their COPY)
         self.backlog = backlog
         self.total = MicroBatchReport()
@@ -207,15 +224,67 @@ class MicroBatches:
         if self.control is None:
             self.apply(batch_df, epoch_id)
             return
+        if self._applying is not None:
+            self.overlapped(batch_df, epoch_id)
+            return
         with self.control.apply_lock:  # a stop waits for this micro-batch, and none starts after it
             if not self.control.stop_requested.is_set():
                 started = time.monotonic()
                 rows = self.apply(batch_df, epoch_id)
                 self.control.progress(rows, self.sink.committed_offsets(), time.monotonic() - started)
 
+    def overlapped(self, batch_df, epoch_id: int) -> None:
+        """Read this micro-batch while the previous one applies, then hand it to the apply thread."""
+        import pyarrow.compute as pc
+
+        started, steps = time.monotonic(), Steps()
+        with self.reader, self.reader.cursor() as cur:
+            attempts_open = bool(ledger.open_windows(cur, self.spec.name))
+        if attempts_open:  # the read looks at the ledger: after the apply before it
+            self.wait_applied()
+            table, loads = self.read(batch_df, steps)
+        else:
+            with steps.step("spark read"):
+                table, loads = batch_df.toArrow(), None
+            self.wait_applied()
+        self._pending = self._applying.submit(self._apply_in_turn, table, loads, epoch_id, steps, started)
+        if loads is not None or pc.any(pc.equal(table["topic"], self.spec.topic)).as_py():
+            self.wait_applied()  # a batch's records: the next read must see what this apply did
+
+    def _apply_in_turn(self, table, loads, epoch_id: int, steps: Steps, started: float) -> None:
+        with self.control.apply_lock:  # a stop waits for this micro-batch, and none starts after it
+            if not self.control.stop_requested.is_set():
+                rows = self.applied(table, loads, epoch_id, steps, started)
+                self.control.progress(rows, self.sink.committed_offsets(), time.monotonic() - started)
+
+    def wait_applied(self) -> None:
+        """The apply in flight done; its error, if it failed, raised here (the query ends with it)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def raise_failure(self) -> None:
+        """The error of an apply that failed on its thread, raised here (none: nothing)."""
+        pending = self._pending
+        if pending is not None and pending.done() and pending.exception() is not None:
+            self.wait_applied()
+
+    def close(self) -> None:
+        """The apply in flight ends (or is skipped, the stop asked first) before the sink lets go."""
+        if self._applying is None:
+            return
+        self._applying.shutdown(wait=True)
+        if self._pending is not None and self._pending.done() and self._pending.exception() is not None:
+            print(f"pipeline={self.spec.name} the last micro-batch's apply failed after the stop was asked: "
+                  f"{self._pending.exception()}; nothing of it committed, the next start reads it again", flush=True)
+        self.reader.close()
+
     def apply(self, batch_df, epoch_id: int) -> int:
         started, steps = time.monotonic(), Steps()
         table, loads = self.read(batch_df, steps)
+        return self.applied(table, loads, epoch_id, steps, started)
+
+    def applied(self, table, loads, epoch_id: int, steps: Steps, started: float) -> int:
         self.last = table.num_rows + loaded(loads)
         report = self.sink.apply(table, epoch_id, steps, loads, started)
         self.records += self.last
