@@ -8,8 +8,9 @@ Trigger this DAG (**Trigger** in the UI, or the REST API) with:
   restarts it), `resume` (the supervisor starts it at its next cycle), or `clear` (a crash-looping
   pipeline may be restarted again, with a fresh restart budget), or `resnapshot` (a CDC pipeline only:
   its stream starts over from a new handoff: the supervisor stops the connector, the next batch run
-  makes the slot again with a snapshot of the table, then the connector resumes on it; a row deleted
-  at the source in between is found by that batch's reconciliation, not applied);
+  makes the slot again and reads every row above the watermark in its snapshot, then the connector
+  resumes on it; a row deleted at the source in between, or changed below the watermark, is found by
+  reconciliation, not applied; a batch run already planned before the request keeps its plan);
 - `reason`: why, kept with the change.
 
 Who asked (the user who triggered the run) and when go into the control schema

@@ -168,7 +168,8 @@ def control(pipeline: str, action: str, reason: str, actor: str) -> str:
                 ledger.request_resnapshot(cur, pipeline, actor, reason or None)
                 return (f"pipeline={pipeline} re-snapshot asked for by {actor}" + (f" ({reason})" if reason else "")
                         + ": the supervisor stops its connector at its next cycle; the next batch run is a new "
-                        "handoff (its slot made again with a snapshot of the table), then the stream resumes on it")
+                        "handoff (its slot made again, every row above the watermark read in its snapshot), then "
+                        "the stream resumes on it")
             before = ledger.set_desired(cur, pipeline, ACTIONS[action], actor, reason or None)
     finally:
         warehouse.close()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidemark.cdc.source import slot_named
-from tidemark.errors import Terminal
+from tidemark.errors import Terminal, Transient
 
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")  # PostgreSQL's rule for replication slot names
 SNAPSHOT_NAME = re.compile(r"[0-9A-F]{8}-[0-9A-F]{8}-[0-9]+")  # as pg_export_snapshot and the walsender spell it
@@ -35,6 +35,11 @@ RELEASE_WAIT_S = 30.0  # how long a handoff waits for a slot in the way to lose 
 class HandoffError(Terminal):
     """The handoff cannot start as things stand (a slot in the way, no publication): the message
     says what to do first."""
+
+
+class SlotBusy(Transient):
+    """The slot a planned handoff replaces still has a reader (a connector the supervisor has not
+    stopped yet): a later try finds it free."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,11 @@ def _check_way_clear(cur, slot: str, publication: str, replace_stale: bool) -> N
     if found is None:
         return
     active = found.active
+    if active and replace_stale:
+        raise SlotBusy(
+            f"replication slot {slot} is still read by a connector after {RELEASE_WAIT_S:.0f} s: the supervisor stops "
+            "the connector of a pipeline asked to re-snapshot at its next cycle (each minute), and Airflow retries this "
+            "step. If it keeps failing, read the pipeline's line in the tidemark_supervisor task's log")
     if active or not replace_stale:
         raise HandoffError(
             f"replication slot {slot} already exists{' and is read by a connector' if active else ''}: a new "

@@ -58,11 +58,12 @@ def run(args: Namespace) -> int:
         stream(records, batches, spec, args.available_now, control,
                started=summary_line("sink-started", pipeline=spec.name, offsets=starting, fence=sink.fence,
                                     standing=control is not None))
+        batches.close()
         print(summary_line("sink", pipeline=spec.name, **batches.total.totals(),
                            **({"stopped": control.reason} if control else {})), flush=True)
     finally:
         if batches is not None:
-            batches.close()  # an apply in flight ends first (its lock is the life line's)
+            batches.close(raising=False)  # an apply in flight ends first (its lock is the life line's)
         if control is not None:
             control.finish()  # the lease ends first: a successor starts at once
         if spark is not None:
@@ -211,7 +212,8 @@ class MicroBatches:
         self.sink, self.spec, self.control = sink, spec, control
         self.reader = reader if control is not None else None
         self._applying = ThreadPoolExecutor(1, thread_name_prefix="tidemark-apply") if self.reader else None
-        self._pending = None  # the Future of the apply in flight
+        self._pending = None  # the Future of the apply in flight (only the foreachBatch thread sets it)
+        self._failed: BaseException | None = None  # an apply's error: sticky, no apply runs after it
         self.executor_db = executor_db  # the executors' own connection parameters (their COPY)
         self.backlog = backlog
         self.total = MicroBatchReport()
@@ -237,6 +239,7 @@ class MicroBatches:
         """Read this micro-batch while the previous one applies, then hand it to the apply thread."""
         import pyarrow.compute as pc
 
+        self.raise_failure()
         started, steps = time.monotonic(), Steps()
         with self.reader, self.reader.cursor() as cur:
             attempts_open = bool(ledger.open_windows(cur, self.spec.name))
@@ -253,31 +256,37 @@ class MicroBatches:
 
     def _apply_in_turn(self, table, loads, epoch_id: int, steps: Steps, started: float) -> None:
         with self.control.apply_lock:  # a stop waits for this micro-batch, and none starts after it
-            if not self.control.stop_requested.is_set():
+            # after a failed apply none may follow: its offsets would move past the failed one's records
+            if self.control.stop_requested.is_set() or self._failed is not None:
+                return
+            try:
                 rows = self.applied(table, loads, epoch_id, steps, started)
-                self.control.progress(rows, self.sink.committed_offsets(), time.monotonic() - started)
+            except BaseException as exc:
+                self._failed = exc
+                raise
+            self.control.progress(rows, self.sink.committed_offsets(), time.monotonic() - started)
 
     def wait_applied(self) -> None:
-        """The apply in flight done; its error, if it failed, raised here (the query ends with it)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
+        """The apply in flight done (foreachBatch's thread); its error, if it failed, raised here."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
             pending.result()
+        self.raise_failure()
 
     def raise_failure(self) -> None:
-        """The error of an apply that failed on its thread, raised here (none: nothing)."""
-        pending = self._pending
-        if pending is not None and pending.done() and pending.exception() is not None:
-            self.wait_applied()
+        """The error of an apply that failed on its thread, raised here (any thread; none: nothing)."""
+        if self._failed is not None:
+            raise self._failed
 
-    def close(self) -> None:
-        """The apply in flight ends (or is skipped, the stop asked first) before the sink lets go."""
-        if self._applying is None:
-            return
-        self._applying.shutdown(wait=True)
-        if self._pending is not None and self._pending.done() and self._pending.exception() is not None:
-            print(f"pipeline={self.spec.name} the last micro-batch's apply failed after the stop was asked: "
-                  f"{self._pending.exception()}; nothing of it committed, the next start reads it again", flush=True)
-        self.reader.close()
+    def close(self, raising: bool = True) -> None:
+        """The apply in flight ends (or is skipped, the stop asked first) before the sink lets go; an
+        apply that failed meanwhile is raised (the job does not end as if stopped cleanly)."""
+        if self._applying is not None:
+            self._applying.shutdown(wait=True)
+            self.reader.close()
+            self._applying = None
+        if raising:
+            self.raise_failure()
 
     def apply(self, batch_df, epoch_id: int) -> int:
         started, steps = time.monotonic(), Steps()

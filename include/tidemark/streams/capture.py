@@ -102,8 +102,9 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
     decision = decide(desired, state, differs, restarts, now, policy,
                       now - unread_since if unread_since is not None else None, handed_off=handoff is not None)
-    if asked is not None:
-        return _resnapshot(spec, asked, state, client, wh), None
+    if asked is not None:  # the slot still holds WAL while it waits: its warning and limit stand
+        slot_text, slot_failure = _slot(spec, held, state)
+        return f"{_resnapshot(spec, asked, state, client, wh)}; {slot_text}", slot_failure
     if held is None and handoff is not None and desired == "running":
         # never let Debezium make a new slot of its own: it would start at the present, past every change since
         if state.state not in ("MISSING", "STOPPED"):
@@ -139,8 +140,8 @@ def _resnapshot(spec: PipelineSpec, asked: ledger.ResnapshotRequest, state: Conn
     return (f"pipeline={name} connector={connector} state={state.state} action={action}: a re-snapshot asked for by "
             f"{asked.actor} at {asked.at:%Y-%m-%d %H:%M:%S%z}" + (f" ({asked.reason})" if asked.reason else "")
             + f"; the connector stays stopped until it commits. Next: run the pipeline's batch DAG (Trigger): its "
-            f"next batch is the new handoff (slot {spec.cdc_slot} made again with a snapshot of {spec.table}); "
-            "this cycle then resumes the connector on it")
+            f"next batch is the new handoff (slot {spec.cdc_slot} made again, every row of {spec.table} above the "
+            "watermark read in its snapshot); this cycle then resumes the connector on it")
 
 
 def _act(spec: PipelineSpec, decision: ConnectorDecision, state: ConnectorState, client: ConnectClient,
@@ -192,7 +193,8 @@ def _slot(spec: PipelineSpec, held: Slot | None, state: ConnectorState) -> tuple
     if held.wal_status == "lost":
         return text, (f"pipeline {spec.name}: its replication slot {held.name} is lost (the source removed WAL it "
                       "still needed, past max_slot_wal_keep_size): changes since its last position are gone from the "
-                      "stream. Next: drop the slot and load the table again (a new snapshot), then resume")
+                      "stream. Next: run the pipeline's batch DAG: with its slot lost, its next batch is a new handoff "
+                      "(the slot made again with a snapshot), and this cycle resumes the connector on it")
     if held.retained_bytes > cdc.retained_wal_limit:
         return text, (f"pipeline {spec.name}: slot {held.name} keeps {byte_size(held.retained_bytes)} of WAL on the "
                       f"source, past cdc.retained_wal_limit {byte_size(cdc.retained_wal_limit)}: the source's disk fills "
