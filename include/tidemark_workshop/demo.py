@@ -291,19 +291,6 @@ def _streams(settings: Settings, api) -> bool:
     return True
 
 
-def _query(settings: Settings, db: str, sql: str, args=None) -> list[tuple]:
-    """One statement in its own connection and transaction: its rows (none for a statement without)."""
-    import psycopg2
-
-    conn = psycopg2.connect(settings.dsn(db))
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
-
-
 def _events(settings: Settings, api, published: int) -> bool:
     """The real-time path, with the writers stopped: serving.ledger_entries (the batch target merged
     with the events applied since its watermark) equals the source, row for row; then a malformed
@@ -317,12 +304,12 @@ def _events(settings: Settings, api, published: int) -> bool:
     from tidemark.spec import DEAD_LETTER_TOPIC
     from tidemark_workshop import bank
     from tidemark_workshop.settings import WAREHOUSE_DB
-    from tidemark_workshop.stack.batchrun import dead_letters
+    from tidemark_workshop.stack.batchrun import dead_letters, query as db_query
 
     columns = "entry_id, txn_id, account_id, business_date, amount, currency, side, created_at"
 
     def query(db: str, sql: str) -> list[tuple]:
-        return _query(settings, db, sql)
+        return db_query(settings, db, sql)
 
     def rows(db: str, table: str) -> dict:
         return {r[0]: r for r in query(db, f"SELECT {columns} FROM {table}")}
@@ -386,6 +373,7 @@ def _changes(settings: Settings, api, closed_in_error: int) -> bool:
     from tidemark.ledger import committed_handoff
     from tidemark.spec import load_spec
     from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
+    from tidemark_workshop.stack.batchrun import query as db_query
     from tidemark_workshop.stack.cdcrun import read_slot
     from tidemark_workshop.stack.connect import Connect
 
@@ -393,7 +381,7 @@ def _changes(settings: Settings, api, closed_in_error: int) -> bool:
     view, columns = spec.cdc.serving_view, "account_id, customer_id, currency, status, opened_at, updated_at"
 
     def query(db: str, sql: str, args=None) -> list[tuple]:
-        return _query(settings, db, sql, args)
+        return db_query(settings, db, sql, args)
 
     conn = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:

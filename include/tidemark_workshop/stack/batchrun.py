@@ -22,6 +22,17 @@ from tidemark.spec import PipelineSpec, load_spec
 from tidemark_workshop.stack.spark import Submitted, submit
 
 
+def query(settings: Settings, db: str, sql: str, params=()) -> list[tuple]:
+    """One statement in its own connection and transaction: its rows (none for a statement without)."""
+    conn = psycopg2.connect(settings.dsn(db))
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
 @dataclass
 class Pipeline:
     settings: Settings
@@ -173,13 +184,7 @@ class Pipeline:
         return bound.to_json() if bound else None
 
     def query_wh(self, sql: str, params=()) -> list[tuple]:
-        conn = self.wh()
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        return query(self.settings, WAREHOUSE_DB, sql, params)
 
     def rows(self, side: str, columns: str) -> dict:
         conn = self.src() if side == "source" else self.wh()
