@@ -147,9 +147,8 @@ def control(pipeline: str, action: str, reason: str, actor: str) -> str:
     from tidemark import ledger
 
     specs = {spec.name: spec for _, spec in _standing_specs()}
-    names = set(specs)
-    if pipeline not in names:
-        raise AirflowFailException(f"pipeline {pipeline!r} has no standing sink (standing: {sorted(names) or 'none'}); "
+    if pipeline not in specs:
+        raise AirflowFailException(f"pipeline {pipeline!r} has no standing sink (standing: {sorted(specs) or 'none'}); "
                                    "set sink.mode: standing in its spec first")
     if action not in ACTIONS:
         raise AirflowFailException(f"action {action!r} is not one of {sorted(ACTIONS)}")

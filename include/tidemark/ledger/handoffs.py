@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tidemark.ledger.streams import record_stream_event
+
 
 @dataclass(frozen=True)
 class HandoffPosition:
@@ -46,8 +48,7 @@ def request_resnapshot(cur, pipeline: str, actor: str, reason: str | None = None
     """A person asks for the pipeline's stream to start over from a new handoff (who, when, why): until
     a handoff batch commits after it, the supervisor keeps the connector stopped and the next batch
     run is that handoff."""
-    cur.execute("INSERT INTO tidemark_control.stream_events (pipeline, kind, actor, detail) "
-                "VALUES (%s, 'resnapshot', %s, %s)", (pipeline, actor, reason))
+    record_stream_event(cur, pipeline, "resnapshot", actor, reason)
 
 
 def resnapshot_asked(cur, pipeline: str) -> ResnapshotRequest | None:

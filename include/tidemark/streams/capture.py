@@ -94,17 +94,17 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
         inactive_since = cur.fetchone()[0]
         handoff = ledger.committed_handoff(cur, name)
         asked = ledger.resnapshot_asked(cur, name)
-    wanted = connector_config(spec, endpoint)
     state = client.state(connector)
+    if asked is not None:  # the slot still holds WAL while it waits: its warning and limit stand
+        slot_text, slot_failure = _slot(spec, held, state)
+        return f"{_resnapshot(spec, asked, state, client, wh)}; {slot_text}", slot_failure
+    wanted = connector_config(spec, endpoint)
     stored = client.config(connector) if state.state != "MISSING" else None
     differs = stored is not None and any(stored.get(k) != v for k, v in wanted.items())
     # unread since it was last restarted, if that is later: a restarted task gets the whole window
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
     decision = decide(desired, state, differs, restarts, now, policy,
                       now - unread_since if unread_since is not None else None, handed_off=handoff is not None)
-    if asked is not None:  # the slot still holds WAL while it waits: its warning and limit stand
-        slot_text, slot_failure = _slot(spec, held, state)
-        return f"{_resnapshot(spec, asked, state, client, wh)}; {slot_text}", slot_failure
     if held is None and handoff is not None and desired == "running":
         # never let Debezium make a new slot of its own: it would start at the present, past every change since
         if state.state not in ("MISSING", "STOPPED"):
