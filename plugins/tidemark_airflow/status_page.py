@@ -240,10 +240,7 @@ def _streams(streams, *, broker_down: bool = False) -> str:
         serving = (f"<code>{_e(t.serving_view)}</code> complete up to {_e(utc_iso(t.complete_up_to)) or '-'}"
                    if t.serving_view else "-")
         if t.capture is not None:  # a CDC pipeline: its handoff, last position applied and slot
-            bad = (t.capture.slot_found is False or t.capture.slot_active is False or t.capture.source_error
-                   or t.capture.connector_ok is False)
-            serving += (f"<br><small class=capture>capture: <span{' class=bad' if bad else ''}>"
-                        f"{_e(t.capture.text())}</span></small>")
+            serving += f"<br><small class=capture>capture: {_capture(t.capture)}</small>"
         lag = _e(lag)
         if broker_down:
             lag = f"<span class=bad>unknown: broker unreachable</span><br><small>at its last beat: {lag}</small>"
@@ -254,6 +251,14 @@ def _streams(streams, *, broker_down: bool = False) -> str:
             "<th>last progress (UTC)</th><th>records read</th><th>lag (records)</th><th>restarts</th>"
             "<th>serving view (UTC)</th></tr>"
             + "".join(rows) + "</table>")
+
+
+def _capture(capture) -> str:
+    """A waiting re-snapshot in amber (asked for: attention, not a fault), then the capture's state, red
+    when a person must look at it."""
+    waiting = capture.resnapshot_text()
+    state = f"<span{' class=bad' if capture.is_bad() else ''}>{_e(capture.state_text())}</span>"
+    return f"<span class=warn>{_e(waiting)}</span>; {state}" if waiting else state
 
 
 def render_html(report, verdicts=None) -> str:

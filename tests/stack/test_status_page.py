@@ -15,10 +15,12 @@ from datetime import datetime, timedelta, timezone
 import psycopg2
 import pytest
 
+from tidemark import ledger
 from tidemark.ledger import consumer_for
 from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark.sink import stage_table
 from tidemark_workshop.stack.batchrun import make_pipeline
+from tidemark_workshop.stack.cdcrun import make_cdc_pipeline
 from tidemark.status import APPLICATION_NAME
 
 pytestmark = [pytest.mark.stack, pytest.mark.serial("holds a source transaction; stops the broker; lists every stage table")]
@@ -217,6 +219,63 @@ def test_collect_leaves_its_connections_read_only(settings, tmp_path, warehouse_
     with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction):
         with warehouse_conn.cursor() as cur:
             cur.execute("CREATE TABLE tidemark_control.status_must_not_write (x int)")
+
+
+def test_a_waiting_re_snapshot_is_on_the_capture_line_until_a_handoff_commits_after_it(settings, tmp_path, bootstrap):
+    """The capture's read of a waiting re-snapshot (``ledger.resnapshot_asked``, as the supervisor and the
+    plan ask it) in the page's read-only session: a request newer than the last committed handoff shows
+    who, when and why, in the text and the JSON; a handoff committed after it answers it. The handoff
+    batches are planned and begun for real; their commit is written as the sink's leaves it (no extract,
+    slot or connector: this test is about what the page reads, not how a handoff runs)."""
+    from tidemark.status import collect, load_pipelines, status_lines
+
+    pipe = make_cdc_pipeline(settings, tmp_path)
+    name = pipe.spec.name
+
+    def commit_a_handoff(run_id: str) -> str:
+        plan = pipe.plan(run_id)
+        attempt = pipe.begin(plan)
+        wh = pipe.wh()
+        try:
+            with wh, wh.cursor() as cur:
+                ledger.record_handoff(cur, name, plan.batch_id, attempt, pipe.spec.cdc_slot, "0/16B3748")
+                cur.execute("""UPDATE tidemark_control.batch_attempts SET state = 'committed',
+                                      finished_at = clock_timestamp() WHERE batch_id = %s AND attempt = %s""",
+                            (plan.batch_id, attempt))
+                cur.execute("""UPDATE tidemark_control.batches SET state = 'committed', committed_attempt = %s,
+                                      committed_at = clock_timestamp() WHERE batch_id = %s""",
+                            (attempt, plan.batch_id))
+        finally:
+            wh.close()
+        return plan.batch_id
+
+    def capture_line() -> tuple[str, dict]:
+        wh = pipe.wh()  # collect makes it read-only: a fresh one each time
+        try:
+            report = collect(load_pipelines(tmp_path), wh, lambda conn_id: pipe.src())
+        finally:
+            wh.close()
+        [capture] = [t["capture"] for t in report.to_json()["streams"] if t["pipeline"] == name]
+        return next(x for x in status_lines(report) if x.startswith(f"{name}:")), capture
+
+    first = commit_a_handoff("run-1")
+    wh = pipe.wh()
+    try:
+        with wh, wh.cursor() as cur:
+            ledger.request_resnapshot(cur, name, "alice", "suspected drift")
+    finally:
+        wh.close()
+    line, capture = capture_line()
+    assert "; capture: re-snapshot asked by alice at " in line, line
+    assert (" (suspected drift): waiting for the pipeline's next batch run, which will be a new handoff (slot "
+            f"{pipe.spec.cdc_slot} made again with a snapshot of the table)") in line, line
+    assert capture["handoff_batch"] == first and capture["resnapshot"]["actor"] == "alice"
+    assert capture["resnapshot"]["reason"] == "suspected drift" and capture["resnapshot"]["at"].endswith("+00:00")
+
+    second = commit_a_handoff("run-2")  # committed after the request: it answers it
+    line, capture = capture_line()
+    assert "re-snapshot" not in line and capture["resnapshot"] is None and capture["handoff_batch"] == second, line
+    assert status_sessions(settings) == []
 
 
 def test_broker_down_shows_since_when_and_the_next_step_then_reachable_again(settings, tmp_path, monkeypatch,

@@ -472,3 +472,57 @@ def test_a_cdc_pipeline_shows_its_connector_and_task_states_and_a_failed_or_miss
     assert away.connector_ok is False
     unresolved = with_connector(handed, ValueError("connection tidemark_connect missing"), "c")
     assert unresolved.connector_ok is False and "tidemark_connect missing" in unresolved.connector
+
+
+def test_a_waiting_re_snapshot_is_on_the_capture_line_in_amber_until_a_handoff_commits_after_it():
+    """A re-snapshot a person asked for and no handoff has answered yet (``ledger.resnapshot_asked``): the
+    capture line says who, when, why and what happens next, marked for attention (not bad); its connector
+    kept STOPPED and its slot unread are what was asked for. A handoff committed after the request answers
+    it: the ledger then has no waiting request, and the line is the capture's state alone."""
+    import html
+    from dataclasses import replace
+
+    from tidemark.cdc.connect import ConnectorState
+    from tidemark.cdc.source import Slot
+    from tidemark.ledger import ResnapshotRequest
+    from tidemark.status import CaptureStatus, StatusReport, status_lines
+    from tidemark.status.queries import with_connector, with_slot
+    from tidemark_airflow.status_page import render_html
+
+    class Connect:  # Kafka Connect's answer for a connector the supervisor stopped
+        def state(self, name):
+            return ConnectorState(name, "STOPPED", ())
+
+    asked = ResnapshotRequest("alice <a@b>", T0.astimezone(CET), "suspected drift")
+    handed = CaptureStatus("cdc:run-1", "0/16B3748", "0/17000A0", T0, "tidemark_cdc", resnapshot=asked)
+    slot = Slot("tidemark_cdc", False, "reserved", 3 << 20, "0/17000A0")
+    waiting = with_slot(with_connector(handed, Connect(), "c"), slot)
+
+    def report(capture):
+        return StatusReport(generated_at=T0, pipelines_dir="/specs", control_schema=True,
+                            pipelines=[PipelineStatus("cdc", "/specs/cdc.yaml", source_conn_id="tidemark_source",
+                                                      cursor_kind="timestamp")],
+                            sources=[], orphan_stage_tables=[],
+                            streams=[StreamStatus("cdc", "running", serving_view="rt.cdc", capture=capture)])
+
+    said = ("re-snapshot asked by alice <a@b> at 2026-11-22T08:00:00+00:00 (suspected drift): waiting for the "
+            "pipeline's next batch run, which will be a new handoff (slot tidemark_cdc made again with a snapshot of "
+            "the table); the supervisor keeps the connector stopped until that handoff commits, then resumes it on "
+            "the new slot; next: the batch DAG's scheduled run, or Trigger it")
+    assert f"; capture: {said}; connector c STOPPED, no task; handoff cdc:run-1 at 0/16B3748;" in status_lines(
+        report(waiting))[0]
+    assert waiting.connector_ok is True and not waiting.is_bad()  # stopped and unread: asked for
+    page = render_html(report(waiting))
+    assert (f"capture: <span class=warn>{html.escape(said)}</span>; "
+            "<span>connector c STOPPED, no task;") in page
+    assert report(waiting).to_json()["streams"][0]["capture"]["resnapshot"] == {
+        "actor": "alice <a@b>", "at": "2026-11-22T08:00:00+00:00", "reason": "suspected drift"}
+    assert "re-snapshot asked by bob at 2026-11-22T08:00:00+00:00: waiting" in replace(
+        handed, resnapshot=ResnapshotRequest("bob", T0, None)).text()  # no reason given: none shown
+
+    # the new handoff committed after the request: nothing waits, and a stopped connector is bad again
+    answered = with_slot(with_connector(replace(handed, handoff_batch="cdc:run-2", resnapshot=None), Connect(), "c"),
+                         slot)
+    assert "re-snapshot" not in status_lines(report(answered))[0]
+    assert answered.connector_ok is False and answered.is_bad()
+    assert "class=warn" not in render_html(report(answered)).split("<table id=streams>")[1]

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from tidemark.ledger import ResnapshotRequest
 from tidemark.progress import byte_size
 from tidemark.spec import PipelineSpec, load_specs
 from tidemark.window import SourceClock
@@ -219,8 +220,34 @@ class CaptureStatus:
     source_error: str | None = None
     connector: str | None = None  # the connector and its tasks as Kafka Connect reports them (None: not asked)
     connector_ok: bool | None = None  # False: failed, missing after the handoff, or Connect unreachable
+    # a re-snapshot a person asked for that no committed handoff has answered yet (ledger.resnapshot_asked)
+    resnapshot: ResnapshotRequest | None = None
 
     def text(self) -> str:
+        """The whole capture: a waiting re-snapshot first (it explains a stopped connector and an unread
+        slot), then the capture's state."""
+        waiting = self.resnapshot_text()
+        return f"{waiting}; {self.state_text()}" if waiting else self.state_text()
+
+    def resnapshot_text(self) -> str | None:
+        """What a waiting re-snapshot means, worded as the supervisor acts on it (None: none waits)."""
+        r = self.resnapshot
+        if r is None:
+            return None
+        why = f" ({r.reason})" if r.reason else ""
+        return (f"re-snapshot asked by {r.actor} at {utc_iso(r.at)}{why}: waiting for the pipeline's next batch run, "
+                f"which will be a new handoff (slot {self.slot} made again with a snapshot of the table); the "
+                "supervisor keeps the connector stopped until that handoff commits, then resumes it on the new slot; "
+                "next: the batch DAG's scheduled run, or Trigger it")
+
+    def is_bad(self) -> bool:
+        """Something a person must look at: the slot missing or unread, the source unreadable, the connector
+        failed, missing after the handoff or unknown. While a re-snapshot waits, the connector is stopped on
+        purpose and so the slot goes unread: asked for, not bad."""
+        unread = self.slot_active is False and self.resnapshot is None
+        return bool(self.slot_found is False or unread or self.source_error or self.connector_ok is False)
+
+    def state_text(self) -> str:
         handoff = (f"handoff {self.handoff_batch} at {self.handoff_point}" if self.handoff_batch
                    else "no handoff batch committed yet")
         applied = (f"applied up to {self.applied_lsn} (source commit {utc_iso(self.applied_source_at) or '-'})"

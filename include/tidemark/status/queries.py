@@ -52,8 +52,9 @@ def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
 
 
 def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
-    """What the warehouse knows of a CDC pipeline's capture: its handoff and the last position applied
-    (nothing, from a control schema older than the handoff: this page never creates tables)."""
+    """What the warehouse knows of a CDC pipeline's capture: its handoff, the last position applied and
+    a re-snapshot still waiting for its handoff (nothing, from a control schema older than the handoff:
+    this page never creates tables; its stream_events come before it in the schema)."""
     cur.execute("SELECT to_regclass('tidemark_control.cdc_handoffs') IS NULL")
     if cur.fetchone()[0]:
         return CaptureStatus(slot=spec.cdc_slot)
@@ -65,7 +66,9 @@ def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
     return CaptureStatus(
         handoff.batch_id if handoff else None, handoff.consistent_point if handoff else None,
         lsn_text(applied) if applied is not None else None,
-        datetime.fromtimestamp(source_ms / 1000, timezone.utc) if source_ms is not None else None, spec.cdc_slot)
+        datetime.fromtimestamp(source_ms / 1000, timezone.utc) if source_ms is not None else None, spec.cdc_slot,
+        # the supervisor's and the plan's own test of a waiting request, so the page says what they do
+        resnapshot=ledger.resnapshot_asked(cur, spec.name))
 
 
 def with_connector(capture: CaptureStatus, connect, name: str) -> CaptureStatus:
@@ -77,12 +80,15 @@ def with_connector(capture: CaptureStatus, connect, name: str) -> CaptureStatus:
         state = connect.state(name)
     except ConnectError as exc:
         return replace(capture, connector=f"state unknown ({exc})", connector_ok=False)
+    # a waiting re-snapshot's handoff, like the first one, is what the supervisor creates or resumes it after
+    waiting = capture.handoff_batch is None or capture.resnapshot is not None
     if state.state == "MISSING":  # the supervisor creates it once the handoff batch commits
-        waiting = capture.handoff_batch is None
         return replace(capture, connector=f"{name} not created{' yet (after the handoff)' if waiting else ''}",
                        connector_ok=waiting)
     tasks = ", ".join(f"task {t.id} {t.state}" + (f" ({t.error_line})" if t.error_line else "") for t in state.tasks)
-    return replace(capture, connector=f"{name} {state.state}, {tasks or 'no task'}", connector_ok=state.running)
+    kept_stopped = capture.resnapshot is not None and state.state == "STOPPED"  # the supervisor's doing, asked for
+    return replace(capture, connector=f"{name} {state.state}, {tasks or 'no task'}",
+                   connector_ok=state.running or kept_stopped)
 
 
 def with_slot(capture: CaptureStatus, held: Slot | None) -> CaptureStatus:
