@@ -44,7 +44,7 @@ from pathlib import Path
 
 from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.cdc.connector import connector_config, connector_name
 from tidemark.kafka_io import end_offsets
 from tidemark.spark import jobs
 from tidemark.spec import load_spec, quote
@@ -54,7 +54,7 @@ from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import Pipeline, until
-from tidemark_workshop.stack.cdcrun import SourceWriters, grant, make_cdc_pipeline, remove_capture, write_secret
+from tidemark_workshop.stack.cdcrun import SourceWriters, grant, make_cdc_pipeline, remove_capture, source_endpoint
 from tidemark_workshop.stack.spark import submit_command
 
 
@@ -109,14 +109,9 @@ def _peer_spec(pipe: Pipeline, tmp: Path):
     return load_spec(path)
 
 
-def _endpoint(settings: Settings) -> SourceEndpoint:
-    return SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user, write_secret(settings),
-                          str(settings.connect_secrets_dir))
-
-
 def _debezium_snapshot(settings: Settings, spec, rows: int) -> float:
     client = ConnectClient(settings.connect_url)
-    config = {**connector_config(spec, _endpoint(settings)), "snapshot.mode": "initial"}
+    config = {**connector_config(spec, source_endpoint(settings)), "snapshot.mode": "initial"}
     started = time.monotonic()
     client.put_config(connector_name(spec), config)
 
@@ -151,7 +146,7 @@ def _handoff(settings: Settings, pipe: Pipeline, launcher: LocalLauncher, rows: 
             source = pipe.src()
             try:
                 line, failure = supervise_capture(spec, wh, source, ConnectClient(settings.connect_url),
-                                                  _endpoint(settings), Policy(trigger_interval=timedelta(seconds=1)),
+                                                  source_endpoint(settings), Policy(trigger_interval=timedelta(seconds=1)),
                                                   datetime.now(timezone.utc))
             finally:
                 source.close()

@@ -50,17 +50,21 @@ def control_keyring(conn_id: str = CONN_CONTROL):
 
 def capture(conn_id: str = CONN_CONNECT, cdc_conn_id: str = CONN_CDC):
     """Kafka Connect's REST client, and the source endpoint Debezium logs in with: the replication
-    role's connection, its password written (0600) where the worker resolves it (the Connect
+    role's connection, its password and the key change records are signed with (derived from the
+    control keyring's signing key) written (0600) where the worker resolves them (the Connect
     connection's extra ``secrets_dir``), never into a connector config."""
     from tidemark.cdc.connector import SourceEndpoint, write_secret
+    from tidemark.cdc.signing import signing_key
 
     connect, cdc = Connection.get(conn_id), Connection.get(cdc_conn_id)
     secrets_dir = connect.extra_dejson.get("secrets_dir")
     if not secrets_dir:
         raise ValueError(f"Airflow connection {conn_id} has no 'secrets_dir' in its extra: where its worker reads "
-                         "the replication role's password")
+                         "the replication role's password and the key it signs change records with")
     write_secret(secrets_dir, cdc_conn_id, cdc.password or "")
-    endpoint = SourceEndpoint(cdc.host, cdc.port or 5432, cdc.schema, cdc.login, cdc_conn_id, secrets_dir)
+    signing, key = signing_key(control_keyring())
+    write_secret(secrets_dir, signing.secret_file, key)
+    endpoint = SourceEndpoint(cdc.host, cdc.port or 5432, cdc.schema, cdc.login, cdc_conn_id, secrets_dir, signing)
     return connect_client(conn_id), endpoint
 
 

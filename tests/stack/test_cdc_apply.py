@@ -6,7 +6,8 @@ Spark standing sink started by the supervisor's cycle. A source transaction of 1
 never seen in part by a reader of the serving view; an update and a delete reach it, the delete
 audited with the row it deleted; Debezium's records delivered a second time (as after a crash of
 its worker, at new offsets) change nothing; a record no transaction can be named for is a dead
-letter and the next transaction still applies.
+letter, and so is one the Connect worker did not sign (someone else produced it to the topic), and
+the next transaction still applies.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tidemark import ledger
+from tidemark.cdc import signing
 from tidemark.spark import jobs
 from tidemark.kafka_io import end_offsets, producer_config
 from tidemark.streams.launch import LocalLauncher
@@ -71,7 +73,8 @@ def _source(pipe, *statements: str) -> None:
 
 
 def _copy_records(bootstrap: str, topic: str) -> int:
-    """Every record of a one-partition topic produced to it again: Debezium's redelivery after a crash."""
+    """Every record of a one-partition topic produced to it again, signature and all: Debezium's
+    redelivery after a crash."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"it-copy-{uuid.uuid4().hex[:8]}"})
     end = end_offsets(bootstrap, topic)[0]
     consumer.assign([TopicPartition(topic, 0, 0)])
@@ -81,7 +84,7 @@ def _copy_records(bootstrap: str, topic: str) -> int:
             msg = consumer.poll(5)
             assert msg is not None, f"{topic}: read {copied} of {end}"
             if not msg.error():
-                producer.produce(topic, key=msg.key(), value=msg.value())
+                producer.produce(topic, key=msg.key(), value=msg.value(), headers=msg.headers())
                 copied += 1
     finally:
         consumer.close()
@@ -161,14 +164,19 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         before = pipe.query_wh(f"SELECT id, amount, _tm_lsn FROM {live} ORDER BY id")
         copied = _copy_records(settings.kafka_bootstrap, spec.cdc_topic)
         _copy_records(settings.kafka_bootstrap, spec.cdc_transaction_topic)
-        # then a record no transaction can be named for (Debezium never writes one), and a good transaction
+        # then a record no transaction can be named for (Debezium never writes one), as the worker would sign
+        # it; the same record from another producer, unsigned; and a good transaction
         producer = Producer(producer_config(settings.kafka_bootstrap))
-        producer.produce(spec.cdc_topic, value=json.dumps({"schema": {}, "payload": {"op": "c", "after": {"id": 5000}}}))
+        unnamed = json.dumps({"schema": {}, "payload": {"op": "c", "after": {"id": 5000}}}).encode()
+        key_id, secret = settings.control_keyring().keys[0]
+        producer.produce(spec.cdc_topic, value=unnamed,
+                         headers=[(signing.HEADER, f"{key_id}:{signing.sign(signing.record_key(secret), spec.cdc_topic, unnamed)}")])
+        producer.produce(spec.cdc_topic, value=unnamed)
         assert producer.flush(30) == 0
         _source(pipe, "INSERT INTO {table} (id, amount) VALUES (6000, 60.00)")
         until("the transaction after them", lambda: pipe.query_wh(f"SELECT 1 FROM {view} WHERE id = 6000"))
         assert pipe.query_wh(f"SELECT id, amount, _tm_lsn FROM {live} WHERE id <> 6000 ORDER BY id") == before
-        assert count() == 1003
+        assert count() == 1003  # neither the unsigned record nor the unnamed one changed anything
         consumer = ledger.consumer_for(spec.name)
         until("every record read", lambda: pipe.query_wh(
             "SELECT sum(next_offset) FROM tidemark_control.sink_offsets WHERE consumer = %s AND topic = %s",
@@ -177,10 +185,11 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         until("the dead letter published", lambda: pipe.query_wh(
             "SELECT bool_and(in_dlq) FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))[0][0])
         rejects = pipe.query_wh("SELECT reason FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))
-        assert rejects == [("change event rejected: no source or transaction block (provide.transaction.metadata "
-                            "must be on)",)]
+        assert sorted(rejects) == [
+            ("change event rejected: no source or transaction block (provide.transaction.metadata must be on)",),
+            ("change record rejected: no tidemark.signature header: not written by Tidemark's Connect worker",)]
         letters = dead_letters(settings.kafka_bootstrap, spec.cdc_topic)
-        assert len(letters) == 1 and b'"id": 5000' in letters[0]["value"]
+        assert len(letters) == 2 and all(b'"id": 5000' in letter["value"] for letter in letters)
         assert pipe.query_wh("SELECT count(*) FROM tidemark_control.cdc_pending WHERE consumer = %s",
                              (consumer,))[0][0] == 0  # nothing left waiting
         applied, duplicates = pipe.query_wh("SELECT sum(events), sum(duplicates) FROM tidemark_control.sink_micro_batches "

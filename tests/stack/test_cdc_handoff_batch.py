@@ -25,7 +25,7 @@ import pytest
 from tidemark import ledger
 from tidemark import reconcile
 from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import SourceEndpoint, connector_name
+from tidemark.cdc.connector import connector_name
 from tidemark.spark import jobs
 from tidemark.status import collect, load_pipelines, status_lines
 from tidemark.streams.capture import supervise_capture
@@ -34,7 +34,7 @@ from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
 from tidemark_workshop.stack.batchrun import until
 from tidemark_workshop.stack.cdcrun import (SourceWriters, grant, make_cdc_pipeline, read_slot, remove_capture,
-                                            write_secret)
+                                            source_endpoint)
 from tidemark_workshop.stack.spark import submit_command
 
 pytestmark = [pytest.mark.stack]  # holds a source transaction for 20 s: only its own lane's database
@@ -45,8 +45,7 @@ def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_write
     spec = pipe.spec
     launcher = LocalLauncher(tmp_path / "streams")
     client = ConnectClient(settings.connect_url)
-    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user, write_secret(settings),
-                              str(settings.connect_secrets_dir))
+    endpoint = source_endpoint(settings)
     policy = Policy(trigger_interval=timedelta(seconds=1), restart_budget=2)
     wh = pipe.wh()
 

@@ -2,7 +2,9 @@
 pipeline's connector from its spec once its handoff batch committed (and refuses to when that
 batch's slot is gone: the next batch hands off anew), follows the desired state a person sets (pause, resume, stop),
 restarts a failed task within the budget and then reports the crash loop with the task's own error,
-and watches the WAL the slot keeps on the source: a warning, then a failure past the spec's limit.
+and watches the WAL the slot keeps on the source: a warning, then a failure past the spec's limit. A
+capture stopped for good and made again under the same connector name streams from its new slot,
+not from the offsets Connect kept for that name.
 
 Real PostgreSQL with logical decoding, a real Connect worker with Debezium. The cycle is
 ``tidemark.streams.capture.supervise_capture``, as the ``tidemark_supervisor`` DAG runs it.
@@ -15,20 +17,31 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg2
 import pytest
+from confluent_kafka import KafkaException
 
 from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import SourceEndpoint, connector_name
+from tidemark.cdc.connector import connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables
 from tidemark.config import CONN_CDC
+from tidemark.kafka_io import end_offsets
 from tidemark.streams.policy import Policy
 from tidemark_workshop.stack.batchrun import until
-from tidemark_workshop.stack.cdcrun import drop_slot, grant, make_cdc_pipeline, remove_capture, write_secret
+from tidemark_workshop.stack.cdcrun import (drop_slot, grant, make_cdc_pipeline, remove_capture, source_endpoint,
+                                            write_secret)
 
 POLICY = Policy(trigger_interval=timedelta(seconds=1), restart_budget=1, backoff=timedelta(seconds=1),
                 stall_factor=5, min_stall=timedelta(seconds=5))  # the stall window: 5 s
+
+
+def _on_topic(settings, topic: str) -> int:
+    """Records on the topic (0 until Debezium's first record creates it)."""
+    try:
+        return sum(end_offsets(settings.kafka_bootstrap, topic, timeout_s=2).values())
+    except KafkaException:
+        return 0
 
 
 @pytest.mark.serial("writes a wrong password into the Connect worker's secret file, which every lane's connectors read")
@@ -38,8 +51,7 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
     pipe = pipe.with_fields(cdc={**json.loads(pipe.path.read_text())["cdc"], "retained_wal_warning": "64KiB",
                                  "retained_wal_limit": "2MiB"})
     spec, client, name = pipe.spec, ConnectClient(settings.connect_url), connector_name(pipe.spec)
-    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user, write_secret(settings),
-                              str(settings.connect_secrets_dir))
+    endpoint = source_endpoint(settings)
     wh = pipe.wh()
 
     def cycle() -> tuple[str, str | None]:
@@ -114,6 +126,28 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
         desired("stopped")
         assert "action=stop" in cycle()[0]
         until("the connector stopped", lambda: client.state(name).state == "STOPPED")
+
+        # stopped for good (connector, slot, publication and topics gone), then captured again under the same
+        # name: Connect still keeps the old connector's offsets by that name, which point before the new slot's
+        # start; the connector made again starts from the new slot, and a change made after it reaches the topic
+        remove_capture(settings, spec)
+        grant(settings, spec)
+        desired("running")
+        third, _ = pipe.run("handoff-3")
+        assert third.handoff
+        line, failure = cycle()  # (this test's WAL limit is tiny: the new slot may be past it already)
+        assert "action=create" in line and (failure is None or "past cdc.retained_wal_limit" in failure), line
+        until("the connector made again running", lambda: client.state(name).running)
+        until("its new slot read", lambda: "active=True" in cycle()[0])
+        src = pipe.src()
+        try:
+            with src, src.cursor() as cur:
+                cur.execute(f"INSERT INTO {spec.table} (id, amount) VALUES (40001, 1)")
+        finally:
+            src.close()
+        until("the change after the new handoff on the topic", lambda: _on_topic(settings, spec.cdc_topic) == 1,
+              timeout=60)
+        assert client.state(name).running, client.state(name)
     finally:
         write_secret(settings)
         wh.close()

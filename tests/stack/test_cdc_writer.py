@@ -5,8 +5,9 @@ A transaction whole in one micro-batch applies straight from the records; one cu
 end applies with the next, its first events from ``cdc_pending``, in commit order before those after it,
 and so does one whose END comes before its events; a
 transaction delivered again, whole or an event twice, changes nothing and is counted; a transaction
-with an unreadable event is a dead letter whole. (`test_cdc_apply` runs the same writer inside the
-Spark sink with Debezium itself.)
+with an unreadable event is a dead letter whole; a record the Connect worker did not sign (unsigned,
+altered, signed for another topic or with a key not ours) is a dead letter alone. (`test_cdc_apply`
+runs the same writer inside the Spark sink with Debezium itself.)
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import pytest
 
 from tidemark import ledger
 from tidemark.cdc.apply import ChangeWriter
+from tidemark.cdc.signing import Verifier, record_key, sign
 from tidemark.sink.report import MicroBatchReport
 from tidemark.streams.cycle import prepare_stream_tables
+from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.cdcrun import make_cdc_pipeline
 
 FIELDS = [{"type": "int64", "field": "id"}, {"type": "string", "field": "amount"},
@@ -55,7 +58,11 @@ class Source:
 
 
 def _record(topic: str, doc: dict) -> dict:
-    return {"topic": topic, "partition": 0, "offset": next(OFFSETS), "key": None, "value": json.dumps(doc).encode()}
+    """As the Connect worker writes it: signed (tidemark.cdc.signing) with the stack keyring's key."""
+    value = json.dumps(doc).encode()
+    key_id, secret = Settings.from_env().control_keyring().keys[0]
+    return {"topic": topic, "partition": 0, "offset": next(OFFSETS), "key": None, "value": value,
+            "signature": f"{key_id}:{sign(record_key(secret), topic, value)}"}
 
 
 @pytest.fixture
@@ -67,7 +74,7 @@ def writer(settings, tmp_path):
     prepare_stream_tables(pipe.spec, wh, pipe.src)
     consumer = f"it-writer-{uuid.uuid4().hex[:8]}"
     try:
-        yield pipe, ChangeWriter(pipe.spec, consumer), wh, consumer
+        yield pipe, ChangeWriter(pipe.spec, consumer, Verifier(settings.control_keyring())), wh, consumer
     finally:
         with wh, wh.cursor() as cur:
             for table in ("cdc_pending", "cdc_transactions", "cdc_positions"):
@@ -127,7 +134,7 @@ def test_transactions_apply_in_commit_order_whole_once_however_the_topics_delive
     t6, end6 = source.transaction(("c", 6, "6.00"), ("c", 7, "not a number"))
     bad = json.loads(t6[1]["value"])
     del bad["payload"]["after"]
-    t6[1]["value"] = json.dumps(bad).encode()
+    t6[1] = {**_record(source.data, bad), "offset": t6[1]["offset"]}  # as the worker wrote it: signed
     t7, end7 = source.transaction(("c", 8, "8.00"))
     report, rejected = _micro_batch(changes, wh, [*t6, end6, *t7, end7], 5)
     assert report.events == 1 and len(rejected) == 2 and all("cannot be applied" in r for r in rejected), rejected
@@ -141,3 +148,19 @@ def test_transactions_apply_in_commit_order_whole_once_however_the_topics_delive
     report, rejected = _micro_batch(changes, wh, t8, 7)
     assert (report.events, rejected) == (1, []) and state()[1:] == ((0, 0), source.txid)
     assert state()[0][-1] == (9, "9.00", False)
+
+    # records the Connect worker did not sign (anyone with produce rights may write to the topic): each a dead
+    # letter alone, before it is read; the genuine transaction of the same place still applies
+    t9, end9 = source.transaction(("u", 9, "9.90"))
+    genuine = t9[0]
+    key_id = genuine["signature"].partition(":")[0]
+    forged = [{**genuine, "signature": None},
+              {**genuine, "value": genuine["value"].replace(b'"9.90"', b'"9999.99"')},  # altered, signature kept
+              {**genuine, "signature": _record("tidemark.cdc.another", json.loads(genuine["value"]))["signature"]},
+              {**genuine, "signature": "not-ours:" + genuine["signature"].partition(":")[2]}]
+    report, rejected = _micro_batch(changes, wh, [*forged, *t9, end9], 8)
+    assert report.events == 1 and len(rejected) == 4, rejected
+    assert all(r.startswith("change record rejected: ") for r in rejected), rejected
+    assert ["no tidemark.signature header" in rejected[0], "does not match" in rejected[1],
+            "does not match" in rejected[2], "not-ours" in rejected[3] and key_id in rejected[3]] == [True] * 4
+    assert state()[0][-1] == (9, "9.90", False) and state()[1:] == ((0, 0), source.txid)

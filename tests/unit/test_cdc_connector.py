@@ -6,13 +6,15 @@ import pytest
 
 from tidemark.cdc.connect import ConnectorState, TaskState
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.cdc.signing import SigningKey
 from tidemark.spec import PipelineSpec
 
 SPEC = {"name": "ledger", "table": "core.ledger_entries", "primary_key": ["entry_id"],
         "cursor": {"kind": "timestamp", "column": "updated_at"}, "safe_lag": "PT5M", "target_table": "dw.ledger",
         "sink": {"mode": "standing"},
         "cdc": {"target_table": "rt.ledger", "serving_view": "serving.ledger", "heartbeat": "PT3S"}}
-SOURCE = SourceEndpoint("db.internal", 5432, "core", "tidemark_cdc", "tidemark_cdc", "/opt/connect/secrets")
+SIGNING = SigningKey("k2", "tidemark-cdc-signing-k2")
+SOURCE = SourceEndpoint("db.internal", 5432, "core", "tidemark_cdc", "tidemark_cdc", "/opt/connect/secrets", SIGNING)
 
 
 def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_secret():
@@ -22,6 +24,10 @@ def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_sec
     assert config["slot.name"] == config["publication.name"] == "tidemark_ledger"
     assert config["publication.autocreate.mode"] == "disabled"  # the DBA's publication, least privilege
     assert config["database.password"] == "${dir:/opt/connect/secrets:tidemark_cdc}"
+    # every record signed by the worker, with a key it reads from its secrets directory
+    assert config["value.converter"] == "tidemark.connect.SigningJsonConverter"
+    assert config["value.converter.signing.key.id"] == "k2"
+    assert config["value.converter.signing.key"] == "${dir:/opt/connect/secrets:tidemark-cdc-signing-k2}"
     assert config["table.include.list"] == r"core\.ledger_entries"  # Debezium reads a regular expression
     assert config["topic.prefix"] == "tidemark.cdc.ledger" and config["heartbeat.interval.ms"] == "3000"
     assert config["decimal.handling.mode"] == "string" and config["provide.transaction.metadata"] == "true"
@@ -34,7 +40,10 @@ def test_no_connector_without_cdc_and_no_path_tricks_in_the_secret_reference():
     with pytest.raises(ValueError, match="pipeline ledger has no cdc section"):
         connector_config(spec, SOURCE)
     with pytest.raises(ValueError, match="secret file name '../etc/passwd'"):
-        connector_config(PipelineSpec.model_validate(SPEC), SourceEndpoint("h", 1, "d", "u", "../etc/passwd", "/s"))
+        connector_config(PipelineSpec.model_validate(SPEC), SourceEndpoint("h", 1, "d", "u", "../etc/passwd", "/s", SIGNING))
+    with pytest.raises(ValueError, match="secret file name '../k'"):
+        connector_config(PipelineSpec.model_validate(SPEC), SourceEndpoint("h", 1, "d", "u", "p", "/s",
+                                                                            SigningKey("k", "../k")))
 
 
 def test_a_connector_runs_only_when_it_and_every_task_run_and_a_failed_task_gives_its_own_error_line():

@@ -11,6 +11,9 @@ a transaction that is not complete waits, its events in ``tidemark_control.cdc_p
 END in ``cdc_transactions``. Each micro-batch applies the complete transactions in commit order up
 to the first that is not, from its own records plus what waited; the rest wait.
 
+Only the Connect worker's records count: a record whose signature (``tidemark.cdc.signing``) does
+not hold is a dead letter by itself, before it is read.
+
 Exactly once: the offsets commit with the rows; a transaction Debezium delivers again (after a
 crash of the worker, at new offsets) ends at or before the position applied and is a no-op. What
 cannot be applied exactly goes to the dead-letter topic whole, with the reason, and the next
@@ -30,6 +33,7 @@ from psycopg2.extras import Json, execute_values
 
 from tidemark.cdc.changes import Change, Shape, boundary, change, lsn_text
 from tidemark.cdc.schemas import Schemas
+from tidemark.cdc.signing import Verifier
 from tidemark.cdc.tables import add_columns, realtime_shapes
 from tidemark.records import payload_text
 from tidemark.spec import PipelineSpec, quote
@@ -41,9 +45,10 @@ TABLE_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.Pr
 
 
 class ChangeWriter:
-    def __init__(self, spec: PipelineSpec, consumer: str):
+    def __init__(self, spec: PipelineSpec, consumer: str, verifier: Verifier):
         assert spec.cdc is not None
         self.spec, self.cdc, self.consumer = spec, spec.cdc, consumer
+        self.verifier = verifier  # a record the Connect worker did not sign changes nothing
         self.data_topic, self.tx_topic = spec.cdc_topic, spec.cdc_transaction_topic
         self._shapes: dict[str, Shape | None] | None = None
         self.schemas = Schemas()  # each change record's 4 KB schema parsed once per table version
@@ -97,6 +102,10 @@ class ChangeWriter:
         pending: list[tuple] = []
         for rec in records.to_pylist():
             where = {k: rec.get(k) for k in ("topic", "partition", "offset", "key", "value")}
+            forged = self.verifier.why_not(rec["topic"], rec["value"], rec.get("signature"))
+            if forged is not None:  # a dead letter alone: the genuine record of its place may still come
+                reject(where, f"change record rejected: {forged}")
+                continue
             if rec["topic"] == self.tx_topic:
                 try:
                     edge = boundary(rec["value"])

@@ -1,8 +1,9 @@
 """The Debezium PostgreSQL connector of a CDC pipeline, as Kafka Connect configuration.
 
-The configuration never holds a secret: the replication role's password is a reference that the
-worker resolves from its secrets directory (Kafka's DirectoryConfigProvider), so neither Connect's
-config topic nor its REST API nor a log line shows it.
+The configuration never holds a secret: the replication role's password and the key the worker signs
+change records with (``tidemark.cdc.signing``) are references that the worker resolves from its
+secrets directory (Kafka's DirectoryConfigProvider), so neither Connect's config topic nor its REST
+API nor a log line shows them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidemark.cdc.signing import CONVERTER, SigningKey
 from tidemark.spec import PipelineSpec
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
@@ -20,8 +22,9 @@ SECRETS_PROVIDER = "dir"  # the worker's config.providers name for its secrets d
 
 @dataclass(frozen=True)
 class SourceEndpoint:
-    """Where the connector logs in: the source database as the replication role. ``secret_file``
-    names the file in the worker's secrets directory that holds its password."""
+    """Where the connector logs in (the source database as the replication role) and the key it signs
+    its records with. ``secret_file`` and ``signing.secret_file`` name files in the worker's secrets
+    directory: the role's password and the derived signing key."""
 
     host: str
     port: int
@@ -29,6 +32,7 @@ class SourceEndpoint:
     user: str
     secret_file: str
     secrets_dir: str
+    signing: SigningKey
 
 
 def connector_name(spec: PipelineSpec) -> str:
@@ -39,8 +43,9 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
     """Every setting Tidemark relies on, spelled out (Debezium's defaults may move between versions)."""
     if spec.cdc is None:
         raise ValueError(f"pipeline {spec.name} has no cdc section")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", source.secret_file):
-        raise ValueError(f"secret file name {source.secret_file!r}: letters, digits, '.', '_', '-' only")
+    for name in (source.secret_file, source.signing.secret_file):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"secret file name {name!r}: letters, digits, '.', '_', '-' only")
     schema, table = spec.table.split(".") if "." in spec.table else ("public", spec.table)
     return {
         "connector.class": CONNECTOR_CLASS,
@@ -50,7 +55,12 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         "database.port": str(source.port),
         "database.dbname": source.dbname,
         "database.user": source.user,
-        "database.password": f"${{{SECRETS_PROVIDER}:{source.secrets_dir}:{source.secret_file}}}",
+        "database.password": _reference(source, source.secret_file),
+        # every record signed (the header tidemark.signature): the sink applies no change the worker did not write
+        "value.converter": CONVERTER,
+        "value.converter.schemas.enable": "true",
+        "value.converter.signing.key.id": source.signing.key_id,
+        "value.converter.signing.key": _reference(source, source.signing.secret_file),
         "topic.prefix": spec.cdc_topic_prefix,
         "slot.name": spec.cdc_slot,
         "publication.name": spec.cdc_slot,
@@ -82,6 +92,10 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         "errors.max.retries": "2",
         "retriable.restart.connector.wait.ms": "5000",
     }
+
+
+def _reference(source: SourceEndpoint, secret_file: str) -> str:
+    return f"${{{SECRETS_PROVIDER}:{source.secrets_dir}:{secret_file}}}"
 
 
 def write_secret(secrets_dir: str | Path, name: str, value: str) -> str:

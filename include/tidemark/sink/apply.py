@@ -17,6 +17,7 @@ from tidemark import faults, ledger
 from tidemark.control import ControlMessage, Keyring
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.cdc.apply import ChangeWriter
+from tidemark.cdc.signing import Verifier
 from tidemark.events import EventWriter
 from tidemark.progress import Steps
 from tidemark.records import RecordRules, payload_text
@@ -51,7 +52,7 @@ class BatchSink(Intake, Commit):
         self.stages = StageArea(spec)
         # the real-time input: an application's events, or the source table's own changes
         self.events = (EventWriter(spec, self.consumer) if spec.stream else
-                       ChangeWriter(spec, self.consumer) if spec.cdc else None)
+                       ChangeWriter(spec, self.consumer, Verifier(keyring)) if spec.cdc else None)
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self, lease: Any = None) -> int:

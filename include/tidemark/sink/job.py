@@ -18,6 +18,7 @@ import time
 from argparse import Namespace
 
 from tidemark import avro
+from tidemark.cdc import signing
 from tidemark.config import executor_checks_from
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
 from tidemark.dead_letters import DeadLetterOutbox
@@ -154,6 +155,7 @@ def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str
         header(HEADER_CONTROL).alias("control"), header(HEADER_BATCH).alias("batch_id"),
         header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
         F.xxhash64(key, value).alias("row_hash"),
+        *([header(signing.HEADER).alias("signature")] if spec.cdc else []),  # the Connect worker's, checked
     )
 
 

@@ -14,6 +14,7 @@ import psycopg2
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
+from tidemark.cdc.signing import signing_key
 from tidemark.cdc.source import grant_sql, slot
 from tidemark.config import CONN_CDC
 from tidemark.spec import PipelineSpec
@@ -48,6 +49,15 @@ def write_secret(settings: Settings) -> str:
     return write_secret_file(settings.connect_secrets_dir, CONN_CDC, settings.cdc_password)
 
 
+def source_endpoint(settings: Settings) -> SourceEndpoint:
+    """What a connector on the local stack is given, as the supervisor gives it (``hooks.capture``): the
+    replication role and the key it signs records with, both secrets written where the worker reads them."""
+    signing, key = signing_key(settings.control_keyring())
+    write_secret_file(settings.connect_secrets_dir, signing.secret_file, key)
+    return SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user,
+                          write_secret(settings), str(settings.connect_secrets_dir), signing)
+
+
 def read_slot(settings: Settings, spec: PipelineSpec):
     conn = psycopg2.connect(settings.dsn(settings.source_db))
     try:
@@ -71,9 +81,7 @@ def drop_slot(settings: Settings, spec: PipelineSpec) -> None:
 def start_connector(settings: Settings, spec: PipelineSpec) -> ConnectClient:
     """Create the pipeline's connector and wait until its task runs and reads its slot."""
     client = ConnectClient(settings.connect_url)
-    endpoint = SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user,
-                              write_secret(settings), str(settings.connect_secrets_dir))
-    client.put_config(connector_name(spec), connector_config(spec, endpoint))
+    client.put_config(connector_name(spec), connector_config(spec, source_endpoint(settings)))
     until("the connector and its task running", lambda: client.state(connector_name(spec)).running, timeout=120)
     until("Debezium reading its slot", lambda: (s := read_slot(settings, spec)) is not None and s.active, timeout=120)
     return client

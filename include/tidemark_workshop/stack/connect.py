@@ -2,7 +2,8 @@
 
 Both come from Maven Central like the broker: the worker at the broker's version
 (stack/connect/pom.xml), the connector apart into the plugin path (stack/connect/debezium/pom.xml)
-so that it keeps its own class loader. The worker's internal topics have one replica (one broker);
+so that it keeps its own class loader, and beside it Tidemark's converter that signs every record
+the connector writes (stack/connect/signing, compiled here against the worker's jars). The worker's internal topics have one replica (one broker);
 its REST API listens on 127.0.0.1 only.
 """
 
@@ -13,11 +14,12 @@ import urllib.error
 import urllib.request
 
 from tidemark_workshop.settings import REPO_ROOT, Settings
-from tidemark_workshop.stack.maven import resolve
+from tidemark_workshop.stack.maven import compile_jar, resolve
 from tidemark_workshop.stack.proc import StackError, read_pid, say, spawn, stop_pid, wait_until
 
 POM = REPO_ROOT / "stack" / "connect" / "pom.xml"
 DEBEZIUM_POM = REPO_ROOT / "stack" / "connect" / "debezium" / "pom.xml"
+SIGNING_SOURCES = REPO_ROOT / "stack" / "connect" / "signing"  # the converter that signs change records
 LOG4J = REPO_ROOT / "stack" / "kafka" / "log4j2.properties"
 # The worker provides Kafka's and Connect's APIs (and SLF4J); a plugin's own copies would shadow them.
 PROVIDED = frozenset({"connect-api", "kafka-clients", "slf4j-api"})
@@ -73,9 +75,16 @@ class Connect:
             "-cp", f"{self.libs}/*", "org.apache.kafka.connect.cli.ConnectDistributed", str(self.config),
         ]
 
-    def prepare(self) -> None:
+    def prepare(self) -> bool:
+        """Jars and plugins in place; True when the signing converter was built anew (a running worker
+        has not loaded it)."""
         resolve(POM, self.libs)
         resolve(DEBEZIUM_POM, self.plugins / "debezium-postgres", skip_names=PROVIDED)
+        jar = self.plugins / "tidemark-signing" / "tidemark-signing.jar"
+        before = jar.stat().st_mtime_ns if jar.exists() else None
+        compile_jar(SIGNING_SOURCES, f"{self.libs}/*", jar, self.s.connect_dir / "signing-classes",
+                    what="the change records' signing converter")
+        return jar.stat().st_mtime_ns != before
 
     def is_running(self) -> bool:
         return read_pid(self.pid_file) is not None
@@ -93,10 +102,13 @@ class Connect:
         return any(p.get("class") == DEBEZIUM_POSTGRES for p in plugins)
 
     def start(self) -> None:
-        self.prepare()
+        rebuilt = self.prepare()
         self.s.logs_dir.mkdir(parents=True, exist_ok=True)
         self.s.connect_secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.config.write_text(self._properties())
+        if rebuilt and self.is_running():
+            say("connect", "the signing converter changed: restarting the worker to load it")
+            stop_pid(self.pid_file)
         if self.is_running() and self.answers():
             say("connect", f"already running on {self.s.connect_url}")
             return

@@ -42,3 +42,20 @@ def artifact_name(jar_file: str) -> str:
     """'scala-library-2.13.15.jar' -> 'scala-library'."""
     match = re.match(r"(.+?)-\d[^-]*(-.*)?\.jar$", jar_file)
     return match.group(1) if match else jar_file.removesuffix(".jar")
+
+
+def compile_jar(sources: Path, classpath: str, jar: Path, work: Path, *, what: str) -> Path:
+    """Compile the Java files under ``sources`` against ``classpath`` into ``jar``, again only when a
+    source changed (a stamp beside the jar holds their digest)."""
+    files = sorted(sources.rglob("*.java"))
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    stamp = jar.with_name(f".{jar.stem}-built")
+    if jar.exists() and stamp.exists() and stamp.read_text() == digest:
+        return jar
+    shutil.rmtree(work, ignore_errors=True)
+    jar.parent.mkdir(parents=True, exist_ok=True)
+    run(["javac", "--release", "17", "-nowarn", "-cp", classpath, "-d", str(work), *map(str, files)],
+        what=f"javac ({what})")
+    run(["jar", "cf", str(jar), "-C", str(work), "."], what=f"jar ({what})")
+    stamp.write_text(digest)
+    return jar

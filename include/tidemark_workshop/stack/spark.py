@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 from tidemark_workshop.settings import QUICK_JIT, REPO_ROOT, SPARK_DRIVER_MEMORY, Settings
-from tidemark_workshop.stack.maven import artifact_name, resolve
-from tidemark_workshop.stack.proc import StackError, run, say
+from tidemark_workshop.stack.maven import artifact_name, compile_jar, resolve
+from tidemark_workshop.stack.proc import StackError, say
 
 POM = REPO_ROOT / "stack" / "spark" / "pom.xml"
 UDF_SOURCES = REPO_ROOT / "stack" / "spark" / "udf"
@@ -78,20 +77,9 @@ def describe(settings: Settings) -> None:
 
 def build_udf_jar(settings: Settings) -> Path:
     """Compile Tidemark's Spark UDFs (one Java file each) against the jars Spark already has."""
-    sources = sorted(UDF_SOURCES.rglob("*.java"))
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources)).hexdigest()
-    jar = settings.spark_jars_dir / UDF_JAR
-    stamp = settings.spark_jars_dir / ".udf-built"
-    if jar.exists() and stamp.exists() and stamp.read_text() == digest:
-        return jar
-    classes = settings.state_dir / "spark" / "udf-classes"
-    shutil.rmtree(classes, ignore_errors=True)
-    classpath = f"{pyspark_jars_dir()}/*:{settings.spark_jars_dir}/*"
-    run(["javac", "--release", "17", "-nowarn", "-cp", classpath, "-d", str(classes), *map(str, sources)],
-        what="javac (Spark UDFs)")
-    run(["jar", "cf", str(jar), "-C", str(classes), "."], what="jar (Spark UDFs)")
-    stamp.write_text(digest)
-    return jar
+    return compile_jar(UDF_SOURCES, f"{pyspark_jars_dir()}/*:{settings.spark_jars_dir}/*",
+                       settings.spark_jars_dir / UDF_JAR, settings.state_dir / "spark" / "udf-classes",
+                       what="Spark UDFs")
 
 
 def submit_command(settings: Settings, script: str | Path, args: list[str], *, secret: str) -> tuple[list[str], dict[str, str]]:
