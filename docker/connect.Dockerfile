@@ -17,6 +17,7 @@ RUN mvn -q -B -f /build/worker/pom.xml dependency:copy-dependencies -DincludeSco
     && mkdir -p /build/classes /plugins/tidemark-signing \
     && javac --release 17 -nowarn -cp '/build/worker/libs/*' -d /build/classes \
         $(find /build/signing -name '*.java') \
+    && cp -r /build/signing/META-INF /build/classes/ \
     && jar cf /plugins/tidemark-signing/tidemark-signing.jar -C /build/classes .
 
 FROM apache/kafka:4.1.1

@@ -107,12 +107,13 @@ def describe(columns: list[SourceColumn]) -> str:
 
 
 def drift(old: list[SourceColumn], new: list[SourceColumn]) -> list[SourceColumn]:
-    """The columns ``new`` adds to ``old`` (a new schema version), or ``SchemaError`` naming both
-    schemas when a column was dropped, renamed or changed its type or nullability."""
+    """The columns ``new`` adds to ``old`` (a new schema version, as is one that widened a column), or
+    ``SchemaError`` naming both schemas when a column was dropped, renamed, changed its nullability or
+    its type other than by widening it."""
     before = {c.name: c for c in old}
     changed = [f"{c.name}: {before[c.name].sql_type}{' NOT NULL' if before[c.name].not_null else ''} -> "
                f"{c.sql_type}{' NOT NULL' if c.not_null else ''}"
-               for c in new if c.name in before and before[c.name] != c]
+               for c in new if c.name in before and before[c.name] != c and not widened(before[c.name], c)]
     dropped = [n for n in before if n not in {c.name for c in new}]
     if changed or dropped:
         raise SchemaError(
@@ -120,6 +121,17 @@ def drift(old: list[SourceColumn], new: list[SourceColumn]) -> list[SourceColumn
             + "; ".join([*(f"changed {x}" for x in changed), *(f"dropped {n}" for n in dropped)])
             + f"). Registered schema: {describe(old)}; source now: {describe(new)}")
     return [c for c in new if c.name not in before]
+
+
+def widens(narrow: str, wide: str) -> bool:
+    """Whether type ``wide`` holds every value of type ``narrow`` exactly and more (varchar(20) ->
+    varchar(50), integer -> bigint, numeric(10,2) -> numeric(12,2)): a column can be widened to it."""
+    return not _holds(narrow, wide) and _holds(wide, narrow)
+
+
+def widened(old: SourceColumn, new: SourceColumn) -> bool:
+    """Whether ``new`` is ``old`` widened (``widens``), its nullability kept."""
+    return old.not_null == new.not_null and widens(old.sql_type, new.sql_type)
 
 
 def _holds(target: str, source: str) -> bool:
@@ -141,16 +153,19 @@ def _holds(target: str, source: str) -> bool:
     return False
 
 
-def fit(columns: list[SourceColumn], target: list[SourceColumn], table: str) -> list[SourceColumn]:
-    """The source columns the target lacks (added in the apply transaction), or ``SchemaError``
-    naming each column the target cannot hold exactly, with both types."""
+def fit(columns: list[SourceColumn], target: list[SourceColumn],
+        table: str) -> tuple[list[SourceColumn], list[SourceColumn]]:
+    """The source columns the target lacks and those it holds narrower than the source widened them
+    (both changed in the apply transaction), or ``SchemaError`` naming each column the target cannot
+    hold exactly and cannot widen to, with both types."""
     have = {c.name: c for c in target}
-    narrow = [f"{c.name}: source {c.sql_type}, target {have[c.name].sql_type}"
-              for c in columns if c.name in have and not _holds(have[c.name].sql_type, c.sql_type)]
+    short = [c for c in columns if c.name in have and not _holds(have[c.name].sql_type, c.sql_type)]
+    narrow = [f"{c.name}: source {c.sql_type}, target {have[c.name].sql_type}" for c in short
+              if not widens(have[c.name].sql_type, c.sql_type)]
     if narrow:
         raise SchemaError(f"target {table} cannot hold every source value exactly ({'; '.join(narrow)}). "
                           f"Source: {describe(columns)}; target: {describe(target)}")
-    return [c for c in columns if c.name not in have]
+    return [c for c in columns if c.name not in have], short
 
 
 # --- Spark ----------------------------------------------------------------------------------------

@@ -108,12 +108,12 @@ def plan(
 
 def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tuple[int, dict[str, str | None]]:
     """Protocol version 2: the record schema version of the source's columns now (a new one when a
-    column was added), after checking the target holds every source column exactly; and for each
+    column was added or widened), after checking the target holds every source column exactly; and for each
     column the target lacks, what its rows loaded before must hold to equal the source's."""
     columns = [SourceColumn(*c) for c in catalog.source_columns(src, spec.table)]
     target = [SourceColumn(*c) for c in catalog.source_columns(wh, spec.target_table)]
     try:
-        added = fit(columns, target, spec.target_table)
+        added, widened = fit(columns, target, spec.target_table)
         fills = {c.name: _fill(src, spec, c, committed) for c in added}
         version, _ = ledger.register_schema(wh, spec.name, columns, {*spec.primary_key, spec.cursor.column})
     except SchemaError as exc:
@@ -122,6 +122,10 @@ def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tu
     if added:
         log.warning("pipeline=%s record schema version %s: source column(s) %s are new; the batch adds them to %s "
                     "when it commits", spec.name, version, ", ".join(f"{c.name} {c.sql_type}" for c in added),
+                    spec.target_table)
+    if widened:
+        log.warning("pipeline=%s record schema version %s: source column(s) %s were widened; the batch widens them in "
+                    "%s when it commits", spec.name, version, ", ".join(f"{c.name} to {c.sql_type}" for c in widened),
                     spec.target_table)
     return version, {name: fill for name, fill in fills.items() if fill is not None}
 

@@ -6,6 +6,7 @@ Not the ledger: nothing here is a record of what a batch is; ``tidemark.ledger``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tidemark.ledger.batches import consumer_for
@@ -144,6 +145,38 @@ def ensure_schema(cur, spec: PipelineSpec, table: str, field: str) -> None:
                               "create it, or set create_target_schema: true in the spec")
         _take_ddl_turn(cur)
         cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
+
+
+def widen_columns(cur, tables: list[str], types: dict[str, str], *, view: str | None = None,
+                  remake: Callable[[], None] | None = None) -> None:
+    """Columns of ``tables`` widened to ``types`` (column -> DDL type), in the caller's transaction.
+    PostgreSQL retypes no column a view reads: the pipeline's own serving ``view`` is dropped first and
+    made again by ``remake`` (if it existed), with the grants it had; another view on the table, or on
+    the serving view, makes PostgreSQL refuse (``psycopg2.Error`` naming it) and nothing changes. A
+    table not made yet is left out."""
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (quote(view) if view else None,))
+    existed = cur.fetchone()[0]
+    grants = view_grants(cur, view) if view and existed else []
+    if view and existed:
+        cur.execute(f"DROP VIEW {quote(view)}")
+    for table in tables:
+        cur.execute(f"ALTER TABLE IF EXISTS {quote(table)} "
+                    + ", ".join(f"ALTER COLUMN {quote(c)} TYPE {t}" for c, t in types.items()))
+    if existed and remake is not None:
+        remake()
+    for grant in grants:
+        cur.execute(grant)
+
+
+def view_grants(cur, view: str) -> list[str]:
+    """The GRANT statements that give a view's privileges back after it is dropped and made again
+    (a view's grants go with it): its owner's own are implied."""
+    cur.execute("""SELECT a.privilege_type, CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                                 ELSE quote_ident(pg_get_userbyid(a.grantee)) END, a.is_grantable
+                     FROM pg_class c, aclexplode(c.relacl) a
+                    WHERE c.oid = to_regclass(%s) AND a.grantee <> c.relowner""", (quote(view),))
+    return [f"GRANT {privilege} ON {quote(view)} TO {grantee}{' WITH GRANT OPTION' if grantable else ''}"
+            for privilege, grantee, grantable in cur.fetchall()]
 
 
 def serving_views_exist(cur, view: str) -> bool:

@@ -172,6 +172,9 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         producer.produce(spec.cdc_topic, value=unnamed,
                          headers=[(signing.HEADER, f"{key_id}:{signing.sign(signing.record_key(secret), spec.cdc_topic, unnamed)}")])
         producer.produce(spec.cdc_topic, value=unnamed)
+        # and one whose headers are not even UTF-8 (Arrow refuses such text: it must not stop the sink)
+        producer.produce(spec.cdc_topic, value=unnamed, headers=[(signing.HEADER, b"\xff\xfe:\x80"),
+                                                                 ("tidemark.control", b"\xff")])
         assert producer.flush(30) == 0
         _source(pipe, "INSERT INTO {table} (id, amount) VALUES (6000, 60.00)")
         until("the transaction after them", lambda: pipe.query_wh(f"SELECT 1 FROM {view} WHERE id = 6000"))
@@ -187,9 +190,11 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         rejects = pipe.query_wh("SELECT reason FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))
         assert sorted(rejects) == [
             ("change event rejected: no source or transaction block (provide.transaction.metadata must be on)",),
-            ("change record rejected: no tidemark.signature header: not written by Tidemark's Connect worker",)]
+            ("change record rejected: no tidemark.signature header: not written by Tidemark's Connect worker",),
+            (f"change record rejected: signed with key id '\ufffd\ufffd', which this sink's keyring ({key_id}) does "
+             "not hold: forged, or a key retired while the connector still signs with it",)]
         letters = dead_letters(settings.kafka_bootstrap, spec.cdc_topic)
-        assert len(letters) == 2 and all(b'"id": 5000' in letter["value"] for letter in letters)
+        assert len(letters) == 3 and all(b'"id": 5000' in letter["value"] for letter in letters)
         assert pipe.query_wh("SELECT count(*) FROM tidemark_control.cdc_pending WHERE consumer = %s",
                              (consumer,))[0][0] == 0  # nothing left waiting
         applied, duplicates = pipe.query_wh("SELECT sum(events), sum(duplicates) FROM tidemark_control.sink_micro_batches "
@@ -270,12 +275,12 @@ def test_a_connect_worker_killed_mid_stream_loses_and_duplicates_no_change(setti
             worker.start()
 
 
-def test_a_column_added_at_the_source_lands_before_its_rows_and_a_narrowed_one_is_refused_with_both_schemas(
+def test_a_column_added_or_widened_at_the_source_lands_before_its_rows_and_a_narrowed_one_is_refused(
         settings, cdc_pipeline):
-    """Issue 31, item 6: the schema change ordered with the data. The column the source gained is in the
-    real-time table and the serving view, in the micro-batch transaction that applies the first change
-    carrying it; a column narrowed at the source is refused loudly (the transaction a dead letter, with
-    both schemas), and nothing of it is applied."""
+    """Issue 31, item 6: the schema change ordered with the data. The column the source gained, or
+    widened, is in the real-time table and the serving view, in the micro-batch transaction that
+    applies the first change carrying it (the view's grants kept); a column narrowed at the source is
+    refused loudly (the transaction a dead letter, with both schemas), and nothing of it is applied."""
     pipe, launcher = cdc_pipeline
     spec = pipe.spec
     view, live = spec.cdc.serving_view, spec.cdc.target_table
@@ -301,14 +306,25 @@ def test_a_column_added_at_the_source_lands_before_its_rows_and_a_narrowed_one_i
                                 "= %s AND column_name IN ('note', 'fee') ORDER BY column_name", (live,))
         assert columns == [("fee", "numeric", None, 9, 3), ("note", "character varying", 20, None, None)]
 
-        _source(pipe, "ALTER TABLE {table} ALTER COLUMN note TYPE varchar(10)")
-        _source(pipe, "INSERT INTO {table} (id, amount, note) VALUES (3, 3.00, 'narrow')")
+        # widened at the source: the real-time table widens before the first change that needs it, the serving
+        # view made again around it with its grants
+        pipe.query_wh(f"GRANT SELECT ON {view} TO PUBLIC")
+        _source(pipe, "ALTER TABLE {table} ALTER COLUMN note TYPE varchar(50)")
+        _source(pipe, "INSERT INTO {table} (id, amount, note) VALUES (3, 3.00, repeat('w', 40))")
+        until("the row with the wider note", lambda: pipe.query_wh(f"SELECT length(note) FROM {view} WHERE id = 3")
+              == [(40,)])
+        assert pipe.query_wh("SELECT character_maximum_length FROM information_schema.columns WHERE table_schema "
+                             "|| '.' || table_name = %s AND column_name = 'note'", (live,)) == [(50,)]
+        assert pipe.query_wh("SELECT has_table_privilege('public', %s, 'SELECT')", (view,)) == [(True,)]
+
+        _source(pipe, "ALTER TABLE {table} ALTER COLUMN note TYPE varchar(45)")  # narrowed (its 40 characters fit)
+        _source(pipe, "INSERT INTO {table} (id, amount, note) VALUES (4, 4.00, 'narrow')")
         consumer = ledger.consumer_for(spec.name)
         reasons = until("the narrowed column's transaction refused", lambda: pipe.query_wh(
             "SELECT reason FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,)))
-        assert "column note is varchar(10) at the source, varchar(20) in the real-time table" in reasons[0][0]
+        assert "column note is varchar(45) at the source, varchar(50) in the real-time table" in reasons[0][0]
         assert "Real-time table: (id bigint, amount numeric(18,2)" in reasons[0][0] and "source: (" in reasons[0][0]
-        assert pipe.query_wh(f"SELECT id FROM {view} ORDER BY id") == [(1,), (2,)]  # nothing of it applied
+        assert pipe.query_wh(f"SELECT id FROM {view} ORDER BY id") == [(1,), (2,), (3,)]  # nothing of it applied
         until("its dead letter published", lambda: pipe.query_wh(
             "SELECT bool_and(in_dlq) FROM tidemark_control.sink_rejects WHERE consumer = %s", (consumer,))[0][0])
     finally:

@@ -28,7 +28,7 @@ from tidemark.streams.cycle import prepare_stream_tables
 from tidemark.config import CONN_CDC
 from tidemark.kafka_io import end_offsets
 from tidemark.streams.policy import Policy
-from tidemark_workshop.stack.batchrun import until
+from tidemark_workshop.stack.batchrun import query, until
 from tidemark_workshop.stack.cdcrun import (drop_slot, grant, make_cdc_pipeline, remove_capture, source_endpoint,
                                             write_secret)
 
@@ -106,12 +106,7 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
         desired("paused")  # a paused pipeline's slot keeps WAL on the source: shown, warned, then a failure
         assert "action=pause" in cycle()[0]
         until("the connector paused", lambda: client.state(name).state == "PAUSED")
-        src = pipe.src()
-        try:
-            with src, src.cursor() as cur:
-                cur.execute(f"INSERT INTO {spec.table} (id, amount) SELECT g, g FROM generate_series(1, 30000) g")
-        finally:
-            src.close()
+        query(settings, settings.source_db, f"INSERT INTO {spec.table} (id, amount) SELECT g, g FROM generate_series(1, 30000) g")
         line, failure = cycle()
         assert "state=PAUSED" in line and "retained_wal=" in line, line
         assert failure is not None and "past cdc.retained_wal_limit 2.0 MiB" in failure, (line, failure)
@@ -139,12 +134,7 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
         assert "action=create" in line and (failure is None or "past cdc.retained_wal_limit" in failure), line
         until("the connector made again running", lambda: client.state(name).running)
         until("its new slot read", lambda: "active=True" in cycle()[0])
-        src = pipe.src()
-        try:
-            with src, src.cursor() as cur:
-                cur.execute(f"INSERT INTO {spec.table} (id, amount) VALUES (40001, 1)")
-        finally:
-            src.close()
+        query(settings, settings.source_db, f"INSERT INTO {spec.table} (id, amount) VALUES (40001, 1)")
         until("the change after the new handoff on the topic", lambda: _on_topic(settings, spec.cdc_topic) == 1,
               timeout=60)
         assert client.state(name).running, client.state(name)

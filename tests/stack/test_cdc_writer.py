@@ -16,12 +16,15 @@ import json
 import uuid
 from itertools import count
 
+import psycopg2
 import pyarrow as pa
 import pytest
 
 from tidemark import ledger
 from tidemark.cdc.apply import ChangeWriter
+from tidemark.cdc.changes import Shape
 from tidemark.cdc.signing import Verifier, record_key, sign
+from tidemark.cdc.tables import widen_columns
 from tidemark.sink.report import MicroBatchReport
 from tidemark.streams.cycle import prepare_stream_tables
 from tidemark_workshop.settings import Settings
@@ -164,3 +167,36 @@ def test_transactions_apply_in_commit_order_whole_once_however_the_topics_delive
     assert ["no tidemark.signature header" in rejected[0], "does not match" in rejected[1],
             "does not match" in rejected[2], "not-ours" in rejected[3] and key_id in rejected[3]] == [True] * 4
     assert state()[0][-1] == (9, "9.90", False) and state()[1:] == ((0, 0), source.txid)
+
+
+def test_a_widened_column_keeps_the_serving_view_and_its_grants_and_another_view_on_the_table_refuses_it(writer):
+    """What the next batch does to its target, and the writer to the real-time table, when the source
+    widened a column (``tables.widen_columns``): the serving view, which reads both, is made again with
+    its grants; a view of someone else's on the target makes PostgreSQL refuse, and nothing changes."""
+    pipe, _, wh, _ = writer
+    spec = pipe.spec
+    view, live, batch = spec.cdc.serving_view, spec.cdc.target_table, spec.target_table
+    pipe.query_wh(f"INSERT INTO {batch} (id, amount, currency, updated_at) VALUES (1, 1.50, 'EUR', now())")
+    pipe.query_wh(f"GRANT SELECT ON {view} TO PUBLIC")
+
+    def amount_types() -> list[tuple]:
+        return pipe.query_wh("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attname = 'amount' "
+                             "AND attrelid IN (%s::regclass, %s::regclass) ORDER BY attrelid", (batch, live))
+
+    with wh, wh.cursor() as cur:
+        widen_columns(cur, spec, batch, {"amount": "numeric(22,2)"})
+        widen_columns(cur, spec, live, {"amount": Shape("NUMERIC", 22, 2)})
+    assert amount_types() == [("numeric(22,2)",), ("numeric(22,2)",)]
+    assert pipe.query_wh(f"SELECT id, amount::text FROM {view}") == [(1, "1.50")]
+    assert pipe.query_wh("SELECT has_table_privilege('public', %s, 'SELECT')", (view,)) == [(True,)]
+
+    theirs = f"{batch}_theirs"
+    pipe.query_wh(f"CREATE VIEW {theirs} AS SELECT id, amount FROM {batch}")
+    try:
+        with pytest.raises(psycopg2.Error, match="_theirs"):
+            with wh, wh.cursor() as cur:
+                widen_columns(cur, spec, batch, {"amount": "numeric(30,2)"})
+        assert amount_types() == [("numeric(22,2)",), ("numeric(22,2)",)]
+        assert pipe.query_wh(f"SELECT id FROM {view}") == [(1,)]  # the transaction rolled back whole
+    finally:
+        pipe.query_wh(f"DROP VIEW {theirs}")

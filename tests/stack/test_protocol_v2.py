@@ -174,7 +174,7 @@ def test_untrusted_records_are_dead_letters_and_the_genuine_batch_loads(settings
     same_rows(pipe)
 
 
-def test_a_version_1_batch_on_the_topic_still_applies_and_added_columns_reach_the_target(settings, tmp_path):
+def test_a_version_1_batch_on_the_topic_still_applies_and_added_and_widened_columns_reach_the_target(settings, tmp_path):
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, record_format="json")  # protocol version 1
     insert_payments(pipe, 1, 100)
     v1 = pipe.plan("run-1")
@@ -202,14 +202,28 @@ def test_a_version_1_batch_on_the_topic_still_applies_and_added_columns_reach_th
     assert pipe.rows("target", "amount, fee") == pipe.rows("source", "amount, fee")
 
     conn = pipe.src()
+    with conn, conn.cursor() as cur:  # widened: the target widens as the next batch commits, its rows kept
+        cur.execute(f"ALTER TABLE {pipe.source_table} ALTER COLUMN fee TYPE numeric(14,6), "
+                    "ALTER COLUMN amount TYPE numeric(22,2)")
+        cur.execute(f"INSERT INTO {pipe.source_table} (id, amount, fee) SELECT g, 10.0 ^ 19 + g, g * 0.000001 "
+                    "FROM generate_series(251, 260) g")  # amounts its old type could not hold
+    conn.close()
+    v4, _ = pipe.run("run-4")
+    assert v4.schema_version == 3
+    assert pipe.query_wh("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
+                         "AND attname IN ('amount', 'fee') ORDER BY attname",
+                         (pipe.spec.target_table,)) == [("numeric(22,2)",), ("numeric(14,6)",)]
+    assert pipe.rows("target", "amount, fee") == pipe.rows("source", "amount, fee")
+
+    conn = pipe.src()
     with conn, conn.cursor() as cur:  # narrowed: refused at plan, with both schemas
         cur.execute(f"ALTER TABLE {pipe.source_table} ALTER COLUMN fee TYPE numeric(6,4)")
     conn.close()
     with pytest.raises(PlanError) as refused:
-        pipe.plan("run-4")
+        pipe.plan("run-5")
     text = str(refused.value)
-    assert "changed fee: numeric(10,4) -> numeric(6,4)" in text
-    assert "Registered schema: (id bigint NOT NULL, amount numeric(18,2) NOT NULL" in text
+    assert "changed fee: numeric(14,6) -> numeric(6,4)" in text
+    assert "Registered schema: (id bigint NOT NULL, amount numeric(22,2) NOT NULL" in text
     assert "source now: (" in text and "fee numeric(6,4))" in text
 
 

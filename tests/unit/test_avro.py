@@ -34,37 +34,44 @@ def test_columns_without_an_exact_avro_type_are_named():
     assert "column 'at' (timestamp without time zone)" in text and "column 'shape' (point)" in text
 
 
-def test_drift_allows_added_columns_and_refuses_any_other_change_with_both_schemas():
+def test_drift_allows_added_and_widened_columns_and_refuses_any_other_change_with_both_schemas():
     assert drift(PAYMENTS, [*PAYMENTS, C("fee", "numeric(10,4)", False)]) == [C("fee", "numeric(10,4)", False)]
     assert drift(PAYMENTS, PAYMENTS) == []
+    widened = [C("id", "bigint", True), C("amount", "numeric(20,2)", True), *PAYMENTS[2:]]
+    assert drift(PAYMENTS, widened) == []  # a new version, nothing added
     narrowed = [C("id", "bigint", True), C("amount", "numeric(10,2)", True), *PAYMENTS[2:]]
     with pytest.raises(SchemaError) as info:
         drift(PAYMENTS, narrowed)
     assert "changed amount: numeric(18,2) NOT NULL -> numeric(10,2) NOT NULL" in str(info.value)
     assert "Registered schema: (id bigint NOT NULL, amount numeric(18,2) NOT NULL" in str(info.value)
     assert "source now: (id bigint NOT NULL, amount numeric(10,2) NOT NULL" in str(info.value)
+    with pytest.raises(SchemaError, match=r"changed amount: numeric\(18,2\) NOT NULL -> numeric\(20,2\)\)"):
+        drift(PAYMENTS, [C("id", "bigint", True), C("amount", "numeric(20,2)", False), *PAYMENTS[2:]])  # nullable now
     with pytest.raises(SchemaError, match="dropped note"):
         drift(PAYMENTS, [c for c in PAYMENTS if c.name != "note"])
 
 
-@pytest.mark.parametrize(("source", "target", "holds"), [
-    ("numeric(18,2)", "numeric(18,2)", True), ("numeric(18,2)", "numeric(20,4)", True),
-    ("numeric(18,2)", "numeric", True), ("numeric(18,2)", "numeric(18,4)", False),
-    ("numeric(18,2)", "numeric(18,1)", False), ("integer", "bigint", True), ("bigint", "integer", False),
-    ("character varying(10)", "text", True), ("character varying(10)", "character varying(5)", False),
-    ("text", "character varying(100)", False), ("real", "double precision", True), ("double precision", "real", False),
+@pytest.mark.parametrize(("source", "target", "outcome"), [
+    ("numeric(18,2)", "numeric(18,2)", "holds"), ("numeric(18,2)", "numeric(20,4)", "holds"),
+    ("numeric(18,2)", "numeric", "holds"), ("numeric(18,2)", "numeric(18,4)", "refused"),
+    ("numeric(18,2)", "numeric(18,1)", "refused"), ("numeric(20,2)", "numeric(18,2)", "widens"),
+    ("integer", "bigint", "holds"), ("bigint", "integer", "widens"),
+    ("character varying(10)", "text", "holds"), ("character varying(10)", "character varying(5)", "widens"),
+    ("text", "character varying(100)", "widens"), ("real", "double precision", "holds"),
+    ("double precision", "real", "widens"), ("integer", "character varying(20)", "refused"),
+    ("character(5)", "character(3)", "refused"),
 ])
-def test_the_target_must_hold_every_source_value_exactly(source, target, holds):
+def test_the_target_must_hold_every_source_value_exactly_or_widen_to_the_source_type(source, target, outcome):
     src, tgt = [C("id", "bigint", True), C("v", source, False)], [C("id", "bigint", True), C("v", target, False)]
-    if holds:
-        assert fit(src, tgt, "t.x") == []
-    else:
+    if outcome == "refused":
         with pytest.raises(SchemaError, match=f"v: source {source.replace('(', '.').replace(')', '.')}, target"):
             fit(src, tgt, "t.x")
+    else:
+        assert fit(src, tgt, "t.x") == ([], [src[1]] if outcome == "widens" else [])
 
 
 def test_a_column_the_target_lacks_is_added_and_only_known_types_reach_ddl():
-    assert fit([*PAYMENTS, C("fee", "numeric(10,4)", False)], PAYMENTS, "t.x") == [C("fee", "numeric(10,4)", False)]
+    assert fit([*PAYMENTS, C("fee", "numeric(10,4)", False)], PAYMENTS, "t.x") == ([C("fee", "numeric(10,4)", False)], [])
     assert sql_type("numeric(10,4)") == "numeric(10,4)"
     with pytest.raises(SchemaError):
         sql_type("text); DROP TABLE batch.ledger_entries; --")

@@ -114,6 +114,30 @@ def test_a_column_added_at_the_source_comes_with_its_type_and_any_other_schema_c
         assert "Real-time table: (id bigint, amount numeric(18,2), note varchar(20)); source: (" in str(refused.value)
 
 
+def test_a_column_widened_at_the_source_comes_with_its_new_type_and_a_narrowed_or_padded_one_is_refused():
+    from tidemark.cdc.changes import Shape, shape_of_column
+
+    table = {"id": shape_of_column("integer", 32, 0, None), "amount": shape_of_column("numeric", 18, 2, None),
+             "note": shape_of_column("character varying", None, None, 20),
+             "code": shape_of_column("character", None, None, 3)}
+    fields = [_field("id", "INT4", 10), _field("amount", "NUMERIC", 18, 2), _field("note", "VARCHAR", 20),
+              _field("code", "BPCHAR", 3)]
+    row = {"id": 1, "amount": "1.00", "note": "x", "code": "EUR"}
+    assert change(_typed(fields, row), table).widened == ()
+    wide = change(_typed([_field("id", "INT8", 19), _field("amount", "NUMERIC", 20, 3), _field("note", "TEXT"),
+                          fields[3]], row), table)
+    assert wide.widened == (("id", Shape("INT8")), ("amount", Shape("NUMERIC", 20, 3)), ("note", Shape("TEXT")))
+    assert wide.added == () and [s.ddl() for _, s in wide.widened] == ["bigint", "numeric(20,3)", "text"]
+    assert change(_typed([*fields[:2], _field("note", "VARCHAR", 50), fields[3]], row), table).widened == (
+        ("note", Shape("VARCHAR", 50)),)
+    for bad, reason in ((_field("amount", "NUMERIC", 19, 4), "column amount is numeric(19,4)"),  # fewer integer digits
+                        (_field("code", "BPCHAR", 5), "column code is char(5)"),  # padded: its values change
+                        (_field("id", "INT2", 5), "column id is smallint")):
+        changed = [bad if f["field"] == bad["field"] else f for f in fields]
+        with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+            change(_typed(changed, row), table)
+
+
 def test_a_record_s_type_parameters_are_not_trusted():
     """A forged length or scale never reaches the warehouse's DDL: the shape is then the bare type."""
     from tidemark.cdc.changes import Shape, shape_of_field

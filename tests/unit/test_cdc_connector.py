@@ -27,7 +27,7 @@ def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_sec
     # every record signed by the worker, with a key it reads from its secrets directory
     assert config["value.converter"] == "tidemark.connect.SigningJsonConverter"
     assert config["value.converter.signing.key.id"] == "k2"
-    assert config["value.converter.signing.key"] == "${dir:/opt/connect/secrets:tidemark-cdc-signing-k2}"
+    assert config["value.converter.signing.secret"] == "${dir:/opt/connect/secrets:tidemark-cdc-signing-k2}"
     assert config["table.include.list"] == r"core\.ledger_entries"  # Debezium reads a regular expression
     assert config["topic.prefix"] == "tidemark.cdc.ledger" and config["heartbeat.interval.ms"] == "3000"
     assert config["decimal.handling.mode"] == "string" and config["provide.transaction.metadata"] == "true"

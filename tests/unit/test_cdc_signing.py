@@ -30,6 +30,9 @@ def test_a_record_signed_with_any_key_of_the_keyring_passes():
     (header("k9", "a" * 40), "key id 'k9', which this sink's keyring (k1) does not hold"),
     ("k1", "does not match"),
     (b"\xff\xfe", "does not hold"),
+    ("k1:é", "does not match"),  # not ASCII: compared as bytes, never an exception that stops the sink
+    (b"k1:\xff" + b"0" * 63, "does not match"),
+    (b"", "key id '', which this sink's keyring (k1) does not hold"),
 ])
 def test_a_record_the_worker_did_not_sign_says_why(signature, why):
     verifier = Verifier(Keyring.parse(OLD, source="test"))

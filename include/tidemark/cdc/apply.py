@@ -34,7 +34,7 @@ from psycopg2.extras import Json, execute_values
 from tidemark.cdc.changes import Change, Shape, boundary, change, lsn_text
 from tidemark.cdc.schemas import Schemas
 from tidemark.cdc.signing import Verifier
-from tidemark.cdc.tables import add_columns, realtime_shapes
+from tidemark.cdc.tables import add_columns, realtime_shapes, widen_columns
 from tidemark.records import payload_text
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import literal
@@ -81,18 +81,26 @@ class ChangeWriter:
                              "never adds columns to its batch target, so they are not added to the real-time table "
                              f"either. Next: add them to {self.spec.target_table} and {self.cdc.target_table} by hand "
                              "(or move the pipeline to record_format: avro)")
-        cur.execute("SAVEPOINT cdc_columns")
-        try:
-            add_columns(cur, self.spec, added)
-        except psycopg2.Error as exc:
-            cur.execute("ROLLBACK TO SAVEPOINT cdc_columns")
-            raise ValueError(f"new column(s) {', '.join(f'{c} {t}' for c, t in added.items())} refused by the "
-                             f"warehouse: {' '.join(str(exc).split())}") from None
-        cur.execute("RELEASE SAVEPOINT cdc_columns")
+        _ddl(cur, lambda: add_columns(cur, self.spec, added),
+             f"new column(s) {', '.join(f'{c} {t}' for c, t in added.items())}")
         log.warning("pipeline=%s the source's table %s gained column(s) %s (first carried by source transaction %s): "
                     "added to the real-time table %s and shown by %s before that change applies; the batch target "
                     "gains them with its next batch", self.spec.name, self.spec.table,
                     ", ".join(f"{c} {t}" for c, t in added.items()), txid, self.cdc.target_table, self.cdc.serving_view)
+        self._shapes = None
+
+    def _widen_columns(self, cur, widened: dict[str, Shape], txid: int) -> None:
+        """The source widened columns (``changes.widens``): the real-time table takes the wider types
+        before the change that carries them, the serving view made again around it. ``ValueError`` (the
+        event refused, its transaction a dead letter) where the warehouse refuses, naming why (another
+        view on the table, say)."""
+        _ddl(cur, lambda: widen_columns(cur, self.spec, self.cdc.target_table, widened),
+             f"column(s) {', '.join(f'{c} {t}' for c, t in widened.items())} widened at the source,")
+        log.warning("pipeline=%s the source's table %s widened column(s) %s (first carried by source transaction %s): "
+                    "widened in the real-time table %s before that change applies (%s made again, its grants kept); "
+                    "the batch target takes them with its next batch", self.spec.name, self.spec.table,
+                    ", ".join(f"{c} to {t}" for c, t in widened.items()), txid, self.cdc.target_table,
+                    self.cdc.serving_view)
         self._shapes = None
 
     # --- one micro-batch ---------------------------------------------------------------------
@@ -119,6 +127,8 @@ class ChangeWriter:
                 event = change(rec["value"], self.shapes(cur), self.schemas.read(rec["value"]))
                 if event.added:
                     self._add_columns(cur, dict(event.added), event.txid)
+                if event.widened:
+                    self._widen_columns(cur, dict(event.widened), event.txid)
             except ValueError as exc:
                 place = _place(rec["value"])
                 if place is None:  # belongs to no transaction we can name: a dead letter now
@@ -331,6 +341,18 @@ class ChangeWriter:
         for topic, partition, offset, key, raw, op, why in cur.fetchall():
             reject({"topic": topic, "partition": partition, "offset": offset, "key": key, "value": raw},
                    f"{reason}{f' (this event: {why})' if op == 'x' else ''}")
+
+
+def _ddl(cur, change: Callable[[], None], what: str) -> None:
+    """``change`` to the real-time table in a savepoint of the micro-batch's transaction; ``ValueError``
+    (the event refused, its transaction a dead letter) naming ``what`` when the warehouse refuses it."""
+    cur.execute("SAVEPOINT cdc_ddl")
+    try:
+        change()
+    except psycopg2.Error as exc:
+        cur.execute("ROLLBACK TO SAVEPOINT cdc_ddl")
+        raise ValueError(f"{what} refused by the warehouse: {' '.join(str(exc).split())}") from None
+    cur.execute("RELEASE SAVEPOINT cdc_ddl")
 
 
 def _span(txids: list[int]) -> str:

@@ -5,8 +5,9 @@ event becomes a ``Change``: its source transaction (``source.txId``) and place i
 (``transaction.total_order``), its WAL position, the operation and the row (after an insert or
 update, before a delete) as PostgreSQL text input, each value converted by its field's Debezium
 type (days, microseconds and base64 become dates, timestamps and bytea), and the source's schema
-compared with the real-time table's: a column added comes with the change, to be added before it
-applies; a column dropped, renamed or retyped is refused with both schemas. A boundary becomes a
+compared with the real-time table's: a column added or widened (``widens``: varchar(20) to
+varchar(50), integer to bigint) comes with the change, to be added or widened before it applies; a
+column dropped, renamed, narrowed or otherwise retyped is refused with both schemas. A boundary becomes a
 ``Boundary``: BEGIN, or END with the transaction's commit position and event count. Anything else
 raises ``ValueError`` naming what is wrong; the sink makes it a dead letter.
 
@@ -95,6 +96,29 @@ def shape_of_field(field: dict[str, Any]) -> Shape | None:
     return Shape(name, length) if 0 < length <= 10_485_760 else Shape(name)
 
 
+# the lossless widenings: every value of the first type is a value of the second, unchanged
+_WIDER = {"INT2": ("INT4", "INT8"), "INT4": ("INT8",), "VARCHAR": ("TEXT",)}
+
+
+def widens(table: Shape | None, source: Shape | None) -> bool:
+    """Whether the source's type holds every value of the real-time table's, unchanged: the table can
+    take it by ``ALTER COLUMN ... TYPE`` and lose nothing (varchar(20) -> varchar(50) or text, integer ->
+    bigint, numeric(10,2) -> numeric(12,3) or numeric). char(n) is not widened: its padding is part of
+    its values."""
+    if table is None or source is None or table == source:
+        return False
+    if source.type in _WIDER.get(table.type, ()):
+        return True
+    if table.type != source.type or table.type not in ("VARCHAR", "NUMERIC") or table.length is None:
+        return False
+    if source.length is None:
+        return True
+    if table.type == "VARCHAR":
+        return source.length > table.length
+    t_scale, s_scale = table.scale or 0, source.scale or 0
+    return s_scale >= t_scale and source.length - s_scale >= table.length - t_scale
+
+
 def same_type(table: Shape | None, source: Shape | None) -> bool:
     """Whether the source's column still has the real-time table's type (unknown on either side: yes)."""
     if table is None or source is None:
@@ -111,6 +135,7 @@ class Change:
     row: dict[str, str | None]  # column -> PostgreSQL text input (None: NULL)
     source_ms: int | None  # when the source committed it
     added: tuple[tuple[str, Shape], ...] = ()  # columns the source gained that the real-time table lacks
+    widened: tuple[tuple[str, Shape], ...] = ()  # columns the source widened (``widens``), with their new type
 
 
 @dataclass(frozen=True)
@@ -160,8 +185,9 @@ def change(value: bytes | str | None, table: dict[str, Shape | None],
            parts: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Change:
     """One change event of the captured table; ``table``: the real-time table's columns and their
     shapes; ``parts``: the record's payload and schema, parsed already (tidemark.cdc.schemas). A
-    column the source gained comes back in ``added`` (its type one the sink can add); a column the
-    source lost or renamed, or whose type changed, raises ``ValueError`` with both schemas."""
+    column the source gained comes back in ``added`` (its type one the sink can add), one it widened
+    in ``widened``; a column the source lost or renamed, or whose type changed any other way, raises
+    ``ValueError`` with both schemas."""
     payload, schema = parts or _payload(value)
     op = payload.get("op")
     if op not in OPS:
@@ -174,42 +200,45 @@ def change(value: bytes | str | None, table: dict[str, Shape | None],
     row = payload.get(side)
     if not isinstance(row, dict):
         raise ValueError(f"{OPS[op]} without its row '{side}'")
-    types, added = _checked_schema(schema, side, row, table)
+    types, (added, widened) = _checked_schema(schema, side, row, table)
     order = _int(tx.get("total_order"), "transaction.total_order")
     if order < 1:
         raise ValueError(f"transaction.total_order is {order}")
     ms = source.get("ts_ms")
     return Change(_int(source.get("txId"), "source.txId"), order, _int(source.get("lsn"), "source.lsn"), op,
                   {name: text(v, types.get(name, {})) for name, v in row.items()},
-                  ms if isinstance(ms, int) and not isinstance(ms, bool) else None, added)
+                  ms if isinstance(ms, int) and not isinstance(ms, bool) else None, added, widened)
 
 
-# (schema, side, columns, real-time table) -> their field types and the columns to add: most records of
-# a table version share one schema object (tidemark.cdc.schemas), so it is checked once, not per record.
-# An entry holds its schema, so no other object can take that schema's id while the entry lives.
-_CHECKED: dict[tuple, tuple[dict[str, Any], dict[str, dict[str, Any]], tuple[tuple[str, Shape], ...]]] = {}
+# (schema, side, columns, real-time table) -> their field types and the columns to add and widen: most
+# records of a table version share one schema object (tidemark.cdc.schemas), so it is checked once, not
+# per record. An entry holds its schema, so no other object can take that schema's id while the entry lives.
+Altered = tuple[tuple[tuple[str, Shape], ...], tuple[tuple[str, Shape], ...]]  # (added, widened)
+_CHECKED: dict[tuple, tuple[dict[str, Any], dict[str, dict[str, Any]], Altered]] = {}
 
 
 def _checked_schema(schema: dict[str, Any], side: str, row: dict[str, Any],
-                    table: dict[str, Shape | None]) -> tuple[dict[str, dict[str, Any]], tuple[tuple[str, Shape], ...]]:
+                    table: dict[str, Shape | None]) -> tuple[dict[str, dict[str, Any]], Altered]:
     key = (id(schema), side, tuple(row), tuple(table.items()))
     hit = _CHECKED.get(key)
     if hit is not None and hit[0] is schema:
         return hit[1], hit[2]
     types = _field_types(schema, side)
-    added = _schema_change(row, types, table)  # ValueError: not remembered, raised again for the next record
+    altered = _schema_change(row, types, table)  # ValueError: not remembered, raised again for the next record
     if len(_CHECKED) >= 256:
         _CHECKED.clear()
-    _CHECKED[key] = (schema, types, added)
-    return types, added
+    _CHECKED[key] = (schema, types, altered)
+    return types, altered
 
 
 def _schema_change(row: dict[str, Any], types: dict[str, dict[str, Any]],
-                   table: dict[str, Shape | None]) -> tuple[tuple[str, Shape], ...]:
-    """The columns to add before this row applies; ``ValueError`` for any other change of the schema."""
+                   table: dict[str, Shape | None]) -> Altered:
+    """The columns to add and to widen before this row applies; ``ValueError`` for any other change."""
     source = {name: shape_of_field(types.get(name, {})) for name in row}
     lost = [c for c in table if c not in row]
-    changed = [c for c in table if c in row and not same_type(table[c], source[c])]
+    retyped = [c for c in table if c in row and not same_type(table[c], source[c])]
+    widened = [c for c in retyped if widens(table[c], source[c])]
+    changed = [c for c in retyped if c not in widened]
     new = [c for c in row if c not in table]
     unaddable = [c for c in new if source[c] is None or source[c].type not in DDL_TYPES
                  or not IDENTIFIER.fullmatch(c) or c.startswith("_tm_")]
@@ -225,8 +254,7 @@ def _schema_change(row: dict[str, Any], types: dict[str, dict[str, Any]],
 
         raise ValueError(f"the source's schema changed in a way not applied by itself: {why}. Real-time table: "
                          f"({schema(table)}); source: ({schema(source)})")
-    return tuple((c, source[c]) for c in new)
-
+    return tuple((c, source[c]) for c in new), tuple((c, source[c]) for c in widened)
 
 
 def _field_types(schema: dict[str, Any], side: str) -> dict[str, dict[str, Any]]:

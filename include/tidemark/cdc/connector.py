@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,8 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         "value.converter": CONVERTER,
         "value.converter.schemas.enable": "true",
         "value.converter.signing.key.id": source.signing.key_id,
-        "value.converter.signing.key": _reference(source, source.signing.secret_file),
+        # (a name ending in "secret": Debezium masks it where it logs the task's configuration)
+        "value.converter.signing.secret": _reference(source, source.signing.secret_file),
         "topic.prefix": spec.cdc_topic_prefix,
         "slot.name": spec.cdc_slot,
         "publication.name": spec.cdc_slot,
@@ -100,10 +102,12 @@ def _reference(source: SourceEndpoint, secret_file: str) -> str:
 
 def write_secret(secrets_dir: str | Path, name: str, value: str) -> str:
     """Write ``value`` where the worker resolves ``${dir:<secrets_dir>:<name>}``: the directory 0700, the
-    file 0600, rewritten each time. Returns ``name`` (the connector config's reference to it)."""
+    file 0600, replaced whole each time (a task starting meanwhile reads the old file or the new one,
+    never an empty one). Returns ``name`` (the connector config's reference to it)."""
     directory = Path(secrets_dir)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd, staging = tempfile.mkstemp(dir=directory, prefix=f".{name}.")  # 0600
     with os.fdopen(fd, "w") as out:
         out.write(value)
+    os.replace(staging, directory / name)
     return name

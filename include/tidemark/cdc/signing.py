@@ -51,20 +51,21 @@ class Verifier:
     """Why a record of a CDC topic is not the worker's (None: it is), under any key of the keyring."""
 
     def __init__(self, keyring: Keyring):
-        self._keys = {key_id: record_key(secret).encode() for key_id, secret in keyring.keys}
-        self.key_ids = ", ".join(self._keys)
+        self._keys = {key_id.encode(): record_key(secret).encode() for key_id, secret in keyring.keys}
+        self.key_ids = ", ".join(key_id for key_id, _ in keyring.keys)
 
     def why_not(self, topic: str, value: bytes | None, header: bytes | str | None) -> str | None:
+        """``header`` as Kafka hands it over (bytes, whatever a producer put there)."""
         if header is None:
             return f"no {HEADER} header: not written by Tidemark's Connect worker"
-        text = header.decode("ascii", "replace") if isinstance(header, bytes) else header
-        key_id, _, signature = text.partition(":")
+        raw = header.encode("utf-8", "replace") if isinstance(header, str) else bytes(header)
+        key_id, _, signature = raw.partition(b":")
         key = self._keys.get(key_id)
         if key is None:
-            return (f"signed with key id {key_id!r}, which this sink's keyring ({self.key_ids}) does not hold: "
-                    "forged, or a key retired while the connector still signs with it")
+            return (f"signed with key id {key_id.decode('ascii', 'replace')[:64]!r}, which this sink's keyring "
+                    f"({self.key_ids}) does not hold: forged, or a key retired while the connector still signs with it")
         mac = hmac.new(key, topic.encode() + b"\0", hashlib.sha256)
         mac.update(value or b"")
-        if not hmac.compare_digest(signature, mac.hexdigest()):
-            return f"its signature under key {key_id} does not match its topic and value: forged or altered"
+        if not hmac.compare_digest(signature, mac.hexdigest().encode()):
+            return f"its signature under key {key_id.decode()} does not match its topic and value: forged or altered"
         return None

@@ -49,6 +49,15 @@ def add_columns(cur, spec: PipelineSpec, added: dict[str, Shape]) -> None:
     ensure_cdc_serving_view(cur, spec, again=True)
 
 
+def widen_columns(cur, spec: PipelineSpec, table: str, widened: dict[str, Shape | str]) -> None:
+    """Columns the source widened, widened in ``table`` (the real-time table, or the batch target at
+    its next batch) in the caller's transaction; the serving view, which reads both, is made again
+    around it with its grants (``catalog.widen_columns``)."""
+    assert spec.cdc is not None
+    catalog.widen_columns(cur, [table], {c: t.ddl() if isinstance(t, Shape) else t for c, t in widened.items()},
+                          view=spec.cdc.serving_view, remake=lambda: ensure_cdc_serving_view(cur, spec, again=True))
+
+
 def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> None:
     """The serving view, and ``<view>_freshness``: the batch watermark, the source commit time of
     the last transaction applied, and the later of the two (up to when the view is complete).
@@ -71,8 +80,10 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
 
     batch, live, cursor = quote(spec.target_table), quote(cdc.target_table), quote(spec.cursor.column)
     same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
+    grants = []
     if again and names[:len(shown := _view_columns(cur, view))] != shown:
-        # a column in a new place: a view cannot be replaced with its columns moved (its grants go with it)
+        # a column in a new place: a view cannot be replaced with its columns moved; its grants are given back
+        grants = catalog.view_grants(cur, view)
         cur.execute(f"DROP VIEW IF EXISTS {quote(view)}")
     cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
         SELECT {side("b", batch_cols)} FROM {batch} b
@@ -81,6 +92,8 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
         UNION ALL
         SELECT {side("r", live_cols)} FROM {live} r
          WHERE NOT r._tm_deleted AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
+    for grant in grants:
+        cur.execute(grant)
     cur.execute(f"COMMENT ON VIEW {quote(view)} IS %s",
                 (f"Tidemark pipeline {spec.name}: {spec.target_table} merged with the source's changes in "
                  f"{cdc.target_table}, one row per key, newest {spec.cursor.column} wins, deleted keys hidden; "

@@ -10,9 +10,10 @@ from typing import Any
 import psycopg2
 import psycopg2.errors
 
-from tidemark import ledger
-from tidemark.avro import sql_type
+from tidemark import catalog, ledger
+from tidemark.avro import sql_type, widens
 from tidemark.cdc.tables import ensure_cdc_serving_view
+from tidemark.cdc.tables import widen_columns as widen_cdc_columns
 from tidemark.control import ControlMessage
 from tidemark.repair import RepairError
 from tidemark.sink import controls, merge
@@ -235,6 +236,25 @@ class Commit:
     def target_columns(self, cur) -> list[str]:
         return list(self._record_rules(cur).columns)
 
+    def _widen_target(self, cur, batch_id: str, fmt) -> None:
+        """Target columns the source widened since (``avro.widens``): widened to the record schema's
+        types in this transaction, the pipeline's serving view made again around them with its grants."""
+        target = {name: kind for name, kind, _ in catalog.source_columns(cur, self.spec.target_table)}
+        wider = {c.name: sql_type(c.sql_type) for c in fmt[1] if c.name in target and widens(target[c.name], c.sql_type)}
+        if not wider:
+            return
+        if self.spec.cdc is not None:
+            widen_cdc_columns(cur, self.spec, self.spec.target_table, wider)
+        elif self.spec.stream is not None:  # the events' real-time table keeps the target's types
+            catalog.widen_columns(cur, [self.spec.target_table, self.spec.stream.target_table], wider,
+                                  view=self.spec.stream.serving_view, remake=lambda: catalog.ensure_serving_view(cur, self.spec))
+        else:
+            catalog.widen_columns(cur, [self.spec.target_table], wider)
+        log.warning("pipeline=%s batch=%s: target %s widened column(s) %s (record schema version %s)", self.spec.name,
+                    batch_id, self.spec.target_table, ", ".join(f"{c} from {target[c]} to {t}" for c, t in wider.items()),
+                    fmt[0])
+        self._rules = None  # the target's columns changed
+
     def _batch_columns(self, cur, batch_id: str) -> list[str]:
         """The columns a batch writes: the target's (version 1), or its record schema's (version 2;
         source columns the target lacks are added first, in this transaction)."""
@@ -242,6 +262,7 @@ class Commit:
         if fmt is None:
             return self.target_columns(cur)
         have = set(self.target_columns(cur))
+        self._widen_target(cur, batch_id, fmt)
         fills = ledger.column_fills(cur, batch_id)  # the plan found what the source's older rows hold
         for c in fmt[1]:
             if c.name not in have:

@@ -144,8 +144,11 @@ def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str
         .load()
     )
 
-    def header(name: str):
-        return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
+    def raw_header(name: str):
+        return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value")
+
+    def header(name: str):  # text, anything not UTF-8 replaced (Arrow would refuse it and stop the sink)
+        return F.make_valid_utf8(raw_header(name).cast("string"))
 
     # Key and value stay bytes: the sink checks their UTF-8 itself (a bad record is a dead letter,
     # not a crash). The row hash is over the same bytes, as the extract hashed its strings.
@@ -155,7 +158,7 @@ def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str
         header(HEADER_CONTROL).alias("control"), header(HEADER_BATCH).alias("batch_id"),
         header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
         F.xxhash64(key, value).alias("row_hash"),
-        *([header(signing.HEADER).alias("signature")] if spec.cdc else []),  # the Connect worker's, checked
+        *([raw_header(signing.HEADER).alias("signature")] if spec.cdc else []),  # the Connect worker's, checked
     )
 
 

@@ -45,17 +45,22 @@ def artifact_name(jar_file: str) -> str:
 
 
 def compile_jar(sources: Path, classpath: str, jar: Path, work: Path, *, what: str) -> Path:
-    """Compile the Java files under ``sources`` against ``classpath`` into ``jar``, again only when a
-    source changed (a stamp beside the jar holds their digest)."""
-    files = sorted(sources.rglob("*.java"))
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    """Compile the Java files under ``sources`` against ``classpath`` into ``jar``, with the other files
+    there (``META-INF/services``, say) as they lie; again only when one changed (a stamp beside the jar
+    holds their digest)."""
+    files = sorted(f for f in sources.rglob("*") if f.is_file())
+    digest = hashlib.sha256(b"".join(str(f.relative_to(sources)).encode() + f.read_bytes() for f in files)).hexdigest()
     stamp = jar.with_name(f".{jar.stem}-built")
     if jar.exists() and stamp.exists() and stamp.read_text() == digest:
         return jar
     shutil.rmtree(work, ignore_errors=True)
     jar.parent.mkdir(parents=True, exist_ok=True)
-    run(["javac", "--release", "17", "-nowarn", "-cp", classpath, "-d", str(work), *map(str, files)],
-        what=f"javac ({what})")
+    run(["javac", "--release", "17", "-nowarn", "-cp", classpath, "-d", str(work),
+         *(str(f) for f in files if f.suffix == ".java")], what=f"javac ({what})")
+    for f in files:
+        if f.suffix != ".java":
+            (work / f.relative_to(sources)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, work / f.relative_to(sources))
     run(["jar", "cf", str(jar), "-C", str(work), "."], what=f"jar ({what})")
     stamp.write_text(digest)
     return jar

@@ -25,9 +25,10 @@ import org.apache.kafka.connect.storage.Converter;
  * dead letter, never a change in the warehouse. The topic is signed with the value: a genuine
  * record copied to another pipeline's topic does not verify there.
  *
- * Settings (as value.converter.*): {@code signing.key.id} and {@code signing.key}, the latter a
- * config provider reference so that the key never sits in Connect's config topic. Every other
- * setting is JsonConverter's.
+ * Settings (as value.converter.*): {@code signing.key.id} and {@code signing.secret}, the latter a
+ * config provider reference so that the key never sits in Connect's config topic (its name ends in
+ * "secret", so Debezium masks it where it logs a task's configuration). Every other setting is
+ * JsonConverter's.
  */
 public final class SigningJsonConverter implements Converter {
     public static final String HEADER = "tidemark.signature";
@@ -42,12 +43,12 @@ public final class SigningJsonConverter implements Converter {
     public void configure(Map<String, ?> configs, boolean isKey) {
         Map<String, Object> rest = new HashMap<>(configs);
         Object id = rest.remove("signing.key.id");
-        Object key = rest.remove("signing.key");
+        Object key = rest.remove("signing.secret");
         if (!(id instanceof String) || !KEY_ID.matcher((String) id).matches()) {
             throw new ConfigException("signing.key.id", id, "1-64 of A-Z a-z 0-9 . _ -");
         }
         if (!(key instanceof String) || ((String) key).length() < MIN_KEY_CHARS) {
-            throw new ConfigException("signing.key: at least " + MIN_KEY_CHARS + " characters are needed");
+            throw new ConfigException("signing.secret: at least " + MIN_KEY_CHARS + " characters are needed");
         }
         try {
             mac = Mac.getInstance("HmacSHA256");
@@ -84,6 +85,11 @@ public final class SigningJsonConverter implements Converter {
         headers.remove(HEADER);
         headers.add(HEADER, header);
         return bytes;
+    }
+
+    @Override
+    public void close() {
+        json.close();
     }
 
     @Override
