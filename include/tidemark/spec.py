@@ -67,6 +67,7 @@ Bytes = Annotated[ByteSize, WithJsonSchema({"type": "string", "format": "byte-si
 
 DEAD_LETTER_TOPIC = "tidemark.dlq"
 CDC_RECORDS_PER_TRIGGER = 20_000
+CDC_TRIGGER = timedelta(milliseconds=500)
 CDC_RECORDS_PER_TASK = 5_000
 CDC_TOPICS = "tidemark.cdc."  # every CDC pipeline's change events (tidemark.cdc.<name>.<schema>.<table>)
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a pipeline's name: in topics, tables, paths
@@ -358,6 +359,15 @@ class PipelineSpec(BaseModel):
     @property
     def topic(self) -> str:
         return f"tidemark.{self.name}"
+
+    @property
+    def trigger(self) -> timedelta:
+        """A standing sink's trigger: the spec's ``sink.trigger``, or for a CDC pipeline that does not set
+        it, ``CDC_TRIGGER``: a change waits half as long for its micro-batch (paired runs of ``make
+        bench-cdc`` at 5,000 changes/s: p50 1.1-1.2 s against 1.6-2.0 s with 2 s's half, 1 s)."""
+        if self.cdc is not None and "trigger" not in self.sink.model_fields_set:
+            return CDC_TRIGGER
+        return self.sink.trigger
 
     @property
     def records_per_trigger(self) -> int:

@@ -61,6 +61,10 @@ def test_change_data_capture_is_declared_beside_the_table_and_names_its_slot_and
     assert spec.records_per_trigger == 20_000  # Debezium's records are big: a smaller micro-batch unless set
     assert load_spec(_write(tmp_path, {**GOOD, "sink": {"mode": "standing", "max_offsets_per_trigger": 50_000},
                                        "cdc": CDC})).records_per_trigger == 50_000
+    assert spec.trigger == timedelta(milliseconds=500)  # a change waits for its micro-batch half a second at most
+    assert load_spec(_write(tmp_path, {**GOOD, "sink": {"mode": "standing", "trigger": "PT3S"},
+                                       "cdc": CDC})).trigger == timedelta(seconds=3)
+    assert load_spec(_write(tmp_path, {**GOOD, "sink": {"mode": "standing"}})).trigger == timedelta(seconds=2)
     assert spec.cdc_topic == "tidemark.cdc.ledger_entries.core.ledger_entries"
     unqualified = load_spec(_write(tmp_path, {**GOOD, "table": "ledger", "sink": {"mode": "standing"}, "cdc": CDC}))
     assert unqualified.cdc_topic == "tidemark.cdc.ledger_entries.public.ledger"

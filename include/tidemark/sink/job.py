@@ -181,7 +181,7 @@ def stream(records, batches: MicroBatches, spec: PipelineSpec, available_now: bo
     ship_to_executors()
     with tempfile.TemporaryDirectory(prefix="tidemark-sink-") as checkpoint:
         writer = records.writeStream.foreachBatch(batches).option("checkpointLocation", checkpoint)
-        trigger_s = spec.sink.trigger.total_seconds()
+        trigger_s = spec.trigger.total_seconds()
         writer = (writer.trigger(availableNow=True) if available_now
                   else writer.trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds"))
         query = writer.start()

@@ -28,13 +28,13 @@ Command = Callable[[PipelineSpec], tuple[list[str], dict[str, str]]]  # argv and
 
 def policy_for(spec: PipelineSpec) -> Policy:
     sink = spec.sink
-    return Policy(trigger_interval=sink.trigger, heartbeat_timeout=max(sink.lease, timedelta(minutes=2)),
+    return Policy(trigger_interval=spec.trigger, heartbeat_timeout=max(sink.lease, timedelta(minutes=2)),
                   restart_budget=sink.restart_budget, budget_window=sink.budget_window)
 
 
 def graceful_stop_grace(spec: PipelineSpec) -> timedelta:
     """How long a job gets to stop itself after its desired state changed, before SIGTERM/SIGKILL."""
-    return spec.sink.heartbeat * 2 + spec.sink.trigger + timedelta(seconds=60)
+    return spec.sink.heartbeat * 2 + spec.trigger + timedelta(seconds=60)
 
 
 @dataclass

@@ -21,12 +21,13 @@ from tidemark.spec import PipelineSpec
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeline, until
 
-STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
+STANDING = {"mode": "standing", "heartbeat": "PT1S"}  # the trigger: a CDC pipeline's default
 
 
 def make_cdc_pipeline(settings: Settings, tmp_path: Path, trigger: str | None = None) -> Pipeline:
     """A fresh PAYMENTS_DDL pipeline whose real-time input is the source table's own changes
-    (``trigger``: its standing sink's, an ISO 8601 duration; STANDING's by default)."""
+    (``trigger``: its standing sink's, an ISO 8601 duration; a CDC pipeline's default, ``CDC_TRIGGER``,
+    when None)."""
     unique = uuid.uuid4().hex[:10]
     return make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink={**STANDING, **({"trigger": trigger} if trigger else {})},
                          cdc={"target_table": f"public.it_{unique}_rt", "serving_view": f"public.it_{unique}_serving",
