@@ -153,19 +153,20 @@ def _holds(target: str, source: str) -> bool:
     return False
 
 
-def fit(columns: list[SourceColumn], target: list[SourceColumn],
-        table: str) -> tuple[list[SourceColumn], list[SourceColumn]]:
-    """The source columns the target lacks and those it holds narrower than the source widened them
-    (both changed in the apply transaction), or ``SchemaError`` naming each column the target cannot
-    hold exactly and cannot widen to, with both types."""
-    have = {c.name: c for c in target}
+def fit(columns: list[SourceColumn], target: list[SourceColumn], table: str,
+        registered: list[SourceColumn] = ()) -> tuple[list[SourceColumn], list[SourceColumn]]:
+    """The source columns the target lacks, and those the source widened (``widens``) since the
+    ``registered`` schema where the target still has the registered type (it followed the source:
+    both changed in the apply transaction); else ``SchemaError`` naming each column the target
+    cannot hold exactly, with both types. A target made narrower than the source is never widened."""
+    have, before = {c.name: c for c in target}, {c.name: c.sql_type for c in registered}
     short = [c for c in columns if c.name in have and not _holds(have[c.name].sql_type, c.sql_type)]
-    narrow = [f"{c.name}: source {c.sql_type}, target {have[c.name].sql_type}" for c in short
-              if not widens(have[c.name].sql_type, c.sql_type)]
+    followed = [c for c in short if before.get(c.name) == have[c.name].sql_type and widens(before[c.name], c.sql_type)]
+    narrow = [f"{c.name}: source {c.sql_type}, target {have[c.name].sql_type}" for c in short if c not in followed]
     if narrow:
         raise SchemaError(f"target {table} cannot hold every source value exactly ({'; '.join(narrow)}). "
                           f"Source: {describe(columns)}; target: {describe(target)}")
-    return [c for c in columns if c.name not in have], short
+    return [c for c in columns if c.name not in have], followed
 
 
 # --- Spark ----------------------------------------------------------------------------------------

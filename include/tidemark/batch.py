@@ -113,7 +113,7 @@ def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tu
     columns = [SourceColumn(*c) for c in catalog.source_columns(src, spec.table)]
     target = [SourceColumn(*c) for c in catalog.source_columns(wh, spec.target_table)]
     try:
-        added, widened = fit(columns, target, spec.target_table)
+        added, widened = fit(columns, target, spec.target_table, ledger.latest_schema_columns(wh, spec.name))
         fills = {c.name: _fill(src, spec, c, committed) for c in added}
         version, _ = ledger.register_schema(wh, spec.name, columns, {*spec.primary_key, spec.cursor.column})
     except SchemaError as exc:

@@ -89,9 +89,7 @@ def register_schema(cur, pipeline: str, columns: list[SourceColumn], required: s
     the latest if the columns are the same, a new one if they only grew (``avro.drift``), else
     ``avro.SchemaError`` with both schemas."""
     cur.execute("SELECT pg_advisory_xact_lock(hashtext('tidemark.record_schemas'), hashtext(%s))", (pipeline,))
-    cur.execute("SELECT version, columns, writer_schema FROM tidemark_control.record_schemas WHERE pipeline = %s "
-                "ORDER BY version DESC LIMIT 1", (pipeline,))
-    row = cur.fetchone()
+    row = _latest_schema(cur, pipeline)
     if row is not None and columns_from_json(row[1]) == columns:
         return row[0], row[2]
     if row is not None:
@@ -100,6 +98,18 @@ def register_schema(cur, pipeline: str, columns: list[SourceColumn], required: s
     cur.execute("INSERT INTO tidemark_control.record_schemas (pipeline, version, columns, writer_schema) "
                 "VALUES (%s, %s, %s, %s)", (pipeline, version, json.dumps([c.to_json() for c in columns]), writer))
     return version, writer
+
+
+def _latest_schema(cur, pipeline: str) -> tuple[int, Any, str] | None:
+    cur.execute("SELECT version, columns, writer_schema FROM tidemark_control.record_schemas WHERE pipeline = %s "
+                "ORDER BY version DESC LIMIT 1", (pipeline,))
+    return cur.fetchone()
+
+
+def latest_schema_columns(cur, pipeline: str) -> list[SourceColumn]:
+    """The source columns of the pipeline's latest record schema version (none registered: none)."""
+    row = _latest_schema(cur, pipeline)
+    return columns_from_json(row[1]) if row is not None else []
 
 
 def record_schema(cur, pipeline: str, version: int) -> tuple[list[SourceColumn], str]:
