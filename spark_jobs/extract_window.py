@@ -39,6 +39,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--handoff", action="store_true",
                    help="a CDC pipeline's handoff batch: create its replication slot with an exported snapshot and "
                         "read every row above the window's start in it (the user needs REPLICATION)")
+    p.add_argument("--warehouse", help="transport: direct: the warehouse as libpq parameters; the tasks COPY the "
+                                       "rows into the attempt's stage there instead of writing them to the topic")
+    p.add_argument("--warehouse-user")
+    p.add_argument("--warehouse-password-env", help="name of the env var holding the warehouse's password")
     return p.parse_args(argv)
 
 

@@ -33,17 +33,18 @@ class Plan:
     schema_version: int | None = None  # protocol version 2's record schema; None: version 1, JSON
     writer_schema: str | None = None  # its Avro schema, which the extract writes with
     handoff: bool = False  # a CDC pipeline's handoff batch (tidemark.cdc.handoff): its stream starts after it
+    transport: str = "kafka"  # how the extract's records reach the stage (the ledger's, ``PipelineSpec.transport``)
 
     def to_xcom(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused,
                 "repair": self.repair, "schema_version": self.schema_version, "writer_schema": self.writer_schema,
-                "handoff": self.handoff}
+                "handoff": self.handoff, "transport": self.transport}
 
     @classmethod
     def from_xcom(cls, raw: dict[str, Any]) -> "Plan":
         return cls(raw["batch_id"], Window.from_json(raw["window"]), bool(raw.get("reused")),
                    bool(raw.get("repair")), raw.get("schema_version"), raw.get("writer_schema"),
-                   bool(raw.get("handoff")))
+                   bool(raw.get("handoff")), raw.get("transport", "kafka"))
 
 
 def plan(
@@ -81,7 +82,7 @@ def plan(
             window = cap_rows(src, spec, window, types)
         version, fills = _register_schema(src, wh, spec, committed) if spec.record_format == "avro" else (None, {})
         planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window, version,
-                                     handoff=handoff)
+                                     handoff=handoff, transport=spec.transport)
         if fills and not planned.reused:
             ledger.record_column_fills(wh, planned.batch_id, fills)
         writer = (ledger.record_schema(wh, spec.name, planned.schema_version)[1]
@@ -103,7 +104,7 @@ def plan(
         log.info("pipeline=%s batch=%s window=%s capped at max_batch_rows=%s rows of %s; the next batch goes on "
                     "from %s", spec.name, planned.batch_id, window, spec.max_batch_rows, whole, window.hi)
     return Plan(planned.batch_id, planned.window, planned.reused, schema_version=planned.schema_version,
-                writer_schema=writer, handoff=planned.handoff)
+                writer_schema=writer, handoff=planned.handoff, transport=planned.transport)
 
 
 def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tuple[int, dict[str, str | None]]:
@@ -201,10 +202,39 @@ def record_extract(spec: PipelineSpec, warehouse_conn, batch: Plan, attempt: int
             f"pipeline={spec.name} batch={batch.batch_id} attempt={attempt}: the ledger plans "
             f"{'a' if batch.handoff else 'no'} CDC handoff, the extract reported {'one' if handoff else 'none'}")
     with warehouse_conn, warehouse_conn.cursor() as wh:
+        transport = ledger.planned_batch(wh, batch.batch_id).transport  # the ledger's, not the report's
+        loads = direct_loads(spec, batch, attempt, transport, report, totals)
         ledger.record_extract(wh, batch.batch_id, attempt, totals, offsets)
+        if loads:  # a direct extract's tasks staged these: only their rows count
+            ledger.add_loads(wh, batch.batch_id, attempt, loads)
         if handoff is not None:
             ledger.record_handoff(wh, spec.name, batch.batch_id, attempt, handoff["slot"], handoff["consistent_point"])
     return sum(t.rows for t in totals.values())
+
+
+def direct_loads(spec: PipelineSpec, batch: Plan, attempt: int, transport: str, report: dict[str, Any],
+                 totals: dict[int, PartitionTotals]) -> list[int]:
+    """The loads a direct extract reports having staged (none for a Kafka extract), when they add up
+    to its totals on every partition; else ProtocolError naming the difference."""
+    tag = f"pipeline={spec.name} batch={batch.batch_id} attempt={attempt}"
+    reported = report.get("loads")
+    if (transport == "direct") != (reported is not None):
+        raise control.ProtocolError(f"{tag}: the ledger plans transport {transport}, the extract reported "
+                                    f"{'staged loads' if reported is not None else 'none'}")
+    if reported is None:
+        return []
+    sums: dict[int, list[int]] = {}
+    for _load, partition, rows, checksum in reported:
+        got = sums.setdefault(int(partition), [0, 0])
+        got[0] += int(rows)
+        got[1] += int(checksum)
+    wrong = [f"partition {p}: loads {sums.get(p, [0, 0])[0]} rows checksum {sums.get(p, [0, 0])[1]}, totals "
+             f"{t.rows} rows checksum {t.checksum}" for p, t in sorted(totals.items())
+             if tuple(sums.get(p, [0, 0])) != (t.rows, t.checksum)]
+    if wrong or set(sums) - set(totals):
+        raise control.ProtocolError(f"{tag}: the direct extract's staged loads do not add up to its totals: "
+                                    + "; ".join(wrong or [f"loads on partitions {sorted(set(sums) - set(totals))}"]))
+    return sorted({int(load) for load, *_ in reported})
 
 
 def end(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, attempt: int, *,

@@ -259,6 +259,10 @@ class PipelineSpec(BaseModel):
     # How data records travel (docs/control-protocol.md): "avro" is protocol version 2 (typed rows,
     # checked in Spark, staged typed, applied without parsing); "json" is version 1.
     record_format: Literal["json", "avro"] = "avro"
+    # How a batch's records reach the warehouse: through the pipeline's topic ("kafka", which other
+    # consumers may read too), or "direct": the extract's Spark tasks COPY them into the attempt's stage
+    # (protocol version 2 only); BEGIN, END, the ledger's totals and the sink's verification are the same.
+    transport: Literal["kafka", "direct"] = "kafka"
     append_only: bool = False  # the source table is never updated (required with an id cursor)
     # What the sink refuses (each refused record goes to the dead-letter topic with its reason).
     # unknown_fields and allow_non_finite_numbers: JSON records only (version 1 batches, stream events).
@@ -315,6 +319,12 @@ class PipelineSpec(BaseModel):
             raise ValueError(f"{' and '.join(lax)} applies only to JSON records, checked value by value (batch records "
                              "with record_format: json, or a stream's events); this spec has neither. Set "
                              "record_format: json, or remove the option")
+        if self.transport == "direct" and self.record_format != "avro":
+            raise ValueError("transport: direct stages typed rows (protocol version 2): set record_format: avro, or "
+                             "transport: kafka")
+        if self.transport == "direct" and self.cdc is not None:
+            raise ValueError("transport: direct is not yet for a CDC pipeline (its handoff batch travels through the "
+                             "topic): remove transport, or set it to kafka")
         if self.stream is not None and self.cdc is not None:
             raise ValueError("stream and cdc: one real-time input per pipeline (events an application publishes, or "
                              "the source table's own changes); keep one")

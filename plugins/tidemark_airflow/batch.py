@@ -261,7 +261,8 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
                     warehouse.close()
             self.job_args = jobs.extract_args(self.spec_path, plan.batch_id, attempt, plan.window, bootstrap,
                                               report_path, self.read_partitions, repair_keys=keys_path,
-                                              writer_schema=plan.writer_schema, handoff=plan.handoff)
+                                              writer_schema=plan.writer_schema, handoff=plan.handoff,
+                                              warehouse=self._direct(plan))
             if plan.handoff:  # the slot is created, and the snapshot read, as the replication role
                 self.jdbc_conn_id = CONN_CDC
                 self.log.info("%s: the CDC handoff batch: extracting as connection %s, in the snapshot of the "
@@ -277,6 +278,17 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         self.log.info("%s: extracted rows=%s per partition %s in %.1fs (totals kept in the ledger)", tag, rows,
                       {p: t["rows"] for p, t in report["totals"].items()}, report["seconds"])
         return {"attempt": attempt, "rows": rows}
+
+
+    def _direct(self, plan) -> list[str] | None:
+        """A direct batch's warehouse arguments (its tasks stage the rows); the password goes apart."""
+        if plan.transport != "direct":
+            return None
+        from airflow.sdk import Connection
+
+        c = Connection.get(self.warehouse_conn_id)
+        self.env_vars = {**(self.env_vars or {}), jobs.WAREHOUSE_PASSWORD_ENV: c.password or ""}
+        return jobs.warehouse_args(c.host, c.port, c.schema, c.login or "", c.extra_dejson)
 
 
 def _attempt(context) -> int:

@@ -37,8 +37,9 @@ def stages(pipe) -> set[str]:
         "SELECT tablename FROM pg_tables WHERE schemaname = 'tidemark_stage'")}
 
 
-def test_decimals_at_full_precision_and_microsecond_timestamps_survive_bit_for_bit(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, WIDE_DDL, record_format="avro")
+@pytest.mark.parametrize("transport", ["kafka", "direct"])
+def test_decimals_at_full_precision_and_microsecond_timestamps_survive_bit_for_bit(settings, tmp_path, transport):
+    pipe = make_pipeline(settings, tmp_path, WIDE_DDL, record_format="avro", transport=transport)
     conn = pipe.src()
     with conn, conn.cursor() as cur:
         cur.execute(f"""INSERT INTO {pipe.source_table} (id, amount, rate, booked, memo, flag, small, updated_at) VALUES
@@ -56,8 +57,8 @@ def test_decimals_at_full_precision_and_microsecond_timestamps_survive_bit_for_b
     assert len(source) == 4 and {k: repr(v) for k, v in target.items()} == {k: repr(v) for k, v in source.items()}
     assert target[1][0] == Decimal("9999999999999999999999999999.9999999999")
     assert target[1][-1] == datetime(2026, 3, 1, 12, 34, 56, 123456, tzinfo=timezone.utc)
-    assert pipe.query_wh("SELECT schema_version, state FROM tidemark_control.batches WHERE batch_id = %s",
-                         (plan.batch_id,)) == [(1, "committed")]
+    assert pipe.query_wh("SELECT schema_version, state, transport FROM tidemark_control.batches WHERE batch_id = %s",
+                         (plan.batch_id,)) == [(1, "committed", transport)]
     assert stage_table(plan.batch_id, attempt) not in stages(pipe)
 
 

@@ -20,6 +20,7 @@ from tidemark import avro, repair, totals
 from tidemark.cdc import handoff as cdc_handoff
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
 from tidemark.extract import decisions as extract
+from tidemark.extract import direct
 from tidemark.kafka_io import end_offsets
 from tidemark.progress import Steps, Ticker, summary_line
 from tidemark.spark.entry import (JSON_OPTIONS, JobError, TransientJobError, connect, connect_params, jdbc_url,
@@ -94,15 +95,23 @@ def read_and_write(x: Extract) -> int:
         # read once, and nothing is held in memory. Each task's update counts once (result stage,
         # spark.task.maxFailures=1).
         tally = spark._jvm.tidemark.Tally.register(spark._jsparkSession, "tally")
-        before = end_offsets(args.bootstrap, x.spec.topic)
         print(f"{x.tag}: {n} rows to extract, in {args.read_partitions} parallel reads cut at "
-              f"{', '.join(map(str, cuts)) or 'nothing'} ({how})", flush=True)
+              f"{', '.join(map(str, cuts)) or 'nothing'} ({how}), {'straight to the stage' if args.warehouse else 'to the topic'}",
+              flush=True)
+
+        def counted():
+            return totals.from_tally(tally.text(), timestamps=x.spec.cursor.kind == "timestamp")
+
+        if args.warehouse:
+            loads = direct.stage(x, records, n, numerics, steps)
+            report_totals(x, counted(), {}, {}, started, time.monotonic() - started, steps, loads=loads)
+            return 0
+        before = end_offsets(args.bootstrap, x.spec.topic)
         write(x, records, before, n, numerics, steps)
         write_s = time.monotonic() - started
         with steps.step("offsets check"):
             after = end_offsets(args.bootstrap, x.spec.topic)
-        report_totals(x, totals.from_tally(tally.text(), timestamps=x.spec.cursor.kind == "timestamp"),
-                      before, after, started, write_s, steps)
+        report_totals(x, counted(), before, after, started, write_s, steps)
     finally:
         spark.stop()
     return 0
@@ -249,21 +258,26 @@ def non_finite(x: Extract, numerics: list[str]) -> list[str]:
 
 
 def report_totals(x: Extract, counted, before: dict[int, int], after: dict[int, int], started: float,
-                  write_s: float, steps: Steps) -> None:
-    """Checks what was counted against the window and the topic's offsets, then writes the report
-    for END. An ExtractError (terminal) or ExtractInterrupted (transient): run() exits 3 or 4."""
+                  write_s: float, steps: Steps, *, loads: list[list[int]] | None = None) -> None:
+    """Checks what was counted against the window and the topic's offsets (or, direct, the loads the
+    tasks staged), then writes the report for END. An ExtractError (terminal) or ExtractInterrupted
+    (transient): run() exits 3 or 4."""
     spec = x.spec
     report = extract.report(counted, spec.partitions)
     extract.check_read_range(x.tag, x.window, counted)
-    extract.check_offsets(x.tag, before, after, report, spec.partitions)
-    rows = sum(t["rows"] for t in report.values())
-    # The offsets it wrote, per partition [first, next): exactly its records (check_offsets), so the
-    # sink can tell them from any record another producer sent with the attempt's headers.
-    offsets = {str(p): [before.get(p, 0), after.get(p, 0)] for p in range(spec.partitions)}
     handoff = ({"slot": x.handoff.slot, "consistent_point": x.handoff.consistent_point}
                if x.handoff is not None else None)
-    x.args.report.write_text(json.dumps({"totals": report, "offsets": offsets, "rows": rows, "handoff": handoff,
-                                         "seconds": round(time.monotonic() - started, 3)}))
+    rows = sum(t["rows"] for t in report.values())
+    out = {"totals": report, "rows": rows, "handoff": handoff}
+    if loads is not None:
+        out["loads"] = loads
+    else:
+        extract.check_offsets(x.tag, before, after, report, spec.partitions)
+        # The offsets it wrote, per partition [first, next): exactly its records (check_offsets), so the
+        # sink can tell them from any record another producer sent with the attempt's headers.
+        out["offsets"] = {str(p): [before.get(p, 0), after.get(p, 0)] for p in range(spec.partitions)}
+    x.args.report.write_text(json.dumps({**out, "seconds": round(time.monotonic() - started, 3)}))
     print(summary_line("extract", pipeline=spec.name, batch_id=x.args.batch_id, attempt=x.args.attempt,
-                       window=str(x.window), rows=rows, read_and_write_s=round(write_s, 1), steps_s=steps.rounded(),
+                       window=str(x.window), rows=rows, transport="kafka" if loads is None else "direct",
+                       read_and_write_s=round(write_s, 1), steps_s=steps.rounded(),
                        partitions={p: t["rows"] for p, t in report.items()}), flush=True)

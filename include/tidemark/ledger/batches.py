@@ -48,10 +48,11 @@ class LedgerBatch:
     repair_run: str | None = None  # the reconciliation run that found the keys
     repair_deletes: dict[str, Any] | None = None  # what its apply may delete (``repair.deletes``); None: every key
     handoff: bool = False  # a CDC pipeline's handoff batch: read in its slot's snapshot, open above the window
+    transport: str = "kafka"  # how its records reach the stage: "kafka" (the topic) or "direct" (the extract's tasks)
 
 
 _BATCH_COLUMNS = ("pipeline, state, window_lo, window_hi, backfill, attempt, schema_version, repair_keys, repair_of, "
-                  "repair_run::text, repair_deletes, handoff")
+                  "repair_run::text, repair_deletes, handoff, transport")
 
 
 def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
@@ -60,27 +61,28 @@ def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
     row = cur.fetchone()
     if row is None:
         return None
-    pipeline, state, lo, hi, backfill, latest, version, keys, repair_of, run, deletes, handoff = row
+    pipeline, state, lo, hi, backfill, latest, version, keys, repair_of, run, deletes, handoff, transport = row
     return LedgerBatch(batch_id, pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), state, latest,
-                       False, version, keys, repair_of, run, deletes, handoff)
+                       False, version, keys, repair_of, run, deletes, handoff, transport)
 
 
 def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window,
-                schema_version: int | None = None, *, handoff: bool = False) -> LedgerBatch:
+                schema_version: int | None = None, *, handoff: bool = False, transport: str = "kafka") -> LedgerBatch:
     """Store the batch's window and record schema, or return those an earlier try of the same run
     stored."""
     _recordable(window, batch_id)
     cur.execute(
         """INSERT INTO tidemark_control.batches
                (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, schema_version,
-                handoff)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s, %s)
+                handoff, transport)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s, %s, %s)
            ON CONFLICT (batch_id) DO NOTHING""",
         (batch_id, spec.name, run_id, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
-         window.backfill, spec.partitions, schema_version, handoff),
+         window.backfill, spec.partitions, schema_version, handoff, transport),
     )
     if cur.rowcount == 1:
-        return LedgerBatch(batch_id, spec.name, window, schema_version=schema_version, handoff=handoff)
+        return LedgerBatch(batch_id, spec.name, window, schema_version=schema_version, handoff=handoff,
+                           transport=transport)
     return replace(planned_batch(cur, batch_id), reused=True)
 
 

@@ -93,14 +93,15 @@ def _records_window(lo, hi, backfill: bool, handoff: bool) -> Window:
 
 
 def open_formats(cur, pipeline: str) -> dict[tuple[str, int], Format]:
-    """The record format of each open or sealed protocol-version-2 attempt, by (batch id, attempt)."""
+    """The record format of each open or sealed protocol-version-2 attempt whose records travel through
+    the topic, by (batch id, attempt): a direct attempt's tasks stage its records themselves."""
     cur.execute(
         """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff, s.version, s.columns,
                   s.writer_schema
              FROM tidemark_control.batch_attempts a
              JOIN tidemark_control.batches b USING (batch_id)
              JOIN tidemark_control.record_schemas s ON s.pipeline = b.pipeline AND s.version = b.schema_version
-            WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')""",
+            WHERE b.pipeline = %s AND a.state IN ('open', 'sealed') AND b.transport = 'kafka'""",
         (pipeline,),
     )
     return {(b, a): Format(v, columns_from_json(cols), writer, _records_window(lo, hi, bf, handoff))

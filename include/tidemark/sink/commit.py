@@ -117,7 +117,9 @@ class Commit:
     def _verify(self, cur, batch_id: str, attempt: int, report: MicroBatchReport):
         """The planned batch, its rows, checksum and the query of its accepted records, when what
         was staged is exactly what the ledger says the batch is; else the attempt is refused (None)."""
-        written = ledger.extract_offsets(cur, batch_id, attempt)
+        planned = ledger.planned_batch(cur, batch_id)
+        direct = planned.transport == "direct"  # staged by the extract's tasks: no record of the topic is its
+        written = {} if direct else ledger.extract_offsets(cur, batch_id, attempt)
         bad, reasons = ledger.data_rejects(cur, self.consumer, batch_id, attempt, FIRST_REASONS, written)
         if bad:
             self._refuse(
@@ -132,14 +134,16 @@ class Commit:
         # The ledger, written by the orchestrator alone, says what the batch is: the extract's totals
         # sealed there, which every END accepted equals, and the offsets it wrote.
         expected = {p: (t.rows, t.checksum) for p, t in ledger.extract_totals(cur, batch_id, attempt).items()}
-        kept = self._keep_written(cur, batch_id, attempt, written, report) if written is not None else None
+        if direct:
+            kept = self._stage_totals(cur, batch_id, attempt)
+        else:
+            kept = self._keep_written(cur, batch_id, attempt, written, report) if written is not None else None
         wrong = staged_mismatch(expected, kept if kept is not None else ledger.staged(cur, batch_id, attempt))
         if wrong:
             self._refuse(cur, batch_id, attempt, report,
                          "what the sink staged differs from the extract's totals sealed in the ledger: "
                          + "; ".join(wrong.findings), wrong.next_step.format(topic=self.spec.topic))
             return None
-        planned = ledger.planned_batch(cur, batch_id)
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
         records = self.stages.records(cur, batch_id, attempt)
@@ -215,8 +219,13 @@ class Commit:
                              f"({', '.join(pk)})=({key_text}), is not one the extract wrote (its offsets on partition "
                              f"{p}: {lo}..{hi - 1}): sent again or by another producer; not applied")
             cur.execute(f"DELETE FROM {stage} WHERE ({accepted}) AND NOT ({inside})")
+        return self._stage_totals(cur, batch_id, attempt)
+
+    def _stage_totals(self, cur, batch_id: str, attempt: int) -> dict[int, tuple[int, int]]:
+        """Rows and checksum per partition of the attempt's accepted stage rows, counted in the stage."""
+        stage = self.stages.ensure(cur, batch_id, attempt)
         cur.execute(f"SELECT {PARTITION}, count(*), coalesce(sum({HASH}::numeric), 0) FROM {stage} "
-                    f"WHERE {accepted} GROUP BY 1")
+                    f"WHERE {self.stages.accepted(cur, batch_id, attempt)} GROUP BY 1")
         return {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
 
 

@@ -118,6 +118,10 @@ class Intake:
                     state, why = None, (f"late record of batch {batch_id} attempt {attempt}, committed at "
                                         f"{ledger.attempt_finished_at(cur, batch_id, attempt):%Y-%m-%dT%H:%M:%S%z}: "
                                         "not applied")
+            if state in ("open", "sealed") and planned.transport == "direct":  # its tasks staged it: not these
+                state, why = None, (f"record for batch {batch_id} attempt {attempt}, whose records the extract "
+                                    "staged directly (transport: direct): none travels through the topic; sent by "
+                                    "another producer, not applied")
             if state in ("open", "sealed") and planned.schema_version is not None:
                 self._typed_at_driver(cur, batch_id, attempt, planned.schema_version, mine, columns, report)
             elif state in ("open", "sealed"):

@@ -14,7 +14,7 @@ import psycopg2.extensions
 from tidemark import ledger
 from tidemark.avro import SourceColumn, sql_type
 from tidemark.spec import PipelineSpec, quote
-from tidemark.stage import LOAD, OFFSET, PROVENANCE, STAGE_SCHEMA, copy_csv, provenance, stage_table
+from tidemark.stage import LOAD, OFFSET, PROVENANCE, STAGE_SCHEMA, copy_csv, create_typed, provenance, stage_table
 from tidemark.totals import arrow_totals
 
 log = logging.getLogger("tidemark.sink")
@@ -39,14 +39,12 @@ class StageArea:
 
     def ensure(self, cur, batch_id: str, attempt: int) -> str:
         """The attempt's stage table, made if it is not there yet (its quoted name)."""
-        stage = quote(stage_table(batch_id, attempt))
         fmt = self.format(cur, batch_id)
-        where = ", ".join(f"{c} {t}" for c, t in PROVENANCE)
-        if fmt is None:
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text, {where})")
-        else:  # typed like the source; UNLOGGED: it lives only until its batch commits or is refused
-            cols = ", ".join(f"{quote(c.name)} {sql_type(c.sql_type)}" for c in fmt[1])
-            cur.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} ({cols}, {LOAD} bigint, {where})")
+        if fmt is not None:  # typed like the source
+            return create_typed(cur, batch_id, attempt, [(c.name, sql_type(c.sql_type)) for c in fmt[1]])
+        stage = quote(stage_table(batch_id, attempt))
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} (value text, "
+                    + ", ".join(f"{c} {t}" for c, t in PROVENANCE) + ")")
         return stage
 
     def drop(self, cur, batch_id: str, attempt: int) -> None:

@@ -27,6 +27,8 @@ TURN = "wait_turn"  # one run of a pipeline at a time, plan to commit
 EXTRACT_JOB = "extract_window.py"
 SINK_JOB = "batch_sink.py"
 PASSWORD_ENV = "TIDEMARK_JDBC_PASSWORD"  # the JDBC password reaches a job only through this variable
+# A direct extract's warehouse password (``PipelineSpec.transport``), beside the source's
+WAREHOUSE_PASSWORD_ENV = "TIDEMARK_WAREHOUSE_PASSWORD"
 # Every Spark JVM (driver, executors) runs in UTC, whatever the zone of the machine or of the
 # process that submits it (issue 29): the session zone alone is not enough, the PostgreSQL JDBC
 # driver reads a naive `timestamp` as a wall-clock time in the JVM's own zone (a worker in
@@ -94,14 +96,22 @@ def database_args(host: str, port: int | None, dbname: str, user: str,
     return ["--database", dsn, "--user", user, "--password-env", PASSWORD_ENV]
 
 
+def warehouse_args(host: str, port: int | None, dbname: str, user: str,
+                   options: Mapping[str, object] | None = None) -> list[str]:
+    """A direct extract's warehouse (``--warehouse``, ``--warehouse-user``), like ``database_args``;
+    its password travels in ``WAREHOUSE_PASSWORD_ENV``."""
+    _, dsn, _, user, *_ = database_args(host, port, dbname, user, options)
+    return ["--warehouse", dsn, "--warehouse-user", user, "--warehouse-password-env", WAREHOUSE_PASSWORD_ENV]
+
+
 def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Window, bootstrap: str,
                  report: Path | str, read_partitions: int = READ_PARTITIONS,
                  repair_keys: Path | str | None = None, writer_schema: str | None = None,
-                 handoff: bool = False) -> list[str]:
+                 handoff: bool = False, warehouse: list[str] | None = None) -> list[str]:
     """spark_jobs/extract_window.py's arguments after the JDBC ones (``repair_keys``: the keys
     document of a repair batch, ``tidemark.repair.write_document``; ``writer_schema``: the Avro
     schema of a protocol-version-2 batch; ``handoff``: a CDC pipeline's handoff batch, run as the
-    replication role)."""
+    replication role; ``warehouse``: ``warehouse_args`` of a direct batch, whose tasks stage its rows)."""
     return [
         "--spec", str(Path(spec_path).resolve()), "--batch-id", batch_id, "--attempt", str(attempt),
         "--window", json.dumps(window.to_json()), "--bootstrap", bootstrap, "--report", str(report),
@@ -109,6 +119,7 @@ def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Win
         *(["--repair-keys", str(repair_keys)] if repair_keys is not None else []),
         *(["--avro-schema", writer_schema] if writer_schema is not None else []),
         *(["--handoff"] if handoff else []),
+        *(warehouse or []),
     ]
 
 

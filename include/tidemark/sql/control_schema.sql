@@ -369,6 +369,10 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_slot_watch (
 -- snapshot its replication slot exported, so the slot streams exactly the changes after that batch.
 -- One row per extract attempt; the committed attempt's row is the pipeline's handoff position.
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS handoff boolean NOT NULL DEFAULT false;
+-- How the batch's records reach the warehouse (spec transport:): through the pipeline's topic, or
+-- straight from the extract's tasks into the attempt's stage table (docs/control-protocol.md §15).
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS transport text NOT NULL DEFAULT 'kafka'
+    CHECK (transport IN ('kafka', 'direct'));
 CREATE TABLE IF NOT EXISTS tidemark_control.cdc_handoffs (
     batch_id          text NOT NULL,
     attempt           integer NOT NULL,

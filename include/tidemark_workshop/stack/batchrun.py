@@ -90,14 +90,17 @@ class Pipeline:
                 src.close()
                 wh.close()
         # as the DAG's extract step does: a CDC handoff batch runs as the replication role
+        direct = jobs.warehouse_args(s.pg_host, s.pg_port, WAREHOUSE_DB, s.pg_user) if plan.transport == "direct" else None
         return [*s.database_args(s.source_db, user=s.cdc_user if plan.handoff else None),
                 *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report,
-                                   repair_keys=keys, writer_schema=plan.writer_schema, handoff=plan.handoff)]
+                                   repair_keys=keys, writer_schema=plan.writer_schema, handoff=plan.handoff,
+                                   warehouse=direct)]
 
     def extract(self, plan: batch.Plan, attempt: int) -> dict:
         report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")
         proc = self._submit(jobs.EXTRACT_JOB, self.extract_args(plan, attempt, report),
-                            secret=self.settings.cdc_password if plan.handoff else None)
+                            secret=self.settings.cdc_password if plan.handoff else None,
+                            env={jobs.WAREHOUSE_PASSWORD_ENV: self.settings.pg_password})
         assert proc.returncode == 0, f"extract failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         return json.loads(report.read_text())
 
@@ -131,8 +134,9 @@ class Pipeline:
 
         return parse_summaries(proc.stdout)[-1]
 
-    def _submit(self, script: str, args: list[str], secret: str | None = None) -> Submitted:
-        proc = submit(self.settings, script, args, secret=secret or self.settings.pg_password)
+    def _submit(self, script: str, args: list[str], secret: str | None = None,
+                env: dict[str, str] | None = None) -> Submitted:
+        proc = submit(self.settings, script, args, secret=secret or self.settings.pg_password, env=env)
         self.jobs.append(proc)
         return proc
 

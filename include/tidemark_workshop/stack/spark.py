@@ -82,15 +82,16 @@ def build_udf_jar(settings: Settings) -> Path:
                        what="Spark UDFs")
 
 
-def submit_command(settings: Settings, script: str | Path, args: list[str], *, secret: str) -> tuple[list[str], dict[str, str]]:
+def submit_command(settings: Settings, script: str | Path, args: list[str], *, secret: str,
+                   env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The spark-submit command line and environment for a job in local mode.
 
     ``script`` is a file name in spark_jobs/ or a path. ``secret`` reaches the job only as the
-    environment variable TIDEMARK_JDBC_PASSWORD.
+    environment variable TIDEMARK_JDBC_PASSWORD; ``env``: more of the job's variables (another secret).
     """
     from tidemark.spark.jobs import PASSWORD_ENV, SPARK_CONF  # the same settings the DAG's operators pass
 
-    env = {**os.environ, **settings.runtime_env(), PASSWORD_ENV: secret}
+    env = {**os.environ, **settings.runtime_env(), **(env or {}), PASSWORD_ENV: secret}
     conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]
     cmd = [
         str(settings.venv / "bin" / "spark-submit"), "--master", settings.spark_master,
@@ -108,7 +109,7 @@ class Submitted(subprocess.CompletedProcess):
 
 
 def submit(settings: Settings, script: str | Path, args: list[str], *, secret: str, timeout_s: float = 600.0,
-           sample_s: float = 0.2) -> Submitted:
+           sample_s: float = 0.2, env: dict[str, str] | None = None) -> Submitted:
     """Run a job as the DAGs do (tests, benchmarks); never raises on a non-zero exit.
 
     While it runs, the resident memory of its whole process tree (JVM and Python workers) is
@@ -116,7 +117,7 @@ def submit(settings: Settings, script: str | Path, args: list[str], *, secret: s
     """
     import time
 
-    cmd, env = submit_command(settings, script, args, secret=secret)
+    cmd, env = submit_command(settings, script, args, secret=secret, env=env)
     started_at = time.time()
     proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)

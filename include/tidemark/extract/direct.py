@@ -1,0 +1,104 @@
+"""A direct extract (``PipelineSpec.transport: direct``): the Spark tasks COPY the window's rows into
+the attempt's stage table in the warehouse instead of writing them to the pipeline's topic.
+
+Everything else is the Kafka extract's: the same Avro value is encoded and hashed in the JVM, so
+the totals that BEGIN/END and the ledger carry are bit for bit those a Kafka extract of the same
+rows would seal; each row staged is that value decoded again, exactly as the sink decodes it. The
+tasks report their loads (``tidemark.stage.DirectWriter``); the orchestrator accepts them only when
+they add up to the totals, and the sink verifies the stage against the sealed totals before it
+applies. Only the Spark driver imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tidemark import ledger
+from tidemark.avro import row_column, sql_type
+from tidemark.extract.decisions import unrepresentable_error
+from tidemark.progress import Steps, Ticker
+from tidemark.spark.entry import JobError, connect_params
+from tidemark.spec import quote
+from tidemark.stage import DirectWriter, Target, create_typed, stage_table
+
+# What each task reports per load and partition, as Spark declares it (``direct_schema`` in Arrow)
+DIRECT_LOADS = "load bigint, partition int, rows bigint, checksum string"
+
+if TYPE_CHECKING:
+    from tidemark.extract.job import Extract
+
+
+def warehouse(x: "Extract") -> dict[str, Any]:
+    """psycopg2 keywords for the warehouse (``--warehouse``), the password among them."""
+    import os
+
+    secret = os.environ.get(x.args.warehouse_password_env or "")
+    if not x.args.warehouse_user or secret is None:
+        raise JobError(f"{x.tag}: --warehouse needs --warehouse-user and --warehouse-password-env naming a set "
+                       "environment variable (the warehouse's password)")
+    return connect_params(x.args.warehouse, x.args.warehouse_user, secret, application=x.application)
+
+
+def prepare_stage(x: "Extract", params: dict[str, Any]) -> Target:
+    """The attempt's typed stage, made from the ledger's record schema while the ledger shows a
+    direct batch and the attempt open; else JobError saying what the ledger shows."""
+    import psycopg2
+
+    conn = psycopg2.connect(**params)
+    try:
+        with conn, conn.cursor() as cur:
+            planned = ledger.planned_batch(cur, x.args.batch_id)
+            state = ledger.attempt_state(cur, x.args.batch_id, x.args.attempt)
+            if planned is None or planned.transport != "direct" or planned.schema_version is None:
+                shows = ("no such batch" if planned is None else
+                         f"transport {planned.transport}, schema version {planned.schema_version}")
+                raise JobError(f"{x.tag}: --warehouse is for a direct protocol-version-2 batch; the ledger shows "
+                               f"{shows}. Next: clear the DAG run from its 'plan' task")
+            if state != "open":
+                raise JobError(f"{x.tag}: attempt {x.args.attempt} is {state or 'not in the ledger'}, not open: it stages "
+                               "nothing (a newer attempt or the run's teardown ended it); nothing to do for this one")
+            columns = ledger.record_schema(cur, x.spec.name, planned.schema_version)[0]
+            stage = create_typed(cur, x.args.batch_id, x.args.attempt, [(c.name, sql_type(c.sql_type)) for c in columns])
+    finally:
+        conn.close()
+    return Target(stage, row_column(planned.schema_version), tuple(quote(c.name) for c in columns),
+                  tuple(c.sql_type for c in columns))
+
+
+def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> list[list[int]]:
+    """Stage the encoded ``records`` (``job.encoded``), each counted by tally() on its way; returns the
+    loads [load, partition, rows, checksum] the tasks staged."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    from tidemark.extract.job import non_finite
+
+    params = warehouse(x)
+    target = prepare_stage(x, params)
+    as_long = "unix_micros(_cursor)" if x.spec.cursor.kind == "timestamp" else "CAST(_cursor AS BIGINT)"
+    rows = records.select(
+        from_avro(F.col("value"), x.args.avro_schema).alias(target.row),
+        F.expr(f"tally(partition, row_hash, {as_long})").alias("partition"), "row_hash")
+    writer = DirectWriter(params, x.args.batch_id, x.args.attempt, target)
+    try:
+        with Ticker(x.tag, "staged", lambda: _staged(params, x), n), steps.step("read, encode, stage"):
+            loads = rows.mapInArrow(writer, DIRECT_LOADS).collect()
+    except Exception:
+        unreadable = non_finite(x, numerics) if numerics else []
+        if unreadable:  # the same rows fail every retry: say which, and what will work
+            raise JobError(unrepresentable_error(x.tag, x.spec, unreadable, temporal=False)) from None
+        raise
+    return [[r["load"], r["partition"], r["rows"], int(r["checksum"])] for r in loads]
+
+
+def _staged(params: dict[str, Any], x: "Extract") -> int:
+    """Rows in the attempt's stage so far (those of tasks still running included)."""
+    import psycopg2
+
+    conn = psycopg2.connect(**params)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(f"SELECT count(*) FROM {quote(stage_table(x.args.batch_id, x.args.attempt))}")
+            return cur.fetchone()[0]
+    finally:
+        conn.close()

@@ -1,0 +1,57 @@
+"""transport: direct against the real stack: the extract's Spark tasks stage the rows in the warehouse,
+BEGIN and END still go through the topic and the ledger, and the sink verifies the stage against the
+sealed totals before it applies (docs/control-protocol.md, "The direct transport")."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from tidemark.sink import stage_table
+
+from test_protocol_v2 import payment, stages
+from test_untrusted_input import extracted_batch, produce, rejects, same_rows
+from tidemark_workshop.stack.batchrun import insert_payments
+
+
+def test_a_direct_batch_stages_through_the_warehouse_and_a_record_on_the_topic_cannot_join_it(settings, tmp_path):
+    """The extract reports loads, not offsets; a valid record another producer sends with the attempt's
+    headers is a dead letter, never applied, and the batch commits equal to the source."""
+    pipe, a, a1, report, tags = extracted_batch(settings, tmp_path, transport="direct")
+    assert "offsets" not in report and report["loads"], report
+    assert sum(rows for _, _, rows, _ in report["loads"]) == report["rows"] == 300
+    assert stage_table(a.batch_id, a1) in stages(pipe)  # the tasks staged it before END
+    inside = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1e6)
+    produce(settings.kafka_bootstrap, pipe.spec.topic, [(b"900001", payment(900001, 125, b"EUR", inside), tags)])
+    pipe.end(a, a1, report)
+    summary = pipe.sink()
+    state, message, transport = pipe.query_wh(
+        "SELECT state, message, transport FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,))[0]
+    assert (state, transport) == ("committed", "direct"), message
+    assert summary["staged"] == 0  # nothing of it came through the topic
+    same_rows(pipe)
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table} WHERE id = 900001") == [(0,)]
+    assert [r for *_, r in rejects(pipe) if "staged directly (transport: direct)" in r], rejects(pipe)
+    assert stage_table(a.batch_id, a1) not in stages(pipe)
+
+    insert_payments(pipe, 301, 400)  # the next batch, direct too, goes on from its watermark
+    pipe.run("run-b")
+    same_rows(pipe)
+
+
+def test_a_superseded_direct_attempt_stages_nothing_more_and_its_stage_never_applies(settings, tmp_path):
+    """Attempt 1 staged everything but was never sealed; attempt 2 supersedes it. Attempt 1's extract run
+    again (a zombie) is refused by the ledger, attempt 2 commits each row once, and attempt 1's stage goes."""
+    pipe, a, a1, _, _ = extracted_batch(settings, tmp_path, transport="direct")
+    a2 = pipe.begin(a)
+    assert a2 == a1 + 1
+    zombie = pipe._submit("extract_window.py", pipe.extract_args(a, a1, tmp_path / "zombie.json"),
+                          env={"TIDEMARK_WAREHOUSE_PASSWORD": settings.pg_password})
+    assert zombie.returncode == 3, zombie.stderr[-3000:]
+    failed = [line for line in (zombie.stdout + zombie.stderr).splitlines() if "FAILED" in line]
+    assert failed and f"attempt {a1}" in failed[0] and "superseded" in failed[0], (failed, zombie.stdout[-3000:])
+    pipe.end(a, a2, pipe.extract(a, a2))
+    pipe.sink()
+    assert pipe.state(a.batch_id, a2) == "committed", pipe.ledger(a.batch_id)
+    same_rows(pipe)
+    assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}") == [(300,)]
+    assert {stage_table(a.batch_id, a1), stage_table(a.batch_id, a2)}.isdisjoint(stages(pipe))
