@@ -151,19 +151,35 @@ def widen_columns(cur, tables: list[str], types: dict[str, str], *, view: str | 
                   remake: Callable[[], None] | None = None) -> None:
     """Columns of ``tables`` widened to ``types`` (column -> DDL type), in the caller's transaction.
     PostgreSQL retypes no column a view reads: the pipeline's own serving ``view`` is dropped first and
-    made again by ``remake`` (if it existed), with the grants it had; another view on the table, or on
-    the serving view, makes PostgreSQL refuse (``psycopg2.Error`` naming it) and nothing changes. A
-    table not made yet is left out."""
-    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (quote(view) if view else None,))
-    existed = cur.fetchone()[0]
-    grants = view_grants(cur, view) if view and existed else []
-    if view and existed:
-        cur.execute(f"DROP VIEW {quote(view)}")
-    for table in tables:
-        cur.execute(f"ALTER TABLE IF EXISTS {quote(table)} "
-                    + ", ".join(f"ALTER COLUMN {quote(c)} TYPE {t}" for c, t in types.items()))
-    if existed and remake is not None:
-        remake()
+    made again by ``remake`` (if it existed), with the grants it had (``remake_view``); another view on
+    the table, or on the serving view, makes PostgreSQL refuse (``psycopg2.Error`` naming it) and nothing
+    changes. A table not made yet is left out."""
+    def widen() -> None:
+        for table in tables:
+            cur.execute(f"ALTER TABLE IF EXISTS {quote(table)} "
+                        + ", ".join(f"ALTER COLUMN {quote(c)} TYPE {t}" for c, t in types.items()))
+
+    def widen_and_remake() -> None:
+        widen()
+        if remake is not None:
+            remake()
+
+    if view is None:
+        widen()
+        return
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (quote(view),))
+    if cur.fetchone()[0]:
+        remake_view(cur, view, widen_and_remake)
+    else:
+        widen()
+
+
+def remake_view(cur, view: str, remake: Callable[[], None]) -> None:
+    """An existing view dropped and made again by ``remake``, in the caller's transaction, with the
+    grants it had (a view's grants go with it)."""
+    grants = view_grants(cur, view)
+    cur.execute(f"DROP VIEW {quote(view)}")
+    remake()
     for grant in grants:
         cur.execute(grant)
 

@@ -27,7 +27,7 @@ from tidemark.kafka_io import end_offsets, producer_config
 from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark_workshop.stack.batchrun import dead_letters, until
-from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, remove_capture, start_connector
+from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, remove_capture, signature, start_connector
 from tidemark_workshop.stack.spark import submit_command
 
 
@@ -168,9 +168,9 @@ def test_source_transactions_apply_whole_and_once_and_an_unreadable_record_is_a_
         # it; the same record from another producer, unsigned; and a good transaction
         producer = Producer(producer_config(settings.kafka_bootstrap))
         unnamed = json.dumps({"schema": {}, "payload": {"op": "c", "after": {"id": 5000}}}).encode()
-        key_id, secret = settings.control_keyring().keys[0]
+        key_id = settings.control_keyring().keys[0][0]
         producer.produce(spec.cdc_topic, value=unnamed,
-                         headers=[(signing.HEADER, f"{key_id}:{signing.sign(signing.record_key(secret), spec.cdc_topic, unnamed)}")])
+                         headers=[(signing.HEADER, signature(settings, spec.cdc_topic, unnamed))])
         producer.produce(spec.cdc_topic, value=unnamed)
         # and one whose headers are not even UTF-8 (Arrow refuses such text: it must not stop the sink)
         producer.produce(spec.cdc_topic, value=unnamed, headers=[(signing.HEADER, b"\xff\xfe:\x80"),

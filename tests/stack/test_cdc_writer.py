@@ -22,13 +22,12 @@ import pytest
 
 from tidemark import ledger
 from tidemark.cdc.apply import ChangeWriter
-from tidemark.cdc.changes import Shape
-from tidemark.cdc.signing import Verifier, record_key, sign
+from tidemark.cdc.signing import Verifier
 from tidemark.cdc.tables import widen_columns
 from tidemark.sink.report import MicroBatchReport
 from tidemark.streams.cycle import prepare_stream_tables
 from tidemark_workshop.settings import Settings
-from tidemark_workshop.stack.cdcrun import make_cdc_pipeline
+from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, signature
 
 FIELDS = [{"type": "int64", "field": "id"}, {"type": "string", "field": "amount"},
           {"type": "string", "field": "currency"},
@@ -63,9 +62,8 @@ class Source:
 def _record(topic: str, doc: dict) -> dict:
     """As the Connect worker writes it: signed (tidemark.cdc.signing) with the stack keyring's key."""
     value = json.dumps(doc).encode()
-    key_id, secret = Settings.from_env().control_keyring().keys[0]
     return {"topic": topic, "partition": 0, "offset": next(OFFSETS), "key": None, "value": value,
-            "signature": f"{key_id}:{sign(record_key(secret), topic, value)}"}
+            "signature": signature(Settings.from_env(), topic, value)}
 
 
 @pytest.fixture
@@ -185,7 +183,7 @@ def test_a_widened_column_keeps_the_serving_view_and_its_grants_and_another_view
 
     with wh, wh.cursor() as cur:
         widen_columns(cur, spec, batch, {"amount": "numeric(22,2)"})
-        widen_columns(cur, spec, live, {"amount": Shape("NUMERIC", 22, 2)})
+        widen_columns(cur, spec, live, {"amount": "numeric(22,2)"})
     assert amount_types() == [("numeric(22,2)",), ("numeric(22,2)",)]
     assert pipe.query_wh(f"SELECT id, amount::text FROM {view}") == [(1, "1.50")]
     assert pipe.query_wh("SELECT has_table_privilege('public', %s, 'SELECT')", (view,)) == [(True,)]

@@ -94,7 +94,8 @@ class ChangeWriter:
         before the change that carries them, the serving view made again around it. ``ValueError`` (the
         event refused, its transaction a dead letter) where the warehouse refuses, naming why (another
         view on the table, say)."""
-        _ddl(cur, lambda: widen_columns(cur, self.spec, self.cdc.target_table, widened),
+        types = {c: t.ddl() for c, t in widened.items()}
+        _ddl(cur, lambda: widen_columns(cur, self.spec, self.cdc.target_table, types),
              f"column(s) {', '.join(f'{c} {t}' for c, t in widened.items())} widened at the source,")
         log.warning("pipeline=%s the source's table %s widened column(s) %s (first carried by source transaction %s): "
                     "widened in the real-time table %s before that change applies (%s made again, its grants kept); "

@@ -27,7 +27,8 @@ def record_key(secret: bytes) -> str:
 
 
 def sign(key: str, topic: str, value: bytes) -> str:
-    """What the converter writes into the header (tests and tools; the worker signs in Java)."""
+    """The hex signature after ``<key id>:`` in the header: what the sink checks a record against, and
+    what tests and tools sign with (the worker signs in Java)."""
     return hmac.new(key.encode(), topic.encode() + b"\0" + value, hashlib.sha256).hexdigest()
 
 
@@ -51,7 +52,7 @@ class Verifier:
     """Why a record of a CDC topic is not the worker's (None: it is), under any key of the keyring."""
 
     def __init__(self, keyring: Keyring):
-        self._keys = {key_id.encode(): record_key(secret).encode() for key_id, secret in keyring.keys}
+        self._keys = {key_id.encode(): record_key(secret) for key_id, secret in keyring.keys}
         self.key_ids = ", ".join(key_id for key_id, _ in keyring.keys)
 
     def why_not(self, topic: str, value: bytes | None, header: bytes | str | None) -> str | None:
@@ -64,8 +65,6 @@ class Verifier:
         if key is None:
             return (f"signed with key id {key_id.decode('ascii', 'replace')[:64]!r}, which this sink's keyring "
                     f"({self.key_ids}) does not hold: forged, or a key retired while the connector still signs with it")
-        mac = hmac.new(key, topic.encode() + b"\0", hashlib.sha256)
-        mac.update(value or b"")
-        if not hmac.compare_digest(signature, mac.hexdigest().encode()):
+        if not hmac.compare_digest(signature, sign(key, topic, value or b"").encode()):
             return f"its signature under key {key_id.decode()} does not match its topic and value: forged or altered"
         return None

@@ -49,13 +49,13 @@ def add_columns(cur, spec: PipelineSpec, added: dict[str, Shape]) -> None:
     ensure_cdc_serving_view(cur, spec, again=True)
 
 
-def widen_columns(cur, spec: PipelineSpec, table: str, widened: dict[str, Shape | str]) -> None:
-    """Columns the source widened, widened in ``table`` (the real-time table, or the batch target at
-    its next batch) in the caller's transaction; the serving view, which reads both, is made again
-    around it with its grants (``catalog.widen_columns``)."""
+def widen_columns(cur, spec: PipelineSpec, table: str, widened: dict[str, str]) -> None:
+    """Columns the source widened (column -> DDL type), widened in ``table`` (the real-time table, or the
+    batch target at its next batch) in the caller's transaction; the serving view, which reads both, is
+    made again around it with its grants (``catalog.widen_columns``)."""
     assert spec.cdc is not None
-    catalog.widen_columns(cur, [table], {c: t.ddl() if isinstance(t, Shape) else t for c, t in widened.items()},
-                          view=spec.cdc.serving_view, remake=lambda: ensure_cdc_serving_view(cur, spec, again=True))
+    catalog.widen_columns(cur, [table], widened, view=spec.cdc.serving_view,
+                          remake=lambda: ensure_cdc_serving_view(cur, spec, again=True))
 
 
 def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> None:
@@ -80,20 +80,22 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
 
     batch, live, cursor = quote(spec.target_table), quote(cdc.target_table), quote(spec.cursor.column)
     same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
-    grants = []
+
+    def make() -> None:
+        cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
+            SELECT {side("b", batch_cols)} FROM {batch} b
+             WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key}
+                                 AND (r.{cursor} > b.{cursor} OR (r._tm_deleted AND r.{cursor} >= b.{cursor})))
+            UNION ALL
+            SELECT {side("r", live_cols)} FROM {live} r
+             WHERE NOT r._tm_deleted
+               AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
+
     if again and names[:len(shown := _view_columns(cur, view))] != shown:
         # a column in a new place: a view cannot be replaced with its columns moved; its grants are given back
-        grants = catalog.view_grants(cur, view)
-        cur.execute(f"DROP VIEW IF EXISTS {quote(view)}")
-    cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
-        SELECT {side("b", batch_cols)} FROM {batch} b
-         WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key}
-                             AND (r.{cursor} > b.{cursor} OR (r._tm_deleted AND r.{cursor} >= b.{cursor})))
-        UNION ALL
-        SELECT {side("r", live_cols)} FROM {live} r
-         WHERE NOT r._tm_deleted AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
-    for grant in grants:
-        cur.execute(grant)
+        catalog.remake_view(cur, view, make)
+    else:
+        make()
     cur.execute(f"COMMENT ON VIEW {quote(view)} IS %s",
                 (f"Tidemark pipeline {spec.name}: {spec.target_table} merged with the source's changes in "
                  f"{cdc.target_table}, one row per key, newest {spec.cursor.column} wins, deleted keys hidden; "

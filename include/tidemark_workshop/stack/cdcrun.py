@@ -14,7 +14,7 @@ import psycopg2
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
-from tidemark.cdc.signing import signing_key
+from tidemark.cdc.signing import sign, signing_key
 from tidemark.cdc.source import grant_sql, slot
 from tidemark.config import CONN_CDC
 from tidemark.spec import PipelineSpec
@@ -57,6 +57,13 @@ def source_endpoint(settings: Settings) -> SourceEndpoint:
     write_secret_file(settings.connect_secrets_dir, signing.secret_file, key)
     return SourceEndpoint(settings.pg_host, settings.pg_port, settings.source_db, settings.cdc_user,
                           write_secret(settings), str(settings.connect_secrets_dir), signing)
+
+
+def signature(settings: Settings, topic: str, value: bytes) -> str:
+    """The ``tidemark.signature`` header the local stack's Connect worker gives a record: its key id, and
+    the record signed with the key ``source_endpoint`` gives it."""
+    signing, key = signing_key(settings.control_keyring())
+    return f"{signing.key_id}:{sign(key, topic, value)}"
 
 
 def read_slot(settings: Settings, spec: PipelineSpec):
