@@ -55,6 +55,7 @@ from tidemark.window import predicate
 
 BENCH = Path(__file__).resolve().parent
 SCHEMAS = {"tidemark": "bench_tidemark", "standing": "bench_tidemark_standing", "local1": "bench_tidemark_local1",
+           "direct": "bench_tidemark_direct",
            "copy": "bench_copy", "spark_jdbc": "bench_spark_jdbc"}
 MB = 1024 * 1024
 
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     standing = _pipeline(settings, args.partitions, "standing", args.record_format, sink)
     # The same batch again with one core per Spark job: does the work spread over the two?
     one_core = _pipeline(replace(settings, spark_master="local[1]"), args.partitions, "local1", args.record_format, sink)
+    # The same batch with transport: direct (the extract's tasks stage the rows; Kafka carries BEGIN and END)
+    direct = _pipeline(settings, args.partitions, "direct", "avro", sink, transport="direct")
     try:
         _reset(src, wh)
         bank.seed(src)
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         where = predicate(pipe.spec, result.pop("window"))
         result.update(_standing_sink(settings, standing, src, wh, args.rows))
         result.update(_cores(one_core, src, wh, args.rows, result))
+        result.update(_direct(direct, src, wh, args.rows, result))
         if not args.no_baselines:
             result["copy_s"] = _copy_pipe(settings, _empty_target(src, wh, "copy"), where)
             _check(src, wh, "copy", where, args.rows)
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             result["standing_sink_ratio_vs_copy"] = round(result["tidemark_standing_sink_s"] / result["copy_s"], 2)
             result["standing_sink_ratio_vs_spark_jdbc"] = round(
                 result["tidemark_standing_sink_s"] / result["spark_jdbc_s"], 2)
+            result["direct_ratio_vs_copy"] = round(result["direct_s"] / result["copy_s"], 2)
+            result["direct_ratio_vs_spark_jdbc"] = round(result["direct_s"] / result["spark_jdbc_s"], 2)
         result["sink_peak_mb"] = {str(args.rows): result.pop("sink_peak_mb")}
         result["extract_peak_mb"] = {str(args.rows): result.pop("extract_peak_mb")}
         for n in memory_rows:
@@ -124,14 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                 result[f"{job}_memory_growth"] = round(peaks[sizes[-1]] / peaks[sizes[0]], 2)
     finally:
         _save_logs(settings, pipe)
-        _clean(settings, src, wh, pipe, standing, one_core)
+        _clean(settings, src, wh, pipe, standing, one_core, direct)
         src.close()
         wh.close()
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0
 
 
-def _pipeline(settings: Settings, partitions: int, contender: str, record_format: str, sink: dict) -> Pipeline:
+def _pipeline(settings: Settings, partitions: int, contender: str, record_format: str, sink: dict,
+              transport: str = "kafka") -> Pipeline:
     """A fresh pipeline over the demo ledger (its own name, so its own topic and watermark)."""
     name = f"bench_ledger_{uuid.uuid4().hex[:8]}"
     spec = {
@@ -139,7 +146,7 @@ def _pipeline(settings: Settings, partitions: int, contender: str, record_format
         "cursor": {"kind": "timestamp", "column": "created_at"}, "safe_lag": "PT0S",
         "target_table": f"{SCHEMAS[contender]}.ledger_entries", "write_mode": "append_window_replace",
         "create_target_schema": True,
-        "partitions": partitions, "record_format": record_format, "sink": sink,
+        "partitions": partitions, "record_format": record_format, "sink": sink, "transport": transport,
     }
     path = settings.state_dir / "bench" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,6 +276,15 @@ def _cores(pipe: Pipeline, src, wh, rows: int, two_cores: dict) -> dict:
             "cpu_busy_pct_local1": one_core["cpu_busy_pct"],
             # rows/s at two cores over rows/s at one, i.e. the one-core time over the two-core time
             "ratio_local2_vs_local1": round(one_core["tidemark_s"] / two_cores["tidemark_s"], 2)}
+
+
+def _direct(pipe: Pipeline, src, wh, rows: int, kafka: dict) -> dict:
+    """The timed batch again with transport: direct, beside the Kafka transport's figures."""
+    direct = _tidemark(pipe, src, wh, rows, "direct")
+    return {"direct_s": direct["tidemark_s"], "direct_steps_s": direct["tidemark_steps_s"],
+            "direct_jvm_startup_s": direct["jvm_startup_s"], "direct_peak_mb": {"extract": direct["extract_peak_mb"],
+                                                                                "sink": direct["sink_peak_mb"]},
+            "ratio_direct_vs_kafka": round(direct["tidemark_s"] / kafka["tidemark_s"], 2)}
 
 
 def _empty_target(src, wh, contender: str) -> str:

@@ -54,7 +54,8 @@ def test_bench_subset_reports_every_figure_and_the_ledger_bears_them_out(warehou
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("tidemark_s", "tidemark_wall_s", "copy_s", "spark_jdbc_s", "tidemark_standing_sink_s",
-                "tidemark_local1_s", "ratio_local2_vs_local1", "ratio_vs_copy", "ratio_vs_spark_jdbc"):
+                "tidemark_local1_s", "ratio_local2_vs_local1", "ratio_vs_copy", "ratio_vs_spark_jdbc",
+                "direct_s", "direct_ratio_vs_copy", "direct_ratio_vs_spark_jdbc", "ratio_direct_vs_kafka"):
         assert result[key] > 0, key
     for job in ("sink", "extract"):
         assert set(result[f"{job}_peak_mb"]) == {str(MEMORY_ROWS), str(ROWS)}, job  # make bench: 1M, 2M and 4M rows
@@ -66,11 +67,13 @@ def test_bench_subset_reports_every_figure_and_the_ledger_bears_them_out(warehou
 
     # The ledger, written by the loads themselves: each Tidemark contender's batch really committed
     # the rows its figures are for (the timed batch at local[2], the standing sink, the timed batch
-    # at local[1], then the memory batch), in the order the script runs them.
+    # at local[1], the timed batch with transport: direct, then the memory batch), in the order the script
+    # runs them.
     batches = _bench_batches(warehouse_conn, since)
     assert [(b["run_id"], b["state"], b["rows"]) for b in batches] == [
         ("bench-timed", "committed", ROWS), ("bench-standing", "committed", ROWS),
-        ("bench-timed", "committed", ROWS), (f"bench-memory-{MEMORY_ROWS}", "committed", MEMORY_ROWS)], batches
+        ("bench-timed", "committed", ROWS), ("bench-timed", "committed", ROWS),
+        (f"bench-memory-{MEMORY_ROWS}", "committed", MEMORY_ROWS)], batches
     timed, standing = batches[0], batches[1]
     # Each time covers the load it names: from before the plan until after the commit, less only
     # the JVM start-ups (which fall inside it), never a clock stopped before the commit.

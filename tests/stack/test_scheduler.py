@@ -53,8 +53,10 @@ def scheduled(settings, tmp_path_factory):
     narrow = _narrow_pipeline(settings, pipelines, record_format="json")
     narrowed = _narrow_pipeline(settings, pipelines)
 
-    # Two more for the failure tests: a worker killed mid-extract, and the broker gone after plan.
-    killed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
+    # Two more for the failure tests: a worker killed mid-extract (its tasks staging straight into the
+    # warehouse: transport direct, the extract task's warehouse connection wired), and the broker gone after plan.
+    killed = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
+                           transport="direct")
     brokerless = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
                                retries={"count": 2, "delay": "PT5S"})  # the outage is only as long as the test
     blip = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"})
@@ -299,7 +301,8 @@ def _scheduled_run(api: RestApi, dag_id: str) -> str:
 
 
 def _extract_writing(api: RestApi, dag_id: str, run_id: str, pipe, rows: int):
-    """The extract task's process, once its Spark job has written some but not all of the rows."""
+    """The extract task's process, once its Spark job has written (to the topic, or direct: to the
+    first attempt's stage) some but not all of the rows."""
     import psutil
 
     from tidemark.kafka_io import end_offsets
@@ -309,7 +312,12 @@ def _extract_writing(api: RestApi, dag_id: str, run_id: str, pipe, rows: int):
         if not ti or ti["state"] != "running" or not ti.get("pid"):
             return None
         try:
-            written = sum(end_offsets(pipe.settings.kafka_bootstrap, pipe.spec.topic).values())
+            if pipe.spec.transport == "direct":
+                stage = stage_table(f"{pipe.spec.name}:{run_id}", 1)
+                made = pipe.query_wh("SELECT to_regclass(%s)", (stage,))[0][0]
+                written = pipe.query_wh(f"SELECT count(*) FROM {stage}")[0][0] if made else 0
+            else:
+                written = sum(end_offsets(pipe.settings.kafka_bootstrap, pipe.spec.topic).values())
         except Exception:  # the topic's metadata is not there yet
             return None
         assert written < rows, f"the extract wrote all {rows} rows before the fault could hit it"
