@@ -65,6 +65,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rate", type=int, default=5_000, help="changes per second in the latency phase")
     p.add_argument("--seconds", type=int, default=30)
     p.add_argument("--trigger", default=None, help="the standing sink's trigger, ISO 8601 (default: a CDC pipeline's, PT0.5S)")
+    p.add_argument("--transport", choices=("kafka", "direct"), default="kafka",
+                   help="how the handoff batch's rows reach the warehouse (spec transport:)")
     args = p.parse_args(argv)
     if args.rate * args.seconds > args.rows or args.changes > args.rows:
         # the phases update existing rows by id: a transaction past the last row changes nothing, so the
@@ -73,10 +75,11 @@ def main(argv: list[str]) -> int:
                 f"exceed --rows ({args.rows}): every change updates an existing row")
     settings = Settings.from_env()
     tmp = Path(tempfile.mkdtemp(prefix="tidemark-bench-cdc-"))
-    pipe = make_cdc_pipeline(settings, tmp, args.trigger)
+    pipe = make_cdc_pipeline(settings, tmp, args.trigger, args.transport)
     peer = _peer_spec(pipe, tmp)
     launcher = LocalLauncher(tmp / "streams")
-    figures: dict[str, float | int | str] = {"rows": args.rows, "trigger_s": pipe.spec.trigger.total_seconds()}
+    figures: dict[str, float | int | str] = {"rows": args.rows, "trigger_s": pipe.spec.trigger.total_seconds(),
+                                             "transport": args.transport}
     try:
         _source(pipe, f"INSERT INTO {pipe.spec.table} (id, amount, updated_at) SELECT g, g %% 100000 / 100.0, "
                       "now() - interval '1 day' FROM generate_series(1, %s) g", (args.rows,))

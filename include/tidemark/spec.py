@@ -322,9 +322,6 @@ class PipelineSpec(BaseModel):
         if self.transport == "direct" and self.record_format != "avro":
             raise ValueError("transport: direct stages typed rows (protocol version 2): set record_format: avro, or "
                              "transport: kafka")
-        if self.transport == "direct" and self.cdc is not None:
-            raise ValueError("transport: direct is not yet for a CDC pipeline (its handoff batch travels through the "
-                             "topic): remove transport, or set it to kafka")
         if self.stream is not None and self.cdc is not None:
             raise ValueError("stream and cdc: one real-time input per pipeline (events an application publishes, or "
                              "the source table's own changes); keep one")

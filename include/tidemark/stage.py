@@ -167,6 +167,9 @@ def create_typed(cur, batch_id: str, attempt: int, columns: list[tuple[str, str]
     return stage
 
 
+REFUSED = "the typed stage refused"  # how a direct extract's task says a COPY of its rows was refused
+
+
 def direct_schema():
     """What a direct extract's task reports per load and partition (``DirectWriter``)."""
     import pyarrow as pa
@@ -222,15 +225,20 @@ class DirectWriter:
         return cur.fetchone()[0]
 
     def _copy(self, cur, batch, load: int) -> None:
+        import psycopg2
         import pyarrow as pa
 
         n, target = batch.num_rows, self.target
-        copy_binary(cur, target.stage,
-                    [*batch.column(target.row).flatten(), pa.array([load] * n, pa.int64()),
-                     batch.column("partition").cast(pa.int32()), pa.nulls(n, pa.int64()),
-                     batch.column("row_hash").cast(pa.int64())],
-                    [*target.types, "bigint", *(t for _, t in PROVENANCE)],
-                    [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
+        try:
+            copy_binary(cur, target.stage,
+                        [*batch.column(target.row).flatten(), pa.array([load] * n, pa.int64()),
+                         batch.column("partition").cast(pa.int32()), pa.nulls(n, pa.int64()),
+                         batch.column("row_hash").cast(pa.int64())],
+                        [*target.types, "bigint", *(t for _, t in PROVENANCE)],
+                        [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
+        except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:
+            raise RuntimeError(f"{REFUSED} one of {n} rows of batch {self.batch_id} attempt {self.attempt}: "
+                               + " ".join(str(exc).split())[:500]) from None
 
 
 def _copy_isolating(cur, target: Target, records, load: int, budget: list[int]):

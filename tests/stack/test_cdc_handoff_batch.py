@@ -40,8 +40,10 @@ from tidemark_workshop.stack.spark import submit_command
 pytestmark = [pytest.mark.stack]  # holds a source transaction for 20 s: only its own lane's database
 
 
-def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_writers_write(settings, tmp_path, bootstrap):
-    pipe = make_cdc_pipeline(settings, tmp_path)
+@pytest.mark.parametrize("transport", ["kafka", "direct"])
+def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_writers_write(settings, tmp_path, bootstrap,
+                                                                                         transport):
+    pipe = make_cdc_pipeline(settings, tmp_path, transport=transport)
     spec = pipe.spec
     launcher = LocalLauncher(tmp_path / "streams")
     client = ConnectClient(settings.connect_url)

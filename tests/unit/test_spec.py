@@ -127,6 +127,8 @@ INVALID = [
     ("unknown-field policy", _with(unknown_fields="keep"), "field 'unknown_fields'"),
     ("unknown fields ignored under version 2", _with(unknown_fields="ignore"), "applies only to JSON records"),
     ("NaN allowed under version 2", _with(allow_non_finite_numbers=True), "Set record_format: json"),
+    ("direct transport under version 1", _with(transport="direct", record_format="json"), "set record_format: avro"),
+    ("unknown transport", _with(transport="s3"), "field 'transport'"),
     ("tiny record limit", _with(max_record_bytes=10), "field 'max_record_bytes'"),
     ("zero max_hold", _with(max_hold="PT0S"), "field 'max_hold'"),
     ("negative retries", _with(retries={"count": -1}), "field 'retries.count'"),

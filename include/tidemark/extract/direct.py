@@ -19,7 +19,7 @@ from tidemark.extract.decisions import unrepresentable_error
 from tidemark.progress import Steps, Ticker
 from tidemark.spark.entry import JobError, connect_params
 from tidemark.spec import quote
-from tidemark.stage import DirectWriter, Target, create_typed, stage_table
+from tidemark.stage import REFUSED, DirectWriter, Target, create_typed, stage_table
 
 # What each task reports per load and partition, as Spark declares it (``direct_schema`` in Arrow)
 DIRECT_LOADS = "load bigint, partition int, rows bigint, checksum string"
@@ -83,7 +83,15 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
     try:
         with Ticker(x.tag, "staged", lambda: _staged(params, x), n), steps.step("read, encode, stage"):
             loads = rows.mapInArrow(writer, DIRECT_LOADS).collect()
-    except Exception:
+    except Exception as exc:
+        refused = next((line for line in str(exc).splitlines() if REFUSED in line), None)
+        if refused is not None:  # the source's own rows: every new attempt meets the same refusal
+            raise JobError(f"{x.tag}: {refused.strip()}. Next: make the target's record schema hold the value "
+                           "(the refusal names it), or correct the source row") from None
+        ended = _attempt_state(params, x)
+        if ended not in (None, "open"):  # superseded or aborted while its tasks staged: say so, not a stack trace
+            raise JobError(f"{x.tag}: attempt {x.args.attempt} became {ended or 'unknown'} while its tasks staged: "
+                           "they stopped; nothing of it can apply (a newer attempt or the run's teardown ended it)") from None
         unreadable = non_finite(x, numerics) if numerics else []
         if unreadable:  # the same rows fail every retry: say which, and what will work
             raise JobError(unrepresentable_error(x.tag, x.spec, unreadable, temporal=False)) from None
@@ -92,13 +100,29 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
 
 
 def _staged(params: dict[str, Any], x: "Extract") -> int:
-    """Rows in the attempt's stage so far (those of tasks still running included)."""
+    """Rows the tasks have staged so far, from PostgreSQL's statistics (no scan of the growing stage)."""
     import psycopg2
 
     conn = psycopg2.connect(**params)
     try:
         with conn, conn.cursor() as cur:
-            cur.execute(f"SELECT count(*) FROM {quote(stage_table(x.args.batch_id, x.args.attempt))}")
+            cur.execute("SELECT coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = to_regclass(%s)), 0)",
+                        (stage_table(x.args.batch_id, x.args.attempt),))
             return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _attempt_state(params: dict[str, Any], x: "Extract") -> str | None:
+    """The attempt's state in the ledger now (None: it cannot be read)."""
+    import psycopg2
+
+    try:
+        conn = psycopg2.connect(**params)
+    except psycopg2.Error:
+        return None
+    try:
+        with conn, conn.cursor() as cur:
+            return ledger.attempt_state(cur, x.args.batch_id, x.args.attempt)
     finally:
         conn.close()

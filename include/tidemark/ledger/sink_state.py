@@ -74,12 +74,13 @@ def store_offset(cur, consumer: str, topic: str, partition: int, next_offset: in
 
 
 def open_windows(cur, pipeline: str) -> dict[tuple[str, int], Window]:
-    """The planned window of each open or sealed attempt of the pipeline, by (batch id, attempt)."""
+    """The planned window of each open or sealed attempt of the pipeline whose records travel through the
+    topic, by (batch id, attempt): the windows records are checked against (a direct attempt has none there)."""
     cur.execute(
         """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff
              FROM tidemark_control.batch_attempts a
              JOIN tidemark_control.batches b USING (batch_id)
-            WHERE b.pipeline = %s AND a.state IN ('open', 'sealed')""",
+            WHERE b.pipeline = %s AND a.state IN ('open', 'sealed') AND b.transport = 'kafka'""",
         (pipeline,),
     )
     return {(b, a): _records_window(lo, hi, bf, handoff) for b, a, lo, hi, bf, handoff in cur.fetchall()}

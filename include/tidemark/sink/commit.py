@@ -21,7 +21,7 @@ from tidemark.sink.report import (
     FIRST_REASONS, MicroBatchReport, SinkError,
 )
 from tidemark.spec import quote
-from tidemark.stage import HASH, OFFSET, PARTITION
+from tidemark.stage import HASH, OFFSET, PARTITION, STAGE_SCHEMA
 from tidemark.totals import staged_mismatch
 
 log = logging.getLogger("tidemark.sink")
@@ -139,6 +139,13 @@ class Commit:
         else:
             kept = self._keep_written(cur, batch_id, attempt, written, report) if written is not None else None
         wrong = staged_mismatch(expected, kept if kept is not None else ledger.staged(cur, batch_id, attempt))
+        if wrong and direct:  # no topic between them: the stage itself changed, or a crash emptied it
+            self._refuse(cur, batch_id, attempt, report,
+                         "what the extract's tasks staged differs from its totals sealed in the ledger: "
+                         + "; ".join(wrong.findings) + self._restart_since(cur, batch_id, attempt),
+                         "a new attempt stages the batch afresh; unless a warehouse crash emptied the stage, find "
+                         f"who else writes to {STAGE_SCHEMA} and revoke it")
+            return None
         if wrong:
             self._refuse(cur, batch_id, attempt, report,
                          "what the sink staged differs from the extract's totals sealed in the ledger: "
