@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tidemark import control
@@ -105,8 +106,10 @@ def test_unsigned_wrongly_signed_altered_and_replayed_control_messages_are_dead_
     assert {d["value"] for d in dead} >= {value for *_, value in forged}  # the forged bytes, kept as evidence
 
 
-def test_forged_ends_before_and_after_the_extract_commit_nothing_and_the_genuine_batch_loads(settings, tmp_path):
-    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
+@pytest.mark.parametrize("transport", ["kafka", "direct"])
+def test_forged_ends_before_and_after_the_extract_commit_nothing_and_the_genuine_batch_loads(settings, tmp_path,
+                                                                                            transport):
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, transport=transport)
     insert_payments(pipe, 1, 510)
     plan = pipe.plan("run-a")
     attempt = pipe.begin(plan)

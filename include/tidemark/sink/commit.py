@@ -154,7 +154,8 @@ class Commit:
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
         records = self.stages.records(cur, batch_id, attempt)
-        if planned.schema_version is not None:  # the rows the apply will read are the rows the totals count
+        # the rows the apply will read are the rows the totals count (direct: counted in the stage just now)
+        if planned.schema_version is not None and not direct:
             cur.execute(f"SELECT count(*) FROM ({records}) batch")
             (readable,) = cur.fetchone()
             if readable != rows:
