@@ -38,7 +38,8 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from tidemark.config import pipelines_dir
 from tidemark.spec import PipelineSpec, load_specs
-from tidemark_airflow.batch import batch_pipeline, last_word
+from tidemark_airflow.batch import batch_pipeline
+from tidemark_airflow.batch_tasks import last_word
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 

@@ -6,13 +6,12 @@ bits), and log what the person on call needs. A failure's last line names the pi
 attempt and window, the cause in one line and the next step that will work; failures that will
 recur (a bad spec, a refused batch, a schema mismatch) fail at once instead of retrying.
 ``batch_pipeline`` wires the operators in a DAG, with a teardown that aborts whatever attempt a
-failed or killed run left open.
+failed or killed run left open. What every task shares (the run's plan and attempt, the log tag,
+the failure's last line) is ``tidemark_airflow.batch_tasks``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,103 +23,12 @@ from tidemark.spark import jobs
 from tidemark.config import CONN_CDC, CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.spark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
-from tidemark_airflow.spark import SparkJdbcSubmitOperator, SparkJobFailed
-
-# What to do next, per step, once Airflow has given up (or at once, for what will not heal).
-NEXT_TRANSIENT = ("Airflow retries this task with backoff; if the last try fails too, check the stack "
-                  "(`make status`, `make logs C=kafka` or `C=postgres`), then clear this DAG run from '{task}'")
-NEXT_FIX_THEN_CLEAR = "fix the cause named here, then clear this DAG run from '{task}' (it loads a new attempt)"
-
-
-class BatchTaskError(RuntimeError):
-    """A transient failure of a batch step, with the context the person on call needs."""
-
-
-def _deterministic(exc: BaseException) -> bool:
-    """Errors that the same input reproduces: retrying only delays the page. Tidemark's own say so by
-    their kind (``tidemark.errors``); a Spark job's by its exit code."""
-    import psycopg2
-
-    from tidemark.errors import Terminal, Transient
-
-    if isinstance(exc, SparkJobFailed):
-        return exc.deterministic
-    if isinstance(exc, (Terminal, Transient)):
-        return isinstance(exc, Terminal)
-    # Not yet given a kind: a builtin ValueError (a topic with another partition count, an invalid
-    # value) or LookupError (a missing table) from Tidemark's code, and the database's own verdicts
-    # on a statement, fail again on the same input.
-    return isinstance(exc, (LookupError, ValueError, psycopg2.ProgrammingError, psycopg2.DataError,
-                            psycopg2.IntegrityError))
-
-
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, SparkJobFailed):
-        return str(exc)
-    from tidemark.spark.entry import one_line
-
-    return one_line(exc)
-
-
-@contextmanager
-def on_call(log, tag: str, next_step: str, *, clear_from: str = "begin") -> Iterator[None]:
-    """Turn any failure into one last line for the person on call: what failed and what to do.
-
-    ``clear_from``: where a run must be cleared once Airflow gave up (after the teardown aborted
-    the attempt, only a new attempt from 'begin' can load the batch)."""
-    try:
-        yield
-    except (AirflowSkipException, AirflowFailException):
-        raise
-    except Exception as exc:
-        if _deterministic(exc):
-            log.error("%s FAILED (will not heal by retrying): %s. Next: %s", tag, _one_line(exc), next_step)
-            raise AirflowFailException(f"{tag}: {_one_line(exc)}. Next: {next_step}") from exc
-        then = NEXT_TRANSIENT.format(task=clear_from)
-        log.error("%s FAILED: %s. Next: %s", tag, _one_line(exc), then)
-        raise BatchTaskError(f"{tag}: {_one_line(exc)}. Next: {then}") from exc
-
-
-def last_word(context) -> None:
-    """on_failure_callback / on_retry_callback: a failed task's log ends with Tidemark's one line
-    (pipeline, batch, attempt, window, cause, next step), after Airflow's own traceback, so the
-    person on call reads it last whatever failed."""
-    exc = context.get("exception")
-    if exc is None:
-        return
-    text = str(exc) if isinstance(exc, (AirflowFailException, BatchTaskError)) else _one_line(exc)
-    if "pipeline=" not in text:  # a failure outside on_call (a sensor's timeout, a killed worker)
-        pipeline = context["dag"].dag_id.removeprefix("tidemark_batch_")
-        text = (f"pipeline={pipeline} run={context['dag_run'].run_id} task {context['ti'].task_id}: {text}. Next: "
-                + NEXT_TRANSIENT.format(task=BEGIN))
-    retried = str(getattr(context["ti"], "state", "")).lower().endswith("up_for_retry")
-    context["task"].log.error("TIDEMARK %s: %s", "FAILED, Airflow retries it" if retried else "FAILED", text)
-
+from tidemark_airflow.batch_tasks import NEXT_FIX_THEN_CLEAR, failure_line, on_call, run_attempt, run_plan, run_tag
+from tidemark_airflow.spark import SparkJdbcSubmitOperator
 
 def batch_asset(pipeline: str) -> Asset:
     """The Asset a committed batch of ``pipeline`` updates (reconciliation is scheduled on it)."""
     return Asset(name=f"tidemark.batch.{pipeline}", uri=f"tidemark://warehouse/batch/{pipeline}")
-
-
-def _plan(context, *, required: bool = True) -> Any:
-    from tidemark.batch import Plan
-
-    raw = context["ti"].xcom_pull(task_ids=PLAN)
-    if not raw:
-        if not required:
-            return None
-        raise AirflowFailException(f"no plan from task '{PLAN}' in this run; clear the run from '{PLAN}'")
-    try:
-        return Plan.from_xcom(raw)
-    except (KeyError, TypeError, ValueError) as exc:  # the same XCom fails every retry: say so at once
-        raise AirflowFailException(
-            f"the plan of task '{PLAN}' in this run cannot be read ({type(exc).__name__}: {exc}); nothing was begun "
-            f"from it. Next: clear the run from '{PLAN}' (it plans the window again)") from exc
-
-
-def _tag(spec, plan, attempt: int | None = None) -> str:
-    return (f"pipeline={spec.name} batch={plan.batch_id}" + (f" attempt={attempt}" if attempt else "")
-            + f" window={plan.window}")
 
 
 class _PipelineOperator(BaseOperator):
@@ -169,7 +77,7 @@ class PlanWindowOperator(_PipelineOperator):
             finally:
                 source.close()
                 warehouse.close()
-        self.log.info("%s planned%s", _tag(spec, plan), " (same window as the earlier try of this run)" if plan.reused else "")
+        self.log.info("%s planned%s", run_tag(spec, plan), " (same window as the earlier try of this run)" if plan.reused else "")
         return plan.to_xcom()
 
     def _repair(self, spec, run, batch_id: str) -> dict[str, Any]:
@@ -185,7 +93,7 @@ class PlanWindowOperator(_PipelineOperator):
             finally:
                 warehouse.close()
         self.log.info("%s repair of %s key(s) found by reconciliation run %s (of %s), planned; the watermark "
-                      "stays where it is", _tag(spec, plan), len(found.repair_keys), found.repair_run,
+                      "stays where it is", run_tag(spec, plan), len(found.repair_keys), found.repair_run,
                       f"batch {found.repair_of}" if found.repair_of else "the whole table")
         return plan.to_xcom()
 
@@ -194,7 +102,7 @@ class BeginBatchOperator(_PipelineOperator):
     """Open the next attempt and send BEGIN to every partition; skip the run if already committed."""
 
     def execute(self, context) -> int:
-        spec, plan = self.spec, _plan(context)
+        spec, plan = self.spec, run_plan(context)
         return open_attempt(self, spec, plan, context)
 
 
@@ -204,14 +112,14 @@ def open_attempt(op: BaseOperator, spec, plan, context) -> int:
     from tidemark import batch
     from tidemark.ledger import AlreadyCommitted
 
-    with on_call(op.log, _tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
+    with on_call(op.log, run_tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
         warehouse = pg_connect(op.warehouse_conn_id)
         try:
             return batch.begin(spec, warehouse, kafka_bootstrap(op.kafka_conn_id), plan, keyring=control_keyring())
         except AlreadyCommitted as done:
             op.log.info("%s: %s. Nothing to do: the rest of this run is skipped. To load this window again, "
                         "trigger a new run; if this run never published its Asset event, clear only its "
-                        "'%s' task with downstream.", _tag(spec, plan), done, COMMITTED)
+                        "'%s' task with downstream.", run_tag(spec, plan), done, COMMITTED)
             raise AirflowSkipException(str(done)) from None
         finally:
             warehouse.close()
@@ -239,13 +147,13 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         from tidemark import batch
         from tidemark.spec import load_spec
 
-        spec, plan = load_spec(Path(self.spec_path)), _plan(context)
+        spec, plan = load_spec(Path(self.spec_path)), run_plan(context)
         bootstrap = kafka_bootstrap(self.kafka_conn_id)
         attempt = context["ti"].xcom_pull(task_ids=BEGIN)
         if context["ti"].try_number > 1:
             attempt = open_attempt(self, spec, plan, context)
-            self.log.warning("%s: retry of the extract, loading as attempt %s", _tag(spec, plan), attempt)
-        tag = _tag(spec, plan, attempt)
+            self.log.warning("%s: retry of the extract, loading as attempt %s", run_tag(spec, plan), attempt)
+        tag = run_tag(spec, plan, attempt)
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)), \
                 tempfile.TemporaryDirectory(prefix="tidemark-extract-") as tmp:
             report_path = Path(tmp) / "report.json"
@@ -291,21 +199,14 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         return jobs.warehouse_args(c.host, c.port, c.schema, c.login or "", c.extra_dejson)
 
 
-def _attempt(context) -> int:
-    extracted = context["ti"].xcom_pull(task_ids=EXTRACT)
-    if not extracted:
-        raise AirflowFailException(f"no attempt from task '{EXTRACT}' in this run; clear the run from '{BEGIN}'")
-    return int(extracted["attempt"])
-
-
 class EndBatchOperator(_PipelineOperator):
     """Seal the attempt with the extract's totals (from the ledger) and send END to every partition."""
 
     def execute(self, context) -> int:
         from tidemark import batch
 
-        spec, plan, attempt = self.spec, _plan(context), _attempt(context)
-        with on_call(self.log, _tag(spec, plan, attempt), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
+        spec, plan, attempt = self.spec, run_plan(context), run_attempt(context)
+        with on_call(self.log, run_tag(spec, plan, attempt), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             warehouse = pg_connect(self.warehouse_conn_id)
             try:
                 return batch.end(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan, attempt,
@@ -330,8 +231,8 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
     def execute(self, context) -> None:
         from tidemark.spec import load_spec
 
-        spec, plan = load_spec(Path(self.spec_path)), _plan(context)
-        tag = _tag(spec, plan, _attempt(context))
+        spec, plan = load_spec(Path(self.spec_path)), run_plan(context)
+        tag = run_tag(spec, plan, run_attempt(context))
         if spec.sink.mode == "standing":
             self.log.info("%s: the standing sink (supervised by tidemark_supervisor) applies this batch; "
                           "%s waits for it", tag, COMMITTED)
@@ -465,9 +366,9 @@ class BatchCommittedSensor(BaseSensorOperator):
         from tidemark import batch
         from tidemark.spec import load_spec
 
-        spec, plan, attempt = load_spec(Path(self.spec_path)), _plan(context), _attempt(context)
+        spec, plan, attempt = load_spec(Path(self.spec_path)), run_plan(context), run_attempt(context)
         # A refused batch says in its message what to do (alter the target, or load a new attempt).
-        with on_call(self.log, _tag(spec, plan, attempt), "see the refusal above for the next step"):
+        with on_call(self.log, run_tag(spec, plan, attempt), "see the refusal above for the next step"):
             warehouse = pg_connect(self.warehouse_conn_id)
             try:
                 done = batch.commit_state(spec, warehouse, plan.batch_id, attempt)
@@ -506,7 +407,7 @@ class AbortUnfinishedOperator(_PipelineOperator):
         from tidemark import batch
 
         try:
-            plan = _plan(context, required=False)
+            plan = run_plan(context, required=False)
         except AirflowFailException as unreadable:  # nothing can have begun from it: hand the turn on
             self.log.warning("pipeline=%s: %s", spec.name, unreadable)
             return
@@ -525,14 +426,14 @@ class AbortUnfinishedOperator(_PipelineOperator):
             except Exception as exc:
                 self.log.error("%s: could not send ABORT (%s); the ledger marks the attempt aborted, so the sink "
                                "discards its records and drops its stage table at its next start",
-                               _tag(spec, plan), _one_line(exc))
+                               run_tag(spec, plan), failure_line(exc))
         if attempt is None:
             self.log.info("%s: no unfinished attempt (committed, refused or never begun): nothing to abort",
-                          _tag(spec, plan))
+                          run_tag(spec, plan))
         else:
             self.log.warning("%s: attempt %s was left unfinished and is now ABORTED; nothing of it will be applied. "
                              "Next: fix what failed, then clear the run from '%s' to load a new attempt",
-                             _tag(spec, plan), attempt, BEGIN)
+                             run_tag(spec, plan), attempt, BEGIN)
 
 
 def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: bool = False) -> BaseOperator:

@@ -25,7 +25,9 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
     parameters: host, port, database and the TLS options and connect timeout among the connection's
     extras, ``tidemark.spark.jobs.DATABASE_OPTIONS``) and ``--user`` to the job's arguments, which its
     psycopg2 and JDBC connections both honour; the password travels as an environment variable of
-    spark-submit (``--password-env``), so it is in no command line, rendered field or log.
+    spark-submit (``--password-env``), so it is in no command line, rendered field or log in local or
+    standalone mode (on YARN or Kubernetes the Spark provider hands ``env_vars`` to spark-submit as
+    ``--conf`` values: masked in the log, but on spark-submit's command line).
     The connector jars come from ``TIDEMARK_SPARK_JARS`` (resolved by the stack), so the job
     downloads nothing.
     """

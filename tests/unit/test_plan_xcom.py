@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tidemark_airflow.batch import _plan
+from tidemark_airflow.batch_tasks import run_plan
 
 
 def _context(raw):
@@ -24,13 +24,13 @@ def test_an_unreadable_plan_is_a_terminal_failure_naming_the_cause_and_the_task_
     Airflow retried it three times and the last line said 'check the stack'."""
     with pytest.raises(AirflowFailException, match=r"the plan of task 'plan' in this run cannot be read \(.+\); "
                                                    r"nothing was begun from it\. Next: clear the run from 'plan'"):
-        _plan(_context(raw))
+        run_plan(_context(raw))
 
 
 def test_a_readable_plan_and_a_missing_one():
     raw = {"batch_id": "p:r", "window": {"lo": {"cursor": 1, "pk": None}, "hi": {"cursor": 4, "pk": None}}}
-    assert _plan(_context(raw)).window.hi.cursor == 4
-    assert _plan(_context(None), required=False) is None
+    assert run_plan(_context(raw)).window.hi.cursor == 4
+    assert run_plan(_context(None), required=False) is None
 
 
 def test_a_handoff_plan_travels_whole_and_the_extract_report_must_agree_with_it():
@@ -42,7 +42,7 @@ def test_a_handoff_plan_travels_whole_and_the_extract_report_must_agree_with_it(
 
     raw = {"batch_id": "p:r", "window": {"lo": {"cursor": 1, "pk": None}, "hi": {"cursor": 4, "pk": None}},
            "handoff": True}
-    plan = _plan(_context(raw))
+    plan = run_plan(_context(raw))
     assert plan.handoff and batch.Plan.from_xcom(plan.to_xcom()) == plan
     spec = PipelineSpec.model_validate({"name": "p", "table": "public.t", "primary_key": ["id"], "partitions": 1,
                                         "cursor": {"kind": "id", "column": "id"}, "target_table": "public.t_tgt",
