@@ -68,6 +68,15 @@ class Target:
     columns: tuple[str, ...]  # the row's fields as quoted column names, in the row's order
     types: tuple[str, ...]  # their SQL types (PostgreSQL's format_type), as the stage declares them
 
+    @classmethod
+    def of(cls, stage: str, version: int, columns) -> "Target":
+        """The target of a typed stage: ``columns`` are the record schema's (``name``, ``sql_type``)."""
+        from tidemark.avro import row_column
+        from tidemark.spec import quote
+
+        return cls(stage, row_column(version), tuple(quote(c.name) for c in columns),
+                   tuple(c.sql_type for c in columns))
+
 
 class StageWriter:
     """The ``mapInArrow`` function: stages the good records of ``targets`` ((batch id, attempt) ->
@@ -228,14 +237,11 @@ class DirectWriter:
         import psycopg2
         import pyarrow as pa
 
-        n, target = batch.num_rows, self.target
+        n = batch.num_rows
         try:
-            copy_binary(cur, target.stage,
-                        [*batch.column(target.row).flatten(), pa.array([load] * n, pa.int64()),
-                         batch.column("partition").cast(pa.int32()), pa.nulls(n, pa.int64()),
-                         batch.column("row_hash").cast(pa.int64())],
-                        [*target.types, "bigint", *(t for _, t in PROVENANCE)],
-                        [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
+            _copy_rows(cur, self.target, batch.column(self.target.row), load,
+                       [batch.column("partition").cast(pa.int32()), pa.nulls(n, pa.int64()),
+                        batch.column("row_hash").cast(pa.int64())])
         except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:
             raise RuntimeError(f"{REFUSED} one of {n} rows of batch {self.batch_id} attempt {self.attempt}: "
                                + " ".join(str(exc).split())[:500]) from None
@@ -246,15 +252,10 @@ def _copy_isolating(cur, target: Target, records, load: int, budget: list[int]):
     each refused record stands alone or ``budget`` (refused COPYs left, shared) runs out. Returns (the
     tables staged, [(a refused table, (what it is, the refusal))])."""
     import psycopg2
-    import pyarrow as pa
 
     cur.execute("SAVEPOINT stage")
-    try:  # binary: the server stores each value as sent, nothing to parse
-        copy_binary(cur, target.stage,
-                    [*records[target.row].combine_chunks().flatten(), pa.array([load] * records.num_rows, pa.int64()),
-                     *provenance(records)],
-                    [*target.types, "bigint", *(t for _, t in PROVENANCE)],
-                    [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
+    try:
+        _copy_rows(cur, target, records[target.row].combine_chunks(), load, provenance(records))
     except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:
         cur.execute("ROLLBACK TO SAVEPOINT stage")
         budget[0] -= 1
@@ -270,6 +271,16 @@ def _copy_isolating(cur, target: Target, records, load: int, budget: list[int]):
         return first[0] + second[0], first[1] + second[1]
     cur.execute("RELEASE SAVEPOINT stage")
     return [records], []
+
+
+def _copy_rows(cur, target: Target, rows, load: int, provenance: list[Any]) -> None:
+    """COPY ``rows`` (the decoded row's struct array) into the stage under ``load``, with their
+    ``provenance`` arrays (PROVENANCE's order). Binary: the server stores each value as sent."""
+    import pyarrow as pa
+
+    copy_binary(cur, target.stage, [*rows.flatten(), pa.array([load] * len(rows), pa.int64()), *provenance],
+                [*target.types, "bigint", *(t for _, t in PROVENANCE)],
+                [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
 
 
 def provenance(records) -> list[Any]:

@@ -14,55 +14,54 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tidemark import ledger
-from tidemark.avro import row_column, sql_type
+from tidemark.avro import sql_type
 from tidemark.extract.decisions import unrepresentable_error
 from tidemark.progress import Steps, Ticker
-from tidemark.spark.entry import JobError, connect_params
-from tidemark.spec import quote
-from tidemark.stage import REFUSED, DirectWriter, Target, create_typed, stage_table
-
-# What each task reports per load and partition, as Spark declares it (``direct_schema`` in Arrow)
-DIRECT_LOADS = "load bigint, partition int, rows bigint, checksum string"
+from tidemark.spark.entry import JobError, connect_params, side_queries
+from tidemark.stage import REFUSED, DirectWriter, Target, create_typed, direct_schema, stage_table
 
 if TYPE_CHECKING:
     from tidemark.extract.job import Extract
 
 
-def warehouse(x: "Extract") -> dict[str, Any]:
-    """psycopg2 keywords for the warehouse (``--warehouse``), the password among them."""
+def _secret(x: "Extract") -> str:
+    """The warehouse's password, from the environment variable ``--warehouse-password-env`` names."""
     import os
 
     secret = os.environ.get(x.args.warehouse_password_env or "")
     if not x.args.warehouse_user or secret is None:
         raise JobError(f"{x.tag}: --warehouse needs --warehouse-user and --warehouse-password-env naming a set "
                        "environment variable (the warehouse's password)")
-    return connect_params(x.args.warehouse, x.args.warehouse_user, secret, application=x.application)
+    return secret
 
 
-def prepare_stage(x: "Extract", params: dict[str, Any]) -> Target:
+def warehouse(x: "Extract") -> dict[str, Any]:
+    """psycopg2 keywords for the executors' connections to the warehouse, the password among them."""
+    return connect_params(x.args.warehouse, x.args.warehouse_user, _secret(x), application=x.application)
+
+
+def _queries(x: "Extract"):
+    """The driver's own connection to the warehouse, for a few queries (autocommit, closed on leaving)."""
+    return side_queries(x.args.warehouse, x.args.warehouse_user, _secret(x), application=x.application)
+
+
+def prepare_stage(x: "Extract") -> Target:
     """The attempt's typed stage, made from the ledger's record schema while the ledger shows a
     direct batch and the attempt open; else JobError saying what the ledger shows."""
-    import psycopg2
-
-    conn = psycopg2.connect(**params)
-    try:
-        with conn, conn.cursor() as cur:
-            planned = ledger.planned_batch(cur, x.args.batch_id)
-            state = ledger.attempt_state(cur, x.args.batch_id, x.args.attempt)
-            if planned is None or planned.transport != "direct" or planned.schema_version is None:
-                shows = ("no such batch" if planned is None else
-                         f"transport {planned.transport}, schema version {planned.schema_version}")
-                raise JobError(f"{x.tag}: --warehouse is for a direct protocol-version-2 batch; the ledger shows "
-                               f"{shows}. Next: clear the DAG run from its 'plan' task")
-            if state != "open":
-                raise JobError(f"{x.tag}: attempt {x.args.attempt} is {state or 'not in the ledger'}, not open: it stages "
-                               "nothing (a newer attempt or the run's teardown ended it); nothing to do for this one")
-            columns = ledger.record_schema(cur, x.spec.name, planned.schema_version)[0]
-            stage = create_typed(cur, x.args.batch_id, x.args.attempt, [(c.name, sql_type(c.sql_type)) for c in columns])
-    finally:
-        conn.close()
-    return Target(stage, row_column(planned.schema_version), tuple(quote(c.name) for c in columns),
-                  tuple(c.sql_type for c in columns))
+    with _queries(x) as conn, conn.cursor() as cur:
+        planned = ledger.planned_batch(cur, x.args.batch_id)
+        state = ledger.attempt_state(cur, x.args.batch_id, x.args.attempt)
+        if planned is None or planned.transport != "direct" or planned.schema_version is None:
+            shows = ("no such batch" if planned is None else
+                     f"transport {planned.transport}, schema version {planned.schema_version}")
+            raise JobError(f"{x.tag}: --warehouse is for a direct protocol-version-2 batch; the ledger shows "
+                           f"{shows}. Next: clear the DAG run from its 'plan' task")
+        if state != "open":
+            raise JobError(f"{x.tag}: attempt {x.args.attempt} is {state or 'not in the ledger'}, not open: it stages "
+                           "nothing (a newer attempt or the run's teardown ended it); nothing to do for this one")
+        columns = ledger.record_schema(cur, x.spec.name, planned.schema_version)[0]
+        stage = create_typed(cur, x.args.batch_id, x.args.attempt, [(c.name, sql_type(c.sql_type)) for c in columns])
+    return Target.of(stage, planned.schema_version, columns)
 
 
 def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> list[list[int]]:
@@ -70,25 +69,25 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
     loads [load, partition, rows, checksum] the tasks staged."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     from tidemark.extract.job import non_finite
 
-    params = warehouse(x)
-    target = prepare_stage(x, params)
+    target = prepare_stage(x)
     as_long = "unix_micros(_cursor)" if x.spec.cursor.kind == "timestamp" else "CAST(_cursor AS BIGINT)"
     rows = records.select(
         from_avro(F.col("value"), x.args.avro_schema).alias(target.row),
         F.expr(f"tally(partition, row_hash, {as_long})").alias("partition"), "row_hash")
-    writer = DirectWriter(params, x.args.batch_id, x.args.attempt, target)
+    writer = DirectWriter(warehouse(x), x.args.batch_id, x.args.attempt, target)
     try:
-        with Ticker(x.tag, "staged", lambda: _staged(params, x), n), steps.step("read, encode, stage"):
-            loads = rows.mapInArrow(writer, DIRECT_LOADS).collect()
+        with Ticker(x.tag, "staged", lambda: _staged(x), n), steps.step("read, encode, stage"):
+            loads = rows.mapInArrow(writer, from_arrow_schema(direct_schema())).collect()
     except Exception as exc:
         refused = next((line for line in str(exc).splitlines() if REFUSED in line), None)
         if refused is not None:  # the source's own rows: every new attempt meets the same refusal
             raise JobError(f"{x.tag}: {refused.strip()}. Next: make the target's record schema hold the value "
                            "(the refusal names it), or correct the source row") from None
-        ended = _attempt_state(params, x)
+        ended = _attempt_state(x)
         if ended not in (None, "open"):  # superseded or aborted while its tasks staged: say so, not a stack trace
             raise JobError(f"{x.tag}: attempt {x.args.attempt} became {ended or 'unknown'} while its tasks staged: "
                            "they stopped; nothing of it can apply (a newer attempt or the run's teardown ended it)") from None
@@ -99,30 +98,20 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
     return [[r["load"], r["partition"], r["rows"], int(r["checksum"])] for r in loads]
 
 
-def _staged(params: dict[str, Any], x: "Extract") -> int:
+def _staged(x: "Extract") -> int:
     """Rows the tasks have staged so far, from PostgreSQL's statistics (no scan of the growing stage)."""
-    import psycopg2
-
-    conn = psycopg2.connect(**params)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute("SELECT coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = to_regclass(%s)), 0)",
-                        (stage_table(x.args.batch_id, x.args.attempt),))
-            return cur.fetchone()[0]
-    finally:
-        conn.close()
+    with _queries(x) as conn, conn.cursor() as cur:
+        cur.execute("SELECT coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = to_regclass(%s)), 0)",
+                    (stage_table(x.args.batch_id, x.args.attempt),))
+        return cur.fetchone()[0]
 
 
-def _attempt_state(params: dict[str, Any], x: "Extract") -> str | None:
+def _attempt_state(x: "Extract") -> str | None:
     """The attempt's state in the ledger now (None: it cannot be read)."""
     import psycopg2
 
     try:
-        conn = psycopg2.connect(**params)
+        with _queries(x) as conn, conn.cursor() as cur:
+            return ledger.attempt_state(cur, x.args.batch_id, x.args.attempt)
     except psycopg2.Error:
         return None
-    try:
-        with conn, conn.cursor() as cur:
-            return ledger.attempt_state(cur, x.args.batch_id, x.args.attempt)
-    finally:
-        conn.close()

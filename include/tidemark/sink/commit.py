@@ -135,7 +135,8 @@ class Commit:
         # sealed there, which every END accepted equals, and the offsets it wrote.
         expected = {p: (t.rows, t.checksum) for p, t in ledger.extract_totals(cur, batch_id, attempt).items()}
         if direct:
-            kept = self._stage_totals(cur, batch_id, attempt)
+            kept = self._stage_totals(cur, self.stages.ensure(cur, batch_id, attempt),
+                                      self.stages.accepted(cur, batch_id, attempt))
         else:
             kept = self._keep_written(cur, batch_id, attempt, written, report) if written is not None else None
         wrong = staged_mismatch(expected, kept if kept is not None else ledger.staged(cur, batch_id, attempt))
@@ -227,13 +228,13 @@ class Commit:
                              f"({', '.join(pk)})=({key_text}), is not one the extract wrote (its offsets on partition "
                              f"{p}: {lo}..{hi - 1}): sent again or by another producer; not applied")
             cur.execute(f"DELETE FROM {stage} WHERE ({accepted}) AND NOT ({inside})")
-        return self._stage_totals(cur, batch_id, attempt)
+        return self._stage_totals(cur, stage, accepted)
 
-    def _stage_totals(self, cur, batch_id: str, attempt: int) -> dict[int, tuple[int, int]]:
-        """Rows and checksum per partition of the attempt's accepted stage rows, counted in the stage."""
-        stage = self.stages.ensure(cur, batch_id, attempt)
+    @staticmethod
+    def _stage_totals(cur, stage: str, accepted: str) -> dict[int, tuple[int, int]]:
+        """Rows and checksum per partition of the ``accepted`` rows of ``stage``, counted in the stage."""
         cur.execute(f"SELECT {PARTITION}, count(*), coalesce(sum({HASH}::numeric), 0) FROM {stage} "
-                    f"WHERE {self.stages.accepted(cur, batch_id, attempt)} GROUP BY 1")
+                    f"WHERE {accepted} GROUP BY 1")
         return {p: (rows, int(checksum)) for p, rows, checksum in cur.fetchall()}
 
 

@@ -15,7 +15,6 @@ from tidemark.sink import controls
 from tidemark.sink.report import (
     MicroBatchReport, SinkError, positions,
 )
-from tidemark.spec import quote
 from tidemark.stage import StageWriter, Target
 
 log = logging.getLogger("tidemark.sink")
@@ -190,8 +189,7 @@ class Intake:
         keywords for the warehouse, as the executors will connect."""
         with self.conn, self.conn.cursor() as cur:
             self._check_fence(cur)
-            targets = {key: Target(self.stages.ensure(cur, *key), row_column(fmt.version),
-                                   tuple(quote(c.name) for c in fmt.columns), tuple(c.sql_type for c in fmt.columns))
+            targets = {key: Target.of(self.stages.ensure(cur, *key), fmt.version, fmt.columns)
                        for key, fmt in typed.items()}
             offsets = ledger.stored_offsets(cur, self.consumer, self.topic)
         return StageWriter(connect, self.topic, targets, offsets)
