@@ -302,7 +302,7 @@ def _events(settings: Settings, api, published: int) -> bool:
 
     from tidemark.kafka_io import producer_config
     from tidemark.spec import DEAD_LETTER_TOPIC
-    from tidemark_workshop import bank
+    from tidemark_workshop.bank_traffic import EVENTS_TOPIC, entry_events
     from tidemark_workshop.settings import WAREHOUSE_DB
     from tidemark_workshop.stack.batchrun import dead_letters, query as db_query
 
@@ -315,7 +315,7 @@ def _events(settings: Settings, api, published: int) -> bool:
         return {r[0]: r for r in query(db, f"SELECT {columns} FROM {table}")}
 
     source = rows(settings.source_db, "bank.ledger_entries")
-    print(f"\nreal-time path: {published} payment events published to {bank.EVENTS_TOPIC} while the writers ran")
+    print(f"\nreal-time path: {published} payment events published to {EVENTS_TOPIC} while the writers ran")
     try:
         api.wait_for("serving.ledger_entries to equal the source",
                      lambda: rows(WAREHOUSE_DB, "serving.ledger_entries") == source, timeout_s=180)
@@ -337,17 +337,17 @@ def _events(settings: Settings, api, published: int) -> bool:
     src = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with src, src.cursor() as cur:  # then a good event: the newest entry's, under a new entry id
-            key, value = bank.entry_events(cur, [max(source)])[0]
+            key, value = entry_events(cur, [max(source)])[0]
     finally:
         src.close()
     good = json.dumps({**json.loads(value), "entry_id": 10**15}).encode()
     producer = Producer(producer_config(settings.kafka_bootstrap))
-    producer.produce(bank.EVENTS_TOPIC, value=bad, key=b"1")
-    producer.produce(bank.EVENTS_TOPIC, value=good, key=key)
+    producer.produce(EVENTS_TOPIC, value=bad, key=b"1")
+    producer.produce(EVENTS_TOPIC, value=good, key=key)
     producer.flush(30)
     try:
         letter = api.wait_for("the dead letter", lambda: [d for d in dead_letters(
-            settings.kafka_bootstrap, bank.EVENTS_TOPIC, DEAD_LETTER_TOPIC) if d["value"] == bad], timeout_s=120)[0]
+            settings.kafka_bootstrap, EVENTS_TOPIC, DEAD_LETTER_TOPIC) if d["value"] == bad], timeout_s=120)[0]
         api.wait_for("the event after it", lambda: query(
             WAREHOUSE_DB, "SELECT 1 FROM realtime.ledger_entries WHERE entry_id = 1000000000000000"), timeout_s=60)
     except StackError as exc:
@@ -439,14 +439,14 @@ def _changes(settings: Settings, api, closed_in_error: int) -> bool:
 def main() -> int:
     import psycopg2
 
-    from tidemark_workshop import bank
+    from tidemark_workshop import bank, bank_traffic
 
     settings = Settings.from_env()
     dsn = settings.dsn(settings.source_db)
     _start_afresh(settings)
     conn = psycopg2.connect(dsn)
     seeded = bank.seed(conn)
-    bank.post_transfers(conn, 200, rng=__import__("random").Random(1))
+    bank_traffic.post_transfers(conn, 200, rng=__import__("random").Random(1))
     with conn, conn.cursor() as cur:  # closed at once, no entries: the change capture deletes it later
         cur.execute("INSERT INTO bank.accounts (customer_id, currency, status, opened_at) "
                     "VALUES (1, 'EUR', 'closed', now()) RETURNING account_id")
@@ -462,13 +462,13 @@ def main() -> int:
     # bank_ledger_entries has a standing sink: the supervisor starts it, its nightly run waits for it
     api.wait_for("tidemark_supervisor to be parsed", lambda: api.exists("tidemark_supervisor"), timeout_s=180)
     api.call("PATCH", "/dags/tidemark_supervisor", {"is_paused": False})
-    with bank.Simulator(dsn, writers=3, pause=0.2, events=settings.kafka_bootstrap) as sim:
-        held = bank.hold_open(dsn, 20, rows=10)
+    with bank_traffic.Simulator(dsn, writers=3, pause=0.2, events=settings.kafka_bootstrap) as sim:
+        held = bank_traffic.hold_open(dsn, 20, rows=10)
         for name in PIPELINES:
             ok &= _run_pipeline(settings, api, name)
         conn = psycopg2.connect(dsn)
         try:  # its application publishes its events once it commits, as the writers do
-            held_events = bank.publish_events(conn, settings.kafka_bootstrap, held.wait())
+            held_events = bank_traffic.publish_events(conn, settings.kafka_bootstrap, held.wait())
         finally:
             conn.close()
     print(f"\nwriters: {sim.stats}")

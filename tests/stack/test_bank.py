@@ -1,4 +1,4 @@
-"""The demo core-banking source (tidemark_workshop.bank) against the real source PostgreSQL.
+"""The demo core-banking source (tidemark_workshop.bank, bank_traffic) against the real source PostgreSQL.
 
 The nightly pipelines are only as well tested as their source is realistic: these tests pin the
 books' invariants under concurrent writers and the late-commit behaviour the window planner has
@@ -14,7 +14,7 @@ from datetime import date, timedelta
 import psycopg2
 import pytest
 
-from tidemark_workshop import bank
+from tidemark_workshop import bank, bank_traffic
 from tidemark.window import read_source_clock
 
 pytestmark = [pytest.mark.stack, pytest.mark.serial("holds a source transaction open")]
@@ -54,7 +54,7 @@ def _unbalanced(conn, where: str = "true") -> int:
 
 
 def test_create_schema_is_idempotent_and_keeps_rows(source_conn):
-    bank.post_transfers(source_conn, 3, rng=random.Random(1))
+    bank_traffic.post_transfers(source_conn, 3, rng=random.Random(1))
     before = [bank.source_totals(source_conn, t) for t in ("customers", "accounts", "ledger_entries", "daily_balances")]
 
     bank.create_schema(source_conn)
@@ -76,7 +76,7 @@ def test_concurrent_simulator_keeps_the_books_balanced(source_conn, dsn):
     rows_before = bank.source_totals(source_conn).rows
     started = _one(source_conn, "SELECT now()")[0]
 
-    with bank.Simulator(dsn, writers=3, seed=7) as sim:
+    with bank_traffic.Simulator(dsn, writers=3, seed=7) as sim:
         time.sleep(3)
     stats = sim.stats
 
@@ -95,7 +95,7 @@ def test_concurrent_simulator_keeps_the_books_balanced(source_conn, dsn):
 
 def test_held_transaction_commits_late_with_an_early_created_at(source_conn, dsn):
     source_conn.autocommit = True
-    with bank.hold_open(dsn, 2.0, rows=4, seed=3) as held:
+    with bank_traffic.hold_open(dsn, 2.0, rows=4, seed=3) as held:
         assert len(held.entry_ids) == 4
         with source_conn.cursor() as cur:
             cur.execute("SELECT count(*) FROM bank.ledger_entries WHERE entry_id = ANY(%s)", (held.entry_ids,))
@@ -107,7 +107,7 @@ def test_held_transaction_commits_late_with_an_early_created_at(source_conn, dsn
 
         writer = psycopg2.connect(dsn)
         try:
-            meanwhile = bank.post_transfers(writer, 3, rng=random.Random(5))
+            meanwhile = bank_traffic.post_transfers(writer, 3, rng=random.Random(5))
         finally:
             writer.close()
         visible = _one(source_conn, "SELECT count(*) FROM bank.ledger_entries WHERE entry_id = ANY(%s)", (meanwhile,))
