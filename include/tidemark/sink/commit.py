@@ -175,7 +175,8 @@ class Commit:
         cur.execute("SAVEPOINT merge")
         try:
             if repair_keys is None:
-                return merge.apply_batch(cur, self.spec, window, self._batch_columns(cur, batch_id), records)
+                return merge.apply_batch(cur, self.spec, window, self._batch_columns(cur, batch_id), records,
+                                         savepoint="merge")
             outside, applied = merge.apply_repair(cur, self.spec, batch_id, attempt, repair_keys, window,
                                                   self._batch_columns(cur, batch_id), records)
         except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded, RepairError) as exc:
