@@ -8,6 +8,9 @@
 #               moves .state); PYTEST_ARGS= for pytest (both phases)
 #   make bench  the batch benchmark: 2M ledger rows vs the raw COPY pipe and naive Spark JDBC
 #   make bench-stream  the streaming benchmark: events/s drained, p50/p99 publish-to-visible at 5,000/s, restart
+#   make bench-peers  both benchmarks above with the peer in the same run: Debezium's snapshot + JDBC sink on the
+#               same rows (ratio_vs_debezium), its JDBC sink on the same backlog (ratio_vs_debezium_jdbc_sink);
+#               BENCH_ARGS go to the batch one, STREAM_ARGS to the stream one
 #   make bench-cdc  CDC: handoff snapshot rows/s vs Debezium's own snapshot, changes/s, p50/p99 at 5,000/s, missing/duplicates
 #   make bench-reconcile  reconcile a 2M-row ledger batch against plain count+sum scans; localise 10 changed rows
 #   make profile-sink  where the sink's Spark job spends its time, step by step (400,000 rows)
@@ -24,6 +27,7 @@ STACK := $(PY) -m tidemark_workshop.stack
 PYTEST_ARGS ?=
 LANES ?= 2
 BENCH_ARGS ?=
+STREAM_ARGS ?=
 CAMPAIGN_ARGS ?=
 TRIALS ?= 20
 SEED ?=
@@ -33,7 +37,7 @@ SEED ?=
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
 bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-cdc bench-reconcile bench-flood campaign kill-trials profile-sink clean
+.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials profile-sink clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -90,6 +94,10 @@ bench: up
 
 bench-stream: up
 	@$(STACK) run -- $(PY) bench/stream_events.py $(BENCH_ARGS)
+
+bench-peers: up
+	@TIDEMARK_SPARK_QUICK_START=0 $(STACK) run -- $(PY) bench/batch_load.py --peers $(BENCH_ARGS)
+	@$(STACK) run -- $(PY) bench/stream_events.py --peers $(STREAM_ARGS)
 
 bench-cdc: up
 	@$(STACK) run -- $(PY) bench/cdc_handoff.py $(BENCH_ARGS)

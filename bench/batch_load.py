@@ -6,12 +6,15 @@
 3. The raw pipe ``COPY (SELECT ... window ...) TO STDOUT | COPY ... FROM STDIN`` between the
    source and warehouse databases.
 4. A naive Spark JDBC copy (``bench/naive_jdbc_copy.py``): one JDBC read, one JDBC write.
+5. With ``--peers`` (``make bench-peers``): the peer, Debezium's initial snapshot of the table and
+   its JDBC sink's upserts on the stack's Kafka Connect worker (``bench/peers.py``):
+   ``ratio_vs_debezium`` is Tidemark's time (Kafka transport) over the peer's.
 
 Tidemark also loads the same rows with a standing sink (started before the plan, as the
 supervisor keeps it), and once more with its Spark jobs at ``local[1]`` instead of the stack's
 ``local[2]``: ``ratio_local2_vs_local1`` is rows/s at two cores over rows/s at one.
 
-All three copy the same window into an empty table of the same shape, and each copy is checked
+Each copies the same window into an empty table of the same shape, and each copy is checked
 (row count and exact amounts per currency) before its time counts. JVM start-up (launch of
 spark-submit until the Spark session is ready) is reported apart and not counted. Then, for
 ``--memory-rows``, batches of those sizes are loaded and the sink's peak resident memory (JVM
@@ -23,6 +26,7 @@ and the benchmark's tables and topics are dropped at the end.
   make bench                       # 2,000,000 rows; memory at 1,000,000 and 4,000,000
   python bench/batch_load.py --rows 20000 --memory-rows 10000,40000   # a quick look
   make bench BENCH_ARGS="--max-offsets-per-trigger 1000000"   # larger sink micro-batches
+  make bench-peers                 # also the peer: Debezium's snapshot and JDBC sink (bench/peers.py)
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from tidemark.window import predicate
 BENCH = Path(__file__).resolve().parent
 SCHEMAS = {"tidemark": "bench_tidemark", "standing": "bench_tidemark_standing", "local1": "bench_tidemark_local1",
            "direct": "bench_tidemark_direct",
-           "copy": "bench_copy", "spark_jdbc": "bench_spark_jdbc"}
+           "copy": "bench_copy", "spark_jdbc": "bench_spark_jdbc", "debezium": "bench_debezium"}
 MB = 1024 * 1024
 
 
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="how Tidemark's records travel: avro (protocol version 2) or json (version 1)")
     p.add_argument("--max-offsets-per-trigger", type=int,
                    help="records per sink micro-batch at most, for every Tidemark contender (default: the spec's)")
+    p.add_argument("--peers", action="store_true",
+                   help="also time the peer: Debezium's snapshot and JDBC sink (bench/peers.py; make bench-peers)")
     args = p.parse_args(argv)
     sink = {"max_offsets_per_trigger": args.max_offsets_per_trigger} if args.max_offsets_per_trigger else {}
     memory_rows = [int(n) for n in args.memory_rows.split(",") if n.strip()]
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["tidemark_standing_sink_s"] / result["spark_jdbc_s"], 2)
             result["direct_ratio_vs_copy"] = round(result["direct_s"] / result["copy_s"], 2)
             result["direct_ratio_vs_spark_jdbc"] = round(result["direct_s"] / result["spark_jdbc_s"], 2)
+        if args.peers:
+            result.update(_debezium(settings, src, wh, where, args.rows, result))
         result["sink_peak_mb"] = {str(args.rows): result.pop("sink_peak_mb")}
         result["extract_peak_mb"] = {str(args.rows): result.pop("extract_peak_mb")}
         for n in memory_rows:
@@ -130,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 result[f"{job}_memory_growth"] = round(peaks[sizes[-1]] / peaks[sizes[0]], 2)
     finally:
         _save_logs(settings, pipe)
+        _save_logs(settings, direct, prefix="bench-direct")
         _clean(settings, src, wh, pipe, standing, one_core, direct)
         src.close()
         wh.close()
@@ -346,6 +355,22 @@ def _spark_jdbc(settings: Settings, target: str, where: str) -> dict:
     seconds = done - ready
     say(f"naive Spark JDBC: {seconds:.1f} s + {ready - job.started_at:.1f} s JVM start-up")
     return {"spark_jdbc_s": round(seconds, 2), "spark_jdbc_jvm_startup_s": round(ready - job.started_at, 2)}
+
+
+def _debezium(settings: Settings, src, wh, where: str, rows: int, result: dict) -> dict:
+    """The peer on the same rows: Debezium's snapshot of the whole source table and its JDBC sink."""
+    import peers
+
+    with src, src.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {bank.SCHEMA}.ledger_entries")
+        (in_table,) = cur.fetchone()  # the snapshot takes the table, the others the window (the same rows here)
+    seconds = peers.debezium_copy(settings, f"{bank.SCHEMA}.ledger_entries", _empty_target(src, wh, "debezium"),
+                                  in_table)
+    _check(src, wh, "debezium", where, rows)
+    return {"debezium_s": seconds, "debezium_rows": in_table,
+            "ratio_vs_debezium": round(result["tidemark_s"] / seconds, 2),
+            "direct_ratio_vs_debezium": round(result["direct_s"] / seconds, 2),
+            **({"debezium_ratio_vs_copy": round(seconds / result["copy_s"], 2)} if "copy_s" in result else {})}
 
 
 def _check(src, wh, contender: str, where: str, rows: int) -> None:

@@ -13,6 +13,11 @@ its standing sink is the real Spark job, launched as the supervisor launches it.
 3. Restart: kill -9 of the whole job, then a start as the supervisor makes it (the dead lease
    ended, the same command); ``restart_s`` runs from the kill to the new instance's first
    committed micro-batch, with events still arriving.
+4. With ``--peers`` (``make bench-peers``): Tidemark's sink stopped, the peer, Debezium's JDBC sink
+   on the stack's Kafka Connect worker, drains a backlog of the same size and events (in Connect's
+   JSON with its schema, which it needs) into a table of the same columns (``bench/peers.py``):
+   ``ratio_vs_debezium_jdbc_sink`` is Tidemark's drain rate over the peer's (exactly once against
+   at least once).
 
 Every event is checked in the end: the real-time table holds each published event once.
 The last line printed is one JSON object with the figures; the benchmark's tables and topics
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=5000.0, help="events per second for the latency figure")
     p.add_argument("--seconds", type=float, default=60.0, help="how long the latency phase publishes")
     p.add_argument("--max-per-trigger", type=int, default=100_000, help="the sink's max_offsets_per_trigger")
+    p.add_argument("--peers", action="store_true",
+                   help="also drain the same backlog with Debezium's JDBC sink (bench/peers.py; make bench-peers)")
     args = p.parse_args(argv)
     settings = Settings.from_env()
     with tempfile.TemporaryDirectory(prefix="tidemark-bench-stream-") as workdir:
@@ -145,6 +152,9 @@ def _run(settings: Settings, workdir: Path, args) -> int:
         _drain(settings, pipe, launcher, argv, env, args, result)
         _latency(settings, pipe, args, result)
         _restart(settings, pipe, launcher, argv, env, args, result)
+        if args.peers:
+            launcher.kill(pipe.spec.name)  # the peer drains alone, as Tidemark's sink did
+            result.update(_peer(settings, unique, args, result["events_per_s"]))
     finally:
         launcher.kill(pipe.spec.name)
         wh = pipe.wh()
@@ -157,6 +167,15 @@ def _run(settings: Settings, workdir: Path, args) -> int:
         delete_topic(settings.kafka_bootstrap, stream["topic"])
     print(json.dumps(result))
     return 0
+
+
+def _peer(settings: Settings, unique: str, args, events_per_s: int) -> dict:
+    """4. The peer: Debezium's JDBC sink draining a backlog of the same size and events."""
+    import peers
+
+    drained = peers.jdbc_sink_drain(settings, f"public.bench_{unique}_peer", args.backlog, PARTITIONS)
+    return {**drained,
+            "ratio_vs_debezium_jdbc_sink": round(events_per_s / drained["debezium_jdbc_sink_events_per_s"], 2)}
 
 
 def _drain(settings: Settings, pipe, launcher: LocalLauncher, argv, env, args, result: dict) -> None:

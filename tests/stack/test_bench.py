@@ -1,5 +1,6 @@
-"""The benchmarks' fast subsets: the same scripts as `make bench`, `make bench-reconcile` (20,000 rows),
-`make bench-flood` (5,000 records) and `make bench-cdc` (5,000 rows).
+"""The benchmarks' fast subsets: the same scripts as `make bench` with its peer (`make bench-peers`),
+`make bench-reconcile` (20,000 rows), `make bench-flood` (5,000 records) and `make bench-cdc` (5,000
+rows), and the stream peer's drain (20,000 events).
 
 It fails if any contender's copy differs from the source (the script checks counts and exact
 amounts per currency), if the figures the issue asks for are missing from its JSON line, or if the
@@ -15,7 +16,9 @@ import json
 import subprocess
 import sys
 
-from tidemark_workshop.settings import REPO_ROOT
+import psycopg2
+
+from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
 
 
 ROWS, MEMORY_ROWS = 20000, 10000
@@ -48,15 +51,17 @@ def test_bench_subset_reports_every_figure_and_the_ledger_bears_them_out(warehou
     since = _clock(warehouse_conn)
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "batch_load.py"), "--rows", str(ROWS),
-         "--memory-rows", str(MEMORY_ROWS)],
+         "--memory-rows", str(MEMORY_ROWS), "--peers"],
         text=True, capture_output=True, timeout=900,
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("tidemark_s", "tidemark_wall_s", "copy_s", "spark_jdbc_s", "tidemark_standing_sink_s",
                 "tidemark_local1_s", "ratio_local2_vs_local1", "ratio_vs_copy", "ratio_vs_spark_jdbc",
-                "direct_s", "direct_ratio_vs_copy", "direct_ratio_vs_spark_jdbc", "ratio_direct_vs_kafka"):
+                "direct_s", "direct_ratio_vs_copy", "direct_ratio_vs_spark_jdbc", "ratio_direct_vs_kafka",
+                "debezium_s", "ratio_vs_debezium", "direct_ratio_vs_debezium", "debezium_ratio_vs_copy"):
         assert result[key] > 0, key
+    assert result["debezium_rows"] >= ROWS  # the peer's snapshot takes the whole table (the script checks the window)
     for job in ("sink", "extract"):
         assert set(result[f"{job}_peak_mb"]) == {str(MEMORY_ROWS), str(ROWS)}, job  # make bench: 1M, 2M and 4M rows
         assert all(mb > 100 for mb in result[f"{job}_peak_mb"].values()), "a JVM and Python take more than that"
@@ -119,3 +124,18 @@ def test_cdc_bench_subset_hands_off_under_writers_with_nothing_missing_or_twice(
     for key in ("snapshot_rows_per_s", "debezium_snapshot_rows_per_s", "snapshot_ratio_vs_debezium", "changes_per_s",
                 "p50_ms", "p99_ms"):
         assert result[key] > 0, key
+
+
+def test_the_stream_peer_drains_a_backlog_into_its_table(settings):
+    """`make bench-peers`' stream half: Debezium's JDBC sink on the stack's worker drains keyed events
+    (the plugin resolved from Maven, its connector run, its table and topic gone after)."""
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        import peers
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+    drained = peers.jdbc_sink_drain(settings, "public.peer_subset_events", 20000, 3)
+    assert drained["debezium_jdbc_sink_events_per_s"] > 0 and drained["debezium_jdbc_sink_drain_s"] >= 0, drained
+    with psycopg2.connect(settings.dsn(WAREHOUSE_DB)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('public.peer_subset_events')")
+        assert cur.fetchone() == (None,)

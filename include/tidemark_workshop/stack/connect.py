@@ -2,7 +2,8 @@
 
 Both come from Maven Central like the broker: the worker at the broker's version
 (stack/connect/pom.xml), the connector apart into the plugin path (stack/connect/debezium/pom.xml)
-so that it keeps its own class loader, and beside it Tidemark's converter that signs every record
+so that it keeps its own class loader; Debezium's JDBC sink likewise (stack/connect/jdbc-sink/pom.xml,
+the peer ``make bench-peers`` measures Tidemark against); and beside them Tidemark's converter that signs every record
 the connector writes (stack/connect/signing, compiled here against the worker's jars). The worker's internal topics have one replica (one broker);
 its REST API listens on 127.0.0.1 only.
 """
@@ -23,7 +24,10 @@ SIGNING_SOURCES = REPO_ROOT / "stack" / "connect" / "signing"  # the converter t
 LOG4J = REPO_ROOT / "stack" / "kafka" / "log4j2.properties"
 # The worker provides Kafka's and Connect's APIs (and SLF4J); a plugin's own copies would shadow them.
 PROVIDED = frozenset({"connect-api", "kafka-clients", "slf4j-api"})
+JDBC_SINK_POM = REPO_ROOT / "stack" / "connect" / "jdbc-sink" / "pom.xml"
 DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
+JDBC_SINK = "io.debezium.connector.jdbc.JdbcSinkConnector"
+PLUGINS = (DEBEZIUM_POSTGRES, JDBC_SINK)  # what a worker of this stack must list (else it is restarted)
 GROUP = "tidemark-connect"
 
 
@@ -80,6 +84,7 @@ class Connect:
         has not loaded it)."""
         resolve(POM, self.libs)
         resolve(DEBEZIUM_POM, self.plugins / "debezium-postgres", skip_names=PROVIDED)
+        resolve(JDBC_SINK_POM, self.plugins / "debezium-jdbc-sink", skip_names=PROVIDED)
         jar = self.plugins / "tidemark-signing" / "tidemark-signing.jar"
         before = jar.stat().st_mtime_ns if jar.exists() else None
         compile_jar(SIGNING_SOURCES, f"{self.libs}/*", jar, self.s.connect_dir / "signing-classes",
@@ -94,12 +99,12 @@ class Connect:
             return json.loads(response.read() or b"null")
 
     def answers(self) -> bool:
-        """The REST API answers and lists Debezium's connector among its plugins."""
+        """The REST API answers and lists every plugin of ``PLUGINS``."""
         try:
             plugins = self.get("/connector-plugins")
         except (OSError, urllib.error.URLError, ValueError):
             return False
-        return any(p.get("class") == DEBEZIUM_POSTGRES for p in plugins)
+        return set(PLUGINS) <= {p.get("class") for p in plugins}
 
     def start(self) -> None:
         rebuilt = self.prepare()
@@ -120,7 +125,7 @@ class Connect:
         say("connect", f"starting worker on {self.s.connect_url}")
         spawn(self._java(), log=self.log, pid_file=self.pid_file)
         wait_until(self.answers, timeout_s=180, what="Kafka Connect worker", alive=self.is_running, log=self.log)
-        say("connect", "worker answers, Debezium's PostgreSQL connector loaded")
+        say("connect", "worker answers, Debezium's PostgreSQL connector and JDBC sink loaded")
 
     def stop(self) -> None:
         if stop_pid(self.pid_file):
