@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import psycopg2
 
@@ -134,8 +135,9 @@ def test_the_stream_peer_drains_a_backlog_into_its_table(settings):
         import peers
     finally:
         sys.path.remove(str(REPO_ROOT / "bench"))
-    drained = peers.jdbc_sink_drain(settings, "public.peer_subset_events", 20000, 3)
+    table = f"public.peer_subset_{uuid.uuid4().hex[:8]}"
+    drained = peers.jdbc_sink_drain(settings, table, 20000, 3)
     assert drained["debezium_jdbc_sink_events_per_s"] > 0 and drained["debezium_jdbc_sink_drain_s"] >= 0, drained
     with psycopg2.connect(settings.dsn(WAREHOUSE_DB)) as conn, conn.cursor() as cur:
-        cur.execute("SELECT to_regclass('public.peer_subset_events')")
+        cur.execute("SELECT to_regclass(%s)", (table,))
         assert cur.fetchone() == (None,)

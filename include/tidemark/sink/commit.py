@@ -175,8 +175,11 @@ class Commit:
         cur.execute("SAVEPOINT merge")
         try:
             if repair_keys is None:
-                return merge.apply_batch(cur, self.spec, window, self._batch_columns(cur, batch_id), records,
-                                         savepoint="merge")
+                columns = self._batch_columns(cur, batch_id)  # may widen the target: kept by a fallback below
+                typed = planned.schema_version is not None  # (a JSON stage would be parsed once more to probe)
+                if typed:
+                    cur.execute("SAVEPOINT apply")
+                return merge.apply_batch(cur, self.spec, window, columns, records, savepoint="apply" if typed else None)
             outside, applied = merge.apply_repair(cur, self.spec, batch_id, attempt, repair_keys, window,
                                                   self._batch_columns(cur, batch_id), records)
         except (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded, RepairError) as exc:

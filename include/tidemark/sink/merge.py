@@ -28,10 +28,11 @@ def newest_wins(spec: PipelineSpec, columns: list[str]) -> str:
             if updates else f"ON CONFLICT ({pk}) DO NOTHING")
 
 
-def apply_batch(cur, spec: PipelineSpec, window: Window, columns: list[str], records: str, *, savepoint: str) -> int:
+def apply_batch(cur, spec: PipelineSpec, window: Window, columns: list[str], records: str, *,
+                savepoint: str | None = None) -> int:
     """Write a batch into the target (``records``: SQL reading its staged records; ``columns``: the
-    ones it writes; ``savepoint``: the one the caller set just before, see below). Returns the
-    target rows written."""
+    ones it writes). Returns the target rows written. ``savepoint``: one the caller set just before
+    (after any change to the target's columns), which makes an upsert try the plain insert first."""
     target = quote(spec.target_table)
     cols = ", ".join(quote(c) for c in columns)
     if spec.write_mode == "append_window_replace":
@@ -40,19 +41,20 @@ def apply_batch(cur, spec: PipelineSpec, window: Window, columns: list[str], rec
         cur.execute(f"DELETE FROM {target} WHERE {predicate(spec, window)}")
         cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
         return cur.rowcount
-    if _new_keys(cur, spec, target, records):
+    if savepoint is not None and _new_keys(cur, spec, target, records):
         # No key of the target lies between the batch's first and last: unless a key comes twice in
-        # the batch, the upsert would only insert. Said so by the unique key itself: a plain insert,
-        # without the upsert's sort and per-row conflict checks (about 2.5x faster), else the merge.
-        # A failed insert rolls back to the caller's savepoint, not one of its own: the rows must be
-        # written by the subtransaction that goes on to write the ledger (their xmin is how
+        # the batch (a spec key the source does not hold unique), the upsert would only insert. The
+        # unique key itself says so: a plain insert, without the upsert's sort and per-row conflict
+        # checks (about 2.5x faster); whatever it meets, the merge decides as always. It rolls back
+        # to the caller's savepoint, not one of its own: the rows must be written by the
+        # subtransaction that goes on to write the ledger (their xmin is how
         # reconcile.checks.loaded_by_batches knows the batch that loaded them).
         try:
             cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
-        except psycopg2.errors.UniqueViolation:
+        except (psycopg2.IntegrityError, psycopg2.DataError) as exc:
             cur.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-            log.info("pipeline=%s window %s: keys new to the target, one of them twice in the batch: merged, the "
-                     "newest version of each key wins", spec.name, window)
+            log.info("pipeline=%s window %s: the plain insert of keys new to the target met %s: merged instead, the "
+                     "newest version of each key wins", spec.name, window, type(exc).__name__)
         else:
             log.info("pipeline=%s window %s: every key new to the target: %s row(s) appended without a merge",
                      spec.name, window, cur.rowcount)
@@ -70,11 +72,23 @@ def apply_batch(cur, spec: PipelineSpec, window: Window, columns: list[str], rec
 
 def _new_keys(cur, spec: PipelineSpec, target: str, records: str) -> bool:
     """Whether the target holds no key between the batch's least and greatest (by the key's first
-    column: one probe of the primary key's index, after one pass over the stage)."""
+    column: one probe of the primary key's index, after two top-1 passes over the stage; ORDER BY,
+    not min/max, which uuid lacks). False when no immediate unique index on exactly the key
+    guards the plain insert (a target made by hand): the merge then decides, or fails, as always."""
+    cur.execute("""SELECT EXISTS (SELECT 1 FROM pg_index i
+                                   WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indimmediate
+                                     AND i.indpred IS NULL AND i.indexprs IS NULL
+                                     AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text COLLATE "C") FROM pg_attribute a
+                                           WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)) = %s)""",
+                (target, sorted(spec.primary_key)))
+    if not cur.fetchone()[0]:
+        return False
     first = quote(spec.primary_key[0])
-    cur.execute(f"""SELECT NOT EXISTS (SELECT 1 FROM {target} t,
-                                              (SELECT min({first}) lo, max({first}) hi FROM ({records}) batch) b
-                                        WHERE t.{first} BETWEEN b.lo AND b.hi)""")
+
+    def bound(order: str) -> str:
+        return f"(SELECT {first} FROM ({records}) batch WHERE {first} IS NOT NULL ORDER BY 1 {order} LIMIT 1)"
+
+    cur.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {target} WHERE {first} BETWEEN {bound('ASC')} AND {bound('DESC')})")
     return cur.fetchone()[0]
 
 

@@ -15,7 +15,7 @@ from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.cdc.signing import sign, signing_key
-from tidemark.cdc.source import grant_sql, slot
+from tidemark.cdc.source import grant_sql, slot, slot_named
 from tidemark.config import CONN_CDC
 from tidemark.spec import PipelineSpec
 from tidemark_workshop.settings import Settings
@@ -96,6 +96,30 @@ def start_connector(settings: Settings, spec: PipelineSpec) -> ConnectClient:
     return client
 
 
+def drop_capture(settings: Settings, name: str, wait_s: float = 60) -> None:
+    """The source's slot and publication ``name`` gone: the slot once its reader let go (a deleted
+    connector's task; after ``wait_s`` its connection is ended), then the publication."""
+    owner = psycopg2.connect(settings.dsn(settings.source_db))
+    owner.autocommit = True
+    try:
+        with owner.cursor() as cur:
+            deadline, ended = time.monotonic() + wait_s, False
+            while (held := slot_named(cur, name)) is not None and held.active:
+                if time.monotonic() > deadline:
+                    if ended:
+                        raise RuntimeError(f"replication slot {name} is still read after its reader's connection "
+                                           "was ended: who reads it? (pg_replication_slots.active_pid)")
+                    cur.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                                "WHERE slot_name = %s AND active", (name,))
+                    deadline, ended = time.monotonic() + 10, True
+                time.sleep(0.5)
+            if held is not None:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+            cur.execute(f'DROP PUBLICATION IF EXISTS "{name}"')
+    finally:
+        owner.close()
+
+
 def remove_capture(settings: Settings, spec: PipelineSpec) -> None:
     """Stop capturing for good: the connector, then its slot, publication and topics."""
     from confluent_kafka.admin import AdminClient
@@ -103,18 +127,7 @@ def remove_capture(settings: Settings, spec: PipelineSpec) -> None:
     client = ConnectClient(settings.connect_url)
     if client.config(connector_name(spec)) is not None:
         client.delete(connector_name(spec))
-    owner = psycopg2.connect(settings.dsn(settings.source_db))
-    owner.autocommit = True
-    try:
-        with owner.cursor() as cur:
-            deadline = time.monotonic() + 60
-            while (held := slot(cur, spec)) is not None and held.active and time.monotonic() < deadline:
-                time.sleep(0.5)
-            if held is not None:
-                cur.execute("SELECT pg_drop_replication_slot(%s)", (spec.cdc_slot,))
-            cur.execute(f'DROP PUBLICATION IF EXISTS "{spec.cdc_slot}"')
-    finally:
-        owner.close()
+    drop_capture(settings, spec.cdc_slot)
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
     mine = [t for t in admin.list_topics(timeout=10).topics if spec.cdc_topic_prefix in t]
     for future in admin.delete_topics(mine).values() if mine else ():
