@@ -127,7 +127,8 @@ def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: lis
     evidence = cur.mogrify("%s, %s, %s", (batch_id, spec.name, spec.target_table)).decode(
         psycopg2.extensions.encodings[cur.connection.encoding])
     key_texts = ", ".join(f"{quote(c)}::text" for c in pk)
-    # one statement: the delete, and the evidence of every row it took without a replacement
+    # one statement: the delete, and the evidence of every row it took without a replacement, in key
+    # order (the delete returns heap order, which an appended batch leaves unsorted)
     cur.execute(
         f"""WITH gone AS (DELETE FROM {target}
                            WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}
@@ -136,7 +137,7 @@ def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: lis
                  kept AS (INSERT INTO tidemark_control.repair_deletions
                                  (batch_id, pipeline, target_table, kind, key, old_values)
                           SELECT {evidence}, {kind}, jsonb_build_array({key_texts}), to_jsonb(gone)
-                            FROM gone WHERE NOT ({staged})
+                            FROM gone WHERE NOT ({staged}) ORDER BY {pks}
                           RETURNING kind)
             SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM kept),
                    (SELECT count(*) FROM kept WHERE kind = 'deleted_at_source')""")
