@@ -237,6 +237,11 @@ class Intake:
                            self.spec.stream.topic if self.spec.stream else None,
                            self.events.rules(cur) if self.spec.stream else None)
 
+    def event_checker(self, cur) -> Checker:
+        """The checks of the stream's events alone, read over ``cur`` (the overlapped read's own
+        connection: the apply holds the sink's): for a micro-batch read while no attempt is open."""
+        return Checker(self.topic, None, {}, self.spec.stream.topic, self.events.rules(cur))
+
     def _record_rules(self, cur) -> RecordRules:
         if self._rules is None:
             self._rules = RecordRules(self.spec, target_columns(cur, self.spec.target_table))

@@ -50,8 +50,8 @@ def run(args: Namespace) -> int:
         if control is not None:
             signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
         starting = sink.starting_offsets()
-        # a standing CDC sink reads micro-batch N+1 while N applies, on a connection of its own
-        reader = connect(args.database, args.user, password(args)) if control and spec.cdc else None
+        # a standing sink of changes or events reads micro-batch N+1 while N applies, on a connection of its own
+        reader = connect(args.database, args.user, password(args)) if control and (spec.cdc or spec.stream) else None
         batches = MicroBatches(sink, spec, control, connect_params(args.database, args.user, password(args)),
                                backlog(args.bootstrap, starting), reader=reader)
         spark = session(f"tidemark-batch-sink-{spec.name}")
@@ -203,9 +203,10 @@ class MicroBatches:
     checked and staged by the executors), hands it to ``BatchSink.apply``, adds its report to
     ``total`` and prints a progress line.
 
-    With a ``reader`` connection (a standing CDC sink), the apply of micro-batch N runs on a thread
-    of its own while Spark reads N+1: the read's only look at the warehouse (are batch attempts
-    open?) goes through ``reader``, applies stay in order (N+1's waits for N's), and the offsets
+    With a ``reader`` connection (a standing sink of changes or events), the apply of micro-batch N
+    runs on a thread of its own while Spark reads N+1: the read's only looks at the warehouse (are
+    batch attempts open? the events' checks) go through ``reader``, and a backlog of events is
+    checked on the executors as it is read; applies stay in order (N+1's waits for N's), and the offsets
     commit with the rows as before, so a crash anywhere re-reads from the last commit. Where the
     read needs the ledger (an attempt open: decode, check, stage) or the micro-batch holds records of
     the pipeline's own topic (whose apply moves the ledger), it waits for the apply as before."""
@@ -248,13 +249,18 @@ class MicroBatches:
         started, steps = time.monotonic(), Steps()
         with self.reader, self.reader.cursor() as cur:
             attempts_open = bool(ledger.open_windows(cur, self.spec.name))
+            checker = (self.sink.event_checker(cur) if not attempts_open and self.spec.stream
+                       and self.last >= executor_checks_from() else None)
         if attempts_open:  # the read looks at the ledger: after the apply before it
             self.wait_applied()
             table, loads = self.read(batch_df, steps)
         else:
-            with steps.step("spark read"):
+            if checker is not None:  # a backlog of events: checked where they are read
+                batch_df = batch_df.mapInArrow(checker, with_reasons(batch_df.schema))
+            with steps.step("spark read and checks" if checker is not None else "spark read"):
                 table, loads = batch_df.toArrow(), None
-            self.wait_applied()
+            with steps.step("wait for the apply before"):  # long: the apply is what holds the stream back
+                self.wait_applied()
         self._pending = self._applying.submit(self._apply_in_turn, table, loads, epoch_id, steps, started)
         if loads is not None or pc.any(pc.equal(table["topic"], self.spec.topic)).as_py():
             self.wait_applied()  # a batch's records: the next read must see what this apply did
@@ -311,8 +317,6 @@ class MicroBatches:
     def read(self, batch_df, steps: Steps):
         """The micro-batch as the driver's pyarrow table, and the executors' load rows (None under
         protocol version 1, where the driver stages)."""
-        from pyspark.sql.types import BooleanType, StringType, StructField, StructType
-
         formats = self.sink.formats()
         if formats:  # protocol version 2: decoded and checked in the JVM, beside the read
             batch_df = avro.decode(batch_df, formats, self.spec.topic, list(self.spec.primary_key),
@@ -320,10 +324,7 @@ class MicroBatches:
         checker = self.sink.checker(formats) if self.last >= executor_checks_from() else None
         checking = checker is not None and checker.has_work
         if checking:  # a backlog: check where the records are
-            schema = (batch_df.schema if "checked" in batch_df.columns else
-                      StructType([*batch_df.schema.fields, StructField("reason", StringType()),
-                                  StructField("checked", BooleanType())]))
-            batch_df = batch_df.mapInArrow(checker, schema)
+            batch_df = batch_df.mapInArrow(checker, with_reasons(batch_df.schema))
         if not formats:
             with steps.step("spark read and checks" if checking else "spark read"):
                 return batch_df.toArrow(), None
@@ -353,3 +354,12 @@ class MicroBatches:
             steps.seconds["tasks' COPY summed"] = pc.sum(loads["load_seconds"]).as_py()
         return table, loads
 
+
+
+def with_reasons(schema):
+    """A micro-batch's Spark schema with the checks' ``reason`` and ``checked`` (``Checker``)."""
+    from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+    if "checked" in schema.fieldNames():
+        return schema
+    return StructType([*schema.fields, StructField("reason", StringType()), StructField("checked", BooleanType())])
