@@ -7,16 +7,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from tidemark_workshop.stack.batchrun import insert_payments, make_pipeline
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 
 # No primary key at the source: the spec's key (id) may come twice in one window.
-KEYLESS_DDL = """
-CREATE TABLE {table} (
-    id bigint NOT NULL,
-    amount numeric(18,2) NOT NULL,
-    currency char(3) NOT NULL DEFAULT 'EUR',
-    updated_at timestamptz NOT NULL DEFAULT now()
-)"""
+KEYLESS_DDL = PAYMENTS_DDL.replace("id bigint PRIMARY KEY", "id bigint NOT NULL")
+assert KEYLESS_DDL != PAYMENTS_DDL
 
 
 def test_new_keys_are_appended_and_loaded_or_repeated_keys_merge_newest_wins(settings, tmp_path):

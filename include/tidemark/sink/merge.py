@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 
 from tidemark import ledger
@@ -41,24 +42,24 @@ def apply_batch(cur, spec: PipelineSpec, window: Window, columns: list[str], rec
         cur.execute(f"DELETE FROM {target} WHERE {predicate(spec, window)}")
         cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
         return cur.rowcount
-    if savepoint is not None and _new_keys(cur, spec, target, records):
+    if savepoint is not None:
         # No key of the target lies between the batch's first and last: unless a key comes twice in
         # the batch (a spec key the source does not hold unique), the upsert would only insert. The
         # unique key itself says so: a plain insert, without the upsert's sort and per-row conflict
-        # checks (about 2.5x faster); whatever it meets, the merge decides as always. It rolls back
-        # to the caller's savepoint, not one of its own: the rows must be written by the
-        # subtransaction that goes on to write the ledger (their xmin is how
+        # checks (about 2.5x faster); whatever it or the probe meets, the merge decides as always.
+        # It rolls back to the caller's savepoint, not one of its own: the rows must be written by
+        # the subtransaction that goes on to write the ledger (their xmin is how
         # reconcile.checks.loaded_by_batches knows the batch that loaded them).
         try:
-            cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
-        except (psycopg2.IntegrityError, psycopg2.DataError) as exc:
+            if _new_keys(cur, spec, target, records):
+                cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM ({records}) batch")
+                log.info("pipeline=%s window %s: every key new to the target: %s row(s) appended without a merge",
+                         spec.name, window, cur.rowcount)
+                return cur.rowcount
+        except (psycopg2.IntegrityError, psycopg2.DataError, psycopg2.errors.UndefinedFunction) as exc:
             cur.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
             log.info("pipeline=%s window %s: the plain insert of keys new to the target met %s: merged instead, the "
                      "newest version of each key wins", spec.name, window, type(exc).__name__)
-        else:
-            log.info("pipeline=%s window %s: every key new to the target: %s row(s) appended without a merge",
-                     spec.name, window, cur.rowcount)
-            return cur.rowcount
     pk = ", ".join(quote(c) for c in spec.primary_key)
     # The newest version of each key wins, within the batch and against the target.
     cur.execute(
@@ -73,20 +74,24 @@ def apply_batch(cur, spec: PipelineSpec, window: Window, columns: list[str], rec
 def _new_keys(cur, spec: PipelineSpec, target: str, records: str) -> bool:
     """Whether the target holds no key between the batch's least and greatest (by the key's first
     column: one probe of the primary key's index, after two top-1 passes over the stage; ORDER BY,
-    not min/max, which uuid lacks). False when no immediate unique index on exactly the key
-    guards the plain insert (a target made by hand): the merge then decides, or fails, as always."""
+    not min/max, which uuid lacks; the stage's values cast to the target column's type, which a
+    target made by hand may have other than the source's). False when no immediate unique index on
+    exactly the key guards the plain insert: the merge then decides, or fails, as always."""
     cur.execute("""SELECT EXISTS (SELECT 1 FROM pg_index i
                                    WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indimmediate
                                      AND i.indpred IS NULL AND i.indexprs IS NULL
                                      AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text COLLATE "C") FROM pg_attribute a
-                                           WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)) = %s)""",
-                (target, sorted(spec.primary_key)))
-    if not cur.fetchone()[0]:
+                                           WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)) = %s),
+                          (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+                            WHERE a.attrelid = %s::regclass AND a.attname = %s AND NOT a.attisdropped)""",
+                (target, sorted(spec.primary_key), target, spec.primary_key[0]))
+    guarded, kind = cur.fetchone()
+    if not guarded:
         return False
     first = quote(spec.primary_key[0])
 
-    def bound(order: str) -> str:
-        return f"(SELECT {first} FROM ({records}) batch WHERE {first} IS NOT NULL ORDER BY 1 {order} LIMIT 1)"
+    def bound(order: str) -> str:  # (kind: the catalog's own spelling of a type)
+        return f"(SELECT {first}::{kind} FROM ({records}) batch WHERE {first} IS NOT NULL ORDER BY 1 {order} LIMIT 1)"
 
     cur.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {target} WHERE {first} BETWEEN {bound('ASC')} AND {bound('DESC')})")
     return cur.fetchone()[0]
