@@ -65,10 +65,17 @@ class EventWriter:
         import pyarrow as pa
 
         rules = self.rules(cur)
-        if checked_upstream(events):  # on the executors
-            reasons = events["reason"].to_pylist()
+        # where they were read (Spark's executors, or the JVM's screen), unless this one is not
+        if "checked" not in events.column_names:
+            reasons, unchecked = [None] * events.num_rows, list(range(events.num_rows))
         else:
-            reasons = [rules.check(k, v, None) for k, v in zip(events["key"].to_pylist(), events["value"].to_pylist())]
+            reasons = events["reason"].to_pylist()
+            unchecked = [] if checked_upstream(events) else [i for i, done in enumerate(events["checked"].to_pylist())
+                                                             if not done]
+        if unchecked:
+            rest = events if len(unchecked) == events.num_rows else events.take(unchecked)
+            for i, k, v in zip(unchecked, rest["key"].to_pylist(), rest["value"].to_pylist()):
+                reasons[i] = rules.check(k, v, None)
         by_position = _Positions(events)
         for i, reason in enumerate(reasons):
             if reason is not None:

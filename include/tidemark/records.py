@@ -233,6 +233,55 @@ def _checker(column: Column, allow_non_finite: bool) -> Callable[[Any], Any]:
     return other
 
 
+# The JVM's screen of events (``RecordRules.screen``): regular expressions, read alike by Java and
+# Python, of JSON values each of which its column's check above accepts (not every such value: a
+# value they do not match is checked in Python, as before). Years 1000-8999 and offsets under 14
+# hours keep every timestamp inside 1..9999 in UTC; the 29th of February is left to Python.
+_WS = r"[ \t\n\r]*"
+_DAY = (r"[1-8][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
+        r"|(?:0[13578]|1[02])-31)")
+_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
+_TEXT = r'[^"\\\x00-\x1f]'  # a character of a JSON string without escapes (no quote, backslash, control)
+_SCREEN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a column name the patterns may hold as it is
+
+
+def _screen_value(column: Column) -> str | None:
+    """The pattern of JSON values of ``column`` that the JVM screen accepts; None: none."""
+    t = column.data_type
+    if t in _INT_RANGE:  # at most 4, 9 or 18 digits: inside the type's range; never "-0" (a key's text)
+        return rf"(?:0|-?[1-9][0-9]{{0,{ {'smallint': 3, 'integer': 8, 'bigint': 17}[t] }}})"
+    if t in ("double precision", "real"):
+        return r"-?(?:0|[1-9][0-9]{0,14})(?:\.[0-9]{1,15})?"
+    if t == "numeric" and column.precision is not None and column.precision > (column.scale or 0):
+        scale = column.scale or 0
+        fraction = rf"(?:\.[0-9]{{1,{scale}}})?" if scale else ""
+        return rf"-?(?:0|[1-9][0-9]{{0,{column.precision - scale - 1}}}){fraction}"
+    if t in ("text", "character varying", "character"):
+        return rf'"{_TEXT}{{0,{column.max_length}}}"' if column.max_length is not None else rf'"{_TEXT}*"'
+    if t == "timestamp with time zone":
+        return rf'"{_DAY}T{_CLOCK}(?:Z|[+-](?:0[0-9]|1[0-3]):[0-5][0-9])"'
+    if t == "timestamp without time zone":
+        return rf'"{_DAY}T{_CLOCK}Z?"'
+    if t == "date":
+        return rf'"{_DAY}"'
+    if t == "boolean":
+        return "(?:true|false)"
+    if t == "uuid":
+        return r'"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"'
+    return None
+
+
+@dataclass(frozen=True)
+class Screen:
+    """What the JVM checks of an event before any Python does (``tidemark.sink.screen``): an event
+    whose value matches ``value`` and whose key is group 1 of ``key`` in it, valid UTF-8 both and at
+    most ``max_bytes``, is one ``RecordRules.check`` accepts. Any other is checked in Python."""
+
+    value: str
+    key: str
+    max_bytes: int
+
+
 def _show(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -269,6 +318,29 @@ class RecordRules:
         self.required = [c.name for c in columns if c.not_null]
         self.max_bytes = spec.max_record_bytes
         self._decoder = _decoder()
+
+    def screen(self) -> Screen | None:
+        """The JVM's screen of events under these rules; None where it cannot be made (a key of more
+        than one column or of another type, a required column of a type without a pattern)."""
+        if not self.plain_key:
+            return None
+        fields = {n: v for n, c in self.columns.items() if _SCREEN_NAME.match(n) and (v := _screen_value(c))}
+        required = dict.fromkeys([*self.required, *self.primary_key, *self.key_names, self.time_column,
+                                  self.cursor_column])
+        if any(n not in fields for n in required):
+            return None
+
+        def name(n: str) -> str:  # a field's name where one may begin: after { or , (strings hold neither quote)
+            return rf'[{{,]{_WS}"{n}"{_WS}:{_WS}'
+
+        field = "(?:" + "|".join(rf'"{n}"{_WS}:{_WS}(?:{v}|null)' for n, v in fields.items()) + ")"
+        once = "".join(rf"(?!.*{name(n)}.*{name(n)})" for n in fields)  # a field twice: Python says which
+        present = "".join(rf"(?=.*{name(n)}(?!null))" for n in required)
+        value = rf"(?s)^{once}{present}\{{{_WS}{field}(?:{_WS},{_WS}{field})*{_WS}\}}{_WS}$"
+        k = self.key_names[0]
+        text = self.columns[k].data_type in ("text", "character varying", "character")
+        key = (rf'{name(k)}"({_TEXT}*)"' if text else rf"{name(k)}({fields[k]}){_WS}[,}}]")
+        return Screen(value, key, self.max_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_decoder"}

@@ -26,6 +26,7 @@ from tidemark.kafka_io import end_offsets, ensure_topic
 from tidemark import ledger
 from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
 from tidemark.progress import Steps, progress_line, summary_line
+from tidemark.records import Screen
 from tidemark.sink.apply import BatchSink
 from tidemark.sink.report import MicroBatchReport, loaded
 from tidemark.spark.entry import JobError, connect, connect_params, password, session
@@ -249,15 +250,19 @@ class MicroBatches:
         started, steps = time.monotonic(), Steps()
         with self.reader, self.reader.cursor() as cur:
             attempts_open = bool(ledger.open_windows(cur, self.spec.name))
-            checker = (self.sink.event_checker(cur) if not attempts_open and self.spec.stream
+            screen = self.sink.events.rules(cur).screen() if not attempts_open and self.spec.stream else None
+            checker = (self.sink.event_checker(cur) if not attempts_open and self.spec.stream and screen is None
                        and self.last >= executor_checks_from() else None)
         if attempts_open:  # the read looks at the ledger: after the apply before it
             self.wait_applied()
             table, loads = self.read(batch_df, steps)
         else:
-            if checker is not None:  # a backlog of events: checked where they are read
+            if screen is not None:  # events the JVM's screen passes need no check in Python
+                batch_df = screened(batch_df, screen, self.spec.stream.topic)
+            elif checker is not None:  # a backlog of events: checked where they are read
                 batch_df = batch_df.mapInArrow(checker, with_reasons(batch_df.schema))
-            with steps.step("spark read and checks" if checker is not None else "spark read"):
+            with steps.step("spark read and screen" if screen is not None else
+                            "spark read and checks" if checker is not None else "spark read"):
                 table, loads = batch_df.toArrow(), None
             with steps.step("wait for the apply before"):  # long: the apply is what holds the stream back
                 self.wait_applied()
@@ -363,3 +368,15 @@ def with_reasons(schema):
     if "checked" in schema.fieldNames():
         return schema
     return StructType([*schema.fields, StructField("reason", StringType()), StructField("checked", BooleanType())])
+
+
+def screened(records, screen: Screen, topic: str):
+    """The micro-batch with ``reason`` (null) and ``checked``: true for each event of ``topic`` the
+    JVM's screen passes (``RecordRules.screen``: one its checks accept), false for any other record,
+    which the sink checks in Python as before."""
+    from pyspark.sql import functions as F
+
+    key, value = F.col("key").cast("string"), F.col("value").cast("string")
+    passes = ((F.col("topic") == topic) & (F.length("value") <= screen.max_bytes) & F.is_valid_utf8(value)
+              & F.is_valid_utf8(key) & value.rlike(screen.value) & (F.regexp_extract(value, screen.key, 1) == key))
+    return records.select("*", F.lit(None).cast("string").alias("reason"), F.coalesce(passes, F.lit(False)).alias("checked"))
