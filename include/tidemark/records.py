@@ -241,7 +241,9 @@ _WS = r"[ \t\n\r]*"
 _DAY = (r"[1-8][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
         r"|(?:0[13578]|1[02])-31)")
 _CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
-_TEXT = r'[^"\\\x00-\x1f]'  # a character of a JSON string without escapes (no quote, backslash, control)
+# A character of a JSON string the screen passes: printable ASCII but quote and backslash (so no
+# escape, and anything else, invalid UTF-8 included, which the JVM reads as U+FFFD, is Python's to judge)
+_TEXT = r"[ !#-\[\]-~]"
 _SCREEN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a column name the patterns may hold as it is
 
 
@@ -273,12 +275,15 @@ def _screen_value(column: Column) -> str | None:
 
 @dataclass(frozen=True)
 class Screen:
-    """What the JVM checks of an event before any Python does (``tidemark.sink.screen``): an event
-    whose value matches ``value`` and whose key is group 1 of ``key`` in it, valid UTF-8 both and at
-    most ``max_bytes``, is one ``RecordRules.check`` accepts. Any other is checked in Python."""
+    """What the JVM checks of an event before any Python does (``tidemark.sink.job.screened``): an
+    event of at most ``max_bytes`` whose value matches ``value`` with its key (not empty) as group 1,
+    and whose field names (group 1 of each match of ``names``) are distinct and include every one of
+    ``required``, is one ``RecordRules.check`` accepts. Any other is checked in Python. Plain
+    patterns of printable ASCII only, without lookarounds: each is one linear scan."""
 
     value: str
-    key: str
+    names: str
+    required: tuple[str, ...]
     max_bytes: int
 
 
@@ -330,17 +335,20 @@ class RecordRules:
         if any(n not in fields for n in required):
             return None
 
-        def name(n: str) -> str:  # a field's name where one may begin: after { or , (strings hold neither quote)
+        def name(n: str) -> str:  # a field's name where one may begin: after { or , (strings hold no quote)
             return rf'[{{,]{_WS}"{n}"{_WS}:{_WS}'
 
-        field = "(?:" + "|".join(rf'"{n}"{_WS}:{_WS}(?:{v}|null)' for n, v in fields.items()) + ")"
-        once = "".join(rf"(?!.*{name(n)}.*{name(n)})" for n in fields)  # a field twice: Python says which
-        present = "".join(rf"(?=.*{name(n)}(?!null))" for n in required)
-        value = rf"(?s)^{once}{present}\{{{_WS}{field}(?:{_WS},{_WS}{field})*{_WS}\}}{_WS}$"
-        k = self.key_names[0]
-        text = self.columns[k].data_type in ("text", "character varying", "character")
-        key = (rf'{name(k)}"({_TEXT}*)"' if text else rf"{name(k)}({fields[k]}){_WS}[,}}]")
-        return Screen(value, key, self.max_bytes)
+        def field(n: str, v: str) -> str:  # the key field's text (in quotes, or the number) is group 1
+            if n == self.key_names[0]:
+                v = f'"({v[1:-1]})"' if v.startswith('"') else f"({v})"
+            return rf'"{n}"{_WS}:{_WS}(?:{v}{"" if n in required else "|null"})'  # a required one: not null
+
+        # any order; a field twice, or a required one missing: the names say so, and Python which
+        one = "(?:" + "|".join(field(n, v) for n, v in fields.items()) + ")"
+        # one field per turn, then a comma before the next one's name or the object's end: the key's
+        # group is said once, so it is group 1 wherever the key field stands
+        value = rf'^\{{{_WS}(?:{one}{_WS}(?:,{_WS}(?=")|\}}{_WS}$))+$'
+        return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), self.max_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_decoder"}

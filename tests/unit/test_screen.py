@@ -39,14 +39,12 @@ def _rules(key: str = "id", columns=COLUMNS, **extra) -> RecordRules:
 def passes(rules: RecordRules, key: bytes | None, value: bytes | None) -> bool:
     """What ``tidemark.sink.job.screened`` computes in the JVM."""
     screen = rules.screen()
-    if key is None or value is None or len(value) > screen.max_bytes:
+    if key is None or value is None or len(value) > screen.max_bytes or not key:
         return False
-    try:
-        k, v = key.decode("utf-8"), value.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    found = re.search(screen.key, v)
-    return re.search(screen.value, v) is not None and (found.group(1) if found else "") == k
+    k, v = key.decode("utf-8", "replace"), value.decode("utf-8", "replace")  # as the JVM reads them
+    found = re.search(screen.value, v)
+    return (found is not None and found.group(1) == k
+            and len(names := re.findall(screen.names, v)) == len(set(names)) and set(screen.required) <= set(names))
 
 
 def _value(rng: random.Random) -> dict:
@@ -139,6 +137,9 @@ def test_what_the_screen_leaves_to_python():
     assert not passes(rules, b"07", (base % "").encode())
     assert not passes(rules, b"7", (base % "").replace("2026-11-27", "2028-02-29").encode())  # Python's to judge
     assert not passes(rules, b"7", b" " + (base % "").encode())
+    assert not passes(rules, b"7", (base % "").replace('"amount":1.00', '"amount": null').encode())
+    assert not passes(rules, b"7", (base % "").replace('"amount":1.00,', "").encode())
+    assert passes(rules, b"7", (base % ',"memo": null').encode())
     limited = _rules(max_record_bytes=1024)
     assert not passes(limited, b"7", (base % (',"memo":"' + "x" * 1000 + '"')).encode())
 
