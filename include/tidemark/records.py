@@ -244,6 +244,7 @@ _CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
 # A character of a JSON string the screen passes: printable ASCII but quote and backslash (so no
 # escape, and anything else, invalid UTF-8 included, which the JVM reads as U+FFFD, is Python's to judge)
 _TEXT = r"[ !#-\[\]-~]"
+SCREEN_FIELDS = 64  # a wider table is not screened: Java's matcher recurses once per field
 _SCREEN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a column name the patterns may hold as it is
 
 
@@ -254,7 +255,7 @@ def _screen_value(column: Column) -> str | None:
         return rf"(?:0|-?[1-9][0-9]{{0,{ {'smallint': 3, 'integer': 8, 'bigint': 17}[t] }}})"
     if t in ("double precision", "real"):
         return r"-?(?:0|[1-9][0-9]{0,14})(?:\.[0-9]{1,15})?"
-    if t == "numeric" and column.precision is not None and column.precision > (column.scale or 0):
+    if t == "numeric" and column.precision is not None and 0 <= (column.scale or 0) < column.precision:
         scale = column.scale or 0
         fraction = rf"(?:\.[0-9]{{1,{scale}}})?" if scale else ""
         return rf"-?(?:0|[1-9][0-9]{{0,{column.precision - scale - 1}}}){fraction}"
@@ -278,8 +279,8 @@ class Screen:
     """What the JVM checks of an event before any Python does (``tidemark.sink.job.screened``): an
     event of at most ``max_bytes`` whose value matches ``value`` with its key (not empty) as group 1,
     and whose field names (group 1 of each match of ``names``) are distinct and include every one of
-    ``required``, is one ``RecordRules.check`` accepts. Any other is checked in Python. Plain
-    patterns of printable ASCII only, without lookarounds: each is one linear scan."""
+    ``required``, is one ``RecordRules.check`` accepts. Any other is checked in Python. Patterns of
+    printable ASCII only, with no lookaround over the whole value: each is one linear scan."""
 
     value: str
     names: str
@@ -332,7 +333,7 @@ class RecordRules:
         fields = {n: v for n, c in self.columns.items() if _SCREEN_NAME.match(n) and (v := _screen_value(c))}
         required = dict.fromkeys([*self.required, *self.primary_key, *self.key_names, self.time_column,
                                   self.cursor_column])
-        if any(n not in fields for n in required):
+        if any(n not in fields for n in required) or len(fields) > SCREEN_FIELDS:
             return None
 
         def name(n: str) -> str:  # a field's name where one may begin: after { or , (strings hold no quote)
@@ -347,7 +348,10 @@ class RecordRules:
         one = "(?:" + "|".join(field(n, v) for n, v in fields.items()) + ")"
         # one field per turn, then a comma before the next one's name or the object's end: the key's
         # group is said once, so it is group 1 wherever the key field stands
-        value = rf'^\{{{_WS}(?:{one}{_WS}(?:,{_WS}(?=")|\}}{_WS}$))+$'
+        # (at most one turn per known field, a bounded loop: Java recurses per turn of an unbounded one;
+        # the end is (?![\s\S]): Java's $ also matches before a final U+0085, U+2028 or U+2029)
+        end = r"(?![\s\S])"
+        value = rf'^\{{{_WS}(?:{one}{_WS}(?:,{_WS}(?=")|\}}{_WS}{end})){{1,{len(fields)}}}{end}'
         return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), self.max_bytes)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import json
 import random
 import re
 
-from tidemark.records import Column, RecordRules
+from tidemark.records import SCREEN_FIELDS, Column, RecordRules
 from tidemark.spec import PipelineSpec
 
 COLUMNS = [
@@ -137,6 +137,8 @@ def test_what_the_screen_leaves_to_python():
     assert not passes(rules, b"07", (base % "").encode())
     assert not passes(rules, b"7", (base % "").replace("2026-11-27", "2028-02-29").encode())  # Python's to judge
     assert not passes(rules, b"7", b" " + (base % "").encode())
+    for tail in ("\n", "\u0085", "\u2028", "\u2029", "\n\u2028"):  # Java's $ would let the last three by
+        assert passes(rules, b"7", ((base % "") + tail).encode()) == (tail == "\n"), repr(tail)
     assert not passes(rules, b"7", (base % "").replace('"amount":1.00', '"amount": null').encode())
     assert not passes(rules, b"7", (base % "").replace('"amount":1.00,', "").encode())
     assert passes(rules, b"7", (base % ',"memo": null').encode())
@@ -144,8 +146,10 @@ def test_what_the_screen_leaves_to_python():
     assert not passes(limited, b"7", (base % (',"memo":"' + "x" * 1000 + '"')).encode())
 
 
-def test_no_screen_where_a_required_column_has_no_pattern_or_the_key_is_not_plain():
+def test_no_screen_where_a_required_column_has_no_pattern_or_the_key_is_not_plain_or_the_table_is_wide():
     assert _rules(columns=[*COLUMNS, Column("doc", "jsonb", True)]).screen() is None
     assert _rules(columns=[*COLUMNS[:-1], Column("updated_at", "timestamp with time zone", True),
                            Column("odd name", "text")]).screen() is not None  # left to Python when present
     assert _rules(key="booked_on").screen() is None  # a date key: parsed, not compared as text
+    wide = [*COLUMNS, *(Column(f"c{i}", "integer") for i in range(SCREEN_FIELDS - len(COLUMNS)))]
+    assert _rules(columns=wide).screen() is not None and _rules(columns=[*wide, Column("c", "integer")]).screen() is None
