@@ -206,8 +206,9 @@ class MicroBatches:
 
     With a ``reader`` connection (a standing sink of changes or events), the apply of micro-batch N
     runs on a thread of its own while Spark reads N+1: the read's only looks at the warehouse (are
-    batch attempts open? the events' checks) go through ``reader``, and a backlog of events is
-    checked on the executors as it is read; applies stay in order (N+1's waits for N's), and the offsets
+    batch attempts open? the events' rules) go through ``reader``, and the events are screened in the
+    JVM as they are read (``screened``; where the rules make no screen, a backlog is checked on the
+    executors instead); applies stay in order (N+1's waits for N's), and the offsets
     commit with the rows as before, so a crash anywhere re-reads from the last commit. Where the
     read needs the ledger (an attempt open: decode, check, stage) or the micro-batch holds records of
     the pipeline's own topic (whose apply moves the ledger), it waits for the apply as before."""
@@ -358,7 +359,6 @@ class MicroBatches:
             # within the Spark job, added up over its tasks: not a step of its own
             steps.seconds["tasks' COPY summed"] = pc.sum(loads["load_seconds"]).as_py()
         return table, loads
-
 
 
 def with_reasons(schema):
