@@ -326,8 +326,14 @@ class RecordRules:
         self._decoder = _decoder()
 
     def screen(self) -> Screen | None:
-        """The JVM's screen of events under these rules; None where it cannot be made (a key of more
-        than one column or of another type, a required column of a type without a pattern)."""
+        """The JVM's screen of events under these rules (made once, as the rules are); None where it
+        cannot be made (a key of more than one column or of another type, a required column of a
+        type without a pattern)."""
+        if "_screen" not in self.__dict__:  # not functools.cached_property: its lock does not pickle
+            self._screen = self._made_screen()
+        return self._screen
+
+    def _made_screen(self) -> Screen | None:
         if not self.plain_key:
             return None
         fields = {n: v for n, c in self.columns.items() if _SCREEN_NAME.match(n) and (v := _screen_value(c))}

@@ -10,14 +10,11 @@ import os
 import pickle
 import random
 import subprocess
-import sys
 
 import pytest
 
+from tidemark_workshop.screen_fuzz import event_fields, event_text, passes, screen_rules
 from tidemark_workshop.settings import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT / "tests" / "unit"))  # the unit tests' rules and event generator
-from test_screen import _rules, _text, _value, passes  # noqa: E402
 
 pytestmark = pytest.mark.stack
 
@@ -39,14 +36,14 @@ spark.stop()
 
 
 def test_the_jvm_passes_what_the_python_stand_in_passes_and_only_what_the_checks_accept(settings, tmp_path):
-    rules = _rules()
+    rules = screen_rules()
     rng = random.Random(20261128)
     base = '{"id":7,"amount":1.00,"currency":"EUR","updated_at":"2026-11-27T20:00:00Z"'
     events = [(b"7", (base + "}" + tail).encode()) for tail in ("", "\n", " \n", "\u0085", "\u2028", "\u2029")]
     events.append((b"7", (base + ',"memo":null' * 5000 + "}").encode()))  # a field 5,000 times: not a crash
     for _ in range(3000):
-        fields = _value(rng)
-        events.append((rng.choice([str(fields["id"]).encode()] * 7 + [b"x", None]), _text(rng, fields)))
+        fields = event_fields(rng)
+        events.append((rng.choice([str(fields["id"]).encode()] * 7 + [b"x", None]), event_text(rng, fields)))
     (tmp_path / "screen.pickle").write_bytes(pickle.dumps(rules.screen()))
     (tmp_path / "events.json").write_text(json.dumps([(k.decode("latin-1") if k is not None else None,
                                                        v.decode("latin-1")) for k, v in events]))

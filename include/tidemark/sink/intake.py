@@ -223,24 +223,22 @@ class Intake:
             good.append(reason is None)
         return records if all(good) else records.filter(pa.array(good, pa.bool_()))
 
-    def checker(self, typed: dict[tuple[str, int], Format]) -> Checker:
+    def checker(self, typed: dict[tuple[str, int], Format], cur=None) -> Checker:
         """The record checks of the next micro-batch, to run where its records are (``Checker``):
         with the rules and the planned window of every attempt open now, except the protocol-version-2
-        attempts of ``typed`` (``formats()``: Spark checks those)."""
-        with self.conn, self.conn.cursor() as cur:
-            windows = {k: w for k, w in ledger.open_windows(cur, self.spec.name).items() if k not in typed}
-            try:
-                rules = self._record_rules(cur) if windows else None
-            except LookupError:  # no target table (yet): the micro-batch's own checks say so
-                rules = None
-            return Checker(self.topic, rules, windows,
-                           self.spec.stream.topic if self.spec.stream else None,
-                           self.events.rules(cur) if self.spec.stream else None)
-
-    def event_checker(self, cur) -> Checker:
-        """The checks of the stream's events alone, read over ``cur`` (the overlapped read's own
-        connection: the apply holds the sink's): for a micro-batch read while no attempt is open."""
-        return Checker(self.topic, None, {}, self.spec.stream.topic, self.events.rules(cur))
+        attempts of ``typed`` (``formats()``: Spark checks those). ``cur``: read over the caller's
+        cursor (the overlapped read's own connection, while the apply holds the sink's)."""
+        if cur is None:
+            with self.conn, self.conn.cursor() as cur:
+                return self.checker(typed, cur)
+        windows = {k: w for k, w in ledger.open_windows(cur, self.spec.name).items() if k not in typed}
+        try:
+            rules = self._record_rules(cur) if windows else None
+        except LookupError:  # no target table (yet): the micro-batch's own checks say so
+            rules = None
+        return Checker(self.topic, rules, windows,
+                       self.spec.stream.topic if self.spec.stream else None,
+                       self.events.rules(cur) if self.spec.stream else None)
 
     def _record_rules(self, cur) -> RecordRules:
         if self._rules is None:

@@ -251,8 +251,9 @@ class MicroBatches:
         started, steps = time.monotonic(), Steps()
         with self.reader, self.reader.cursor() as cur:
             attempts_open = bool(ledger.open_windows(cur, self.spec.name))
-            screen = self.sink.events.rules(cur).screen() if not attempts_open and self.spec.stream else None
-            checker = (self.sink.event_checker(cur) if not attempts_open and self.spec.stream and screen is None
+            events_only = not attempts_open and self.spec.stream is not None
+            screen = self.sink.events.rules(cur).screen() if events_only else None
+            checker = (self.sink.checker({}, cur) if events_only and screen is None
                        and self.last >= executor_checks_from() else None)
         if attempts_open:  # the read looks at the ledger: after the apply before it
             self.wait_applied()
