@@ -286,6 +286,10 @@ class Screen:
     names: str
     required: tuple[str, ...]
     max_bytes: int
+    # The usual event, its fields in the table's order (each at most once, the required ones there):
+    # matched with its key as group 1, it passes without the two patterns above (Spark's OR
+    # short-circuits).
+    ordered: str
 
 
 def _show(value: Any) -> str:
@@ -358,7 +362,12 @@ class RecordRules:
         # the end is (?![\s\S]): Java's $ also matches before a final U+0085, U+2028 or U+2029)
         end = r"(?![\s\S])"
         value = rf'^\{{{_WS}(?:{one}{_WS}(?:,{_WS}(?=")|\}}{_WS}{end})){{1,{len(fields)}}}{end}'
-        return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), self.max_bytes)
+        # In the table's order: each field after its separator, the { only where the value begins
+        # (^, after the one-character look at it) and a comma anywhere else; an optional one may be absent.
+        ordered = r"^(?=\{)" + "".join(
+            rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS}){'' if n in required else '?'}" for n, v in fields.items()
+        ) + rf"\}}{_WS}{end}"
+        return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), self.max_bytes, ordered)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_decoder"}

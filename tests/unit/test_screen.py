@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 from tidemark.records import SCREEN_FIELDS, Column
 from tidemark_workshop.screen_fuzz import COLUMNS, event_fields, event_text, passes, screen_rules
@@ -28,6 +29,30 @@ def test_every_event_the_screen_passes_is_one_the_checks_accept():
         elif rules.check(key, value, None) is not None:
             refused_by_python += 1
     assert passed > 300 and refused_by_python > 5_000, (passed, refused_by_python)  # both sides were reached
+
+
+def test_an_event_in_the_tables_order_passes_by_the_one_pattern_and_only_as_the_checks_accept():
+    """The first pattern Spark tries (``Screen.ordered``): alone it passes only events the checks
+    accept, and it is what passes the usual event."""
+    rng = random.Random(20261128)
+    rules = screen_rules()
+    ordered, key_group = rules.screen().ordered, 0
+    for _ in range(20_000):
+        fields = event_fields(rng)
+        value = event_text(rng, fields)
+        key = rng.choice([str(fields["id"]).encode()] * 7 + [b"x"])
+        found = re.search(ordered, value.decode("utf-8", "replace"))
+        if found is not None and found.group(1) == key.decode():
+            key_group += 1
+            assert rules.check(key, value, None) is None, value
+    assert key_group > 150, key_group  # about 1 in 100: every field in range, the order kept
+    usual = '{"id":7,"amount":12.50,"currency":"EUR","memo":null,"updated_at":"2026-11-27T20:00:00Z"}'
+    assert re.search(ordered, usual).group(1) == "7"
+    for bad in (usual.replace("{", ",", 1), usual.replace(',"amount"', '{"amount"'),  # a { past the start
+                usual.replace('"id":7,"amount":12.50', '"amount":12.50,"id":7'),  # out of order: the other patterns'
+                usual.replace(',"memo":null', ',"memo":null,"memo":null'), usual.replace('"amount":12.50,', ""),
+                usual.replace("}", ",}"), usual + "}"):
+        assert re.search(ordered, bad) is None, bad
 
 
 def test_the_usual_event_passes_and_a_text_key_is_its_field_as_written():

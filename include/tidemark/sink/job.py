@@ -379,9 +379,10 @@ def screened(records, screen: Screen, topic: str):
 
     # (a byte that is not UTF-8 reads as U+FFFD, which no pattern of the screen holds)
     key, value = F.col("key").cast("string"), F.col("value").cast("string")
-    passes = ((F.col("topic") == topic) & (F.length("value") <= screen.max_bytes) & (key != "")
-              & (F.regexp_extract(value, screen.value, 1) == key))
     names = F.regexp_extract_all(value, F.lit(screen.names), 1)
-    passes &= (F.size(names) == F.size(F.array_distinct(names))) & (
+    any_order = (F.regexp_extract(value, screen.value, 1) == key) & (
+        F.size(names) == F.size(F.array_distinct(names))) & (
         F.size(F.array_intersect(names, F.array(*map(F.lit, screen.required)))) == len(screen.required))
+    passes = ((F.col("topic") == topic) & (F.length("value") <= screen.max_bytes) & (key != "")
+              & ((F.regexp_extract(value, screen.ordered, 1) == key) | any_order))
     return records.select("*", F.lit(None).cast("string").alias("reason"), F.coalesce(passes, F.lit(False)).alias("checked"))
