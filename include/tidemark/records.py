@@ -277,18 +277,19 @@ def _screen_value(column: Column) -> str | None:
 @dataclass(frozen=True)
 class Screen:
     """What the JVM checks of an event before any Python does (``tidemark.sink.job.screened``): an
-    event of at most ``max_bytes`` whose value matches ``value`` with its key (not empty) as group 1,
-    and whose field names (group 1 of each match of ``names``) are distinct and include every one of
-    ``required``, is one ``RecordRules.check`` accepts. Any other is checked in Python. Patterns of
-    printable ASCII only, with no lookaround over the whole value: each is one linear scan."""
+    event of at most ``max_bytes`` with a key (not empty) is one ``RecordRules.check`` accepts when its
+    value matches ``ordered`` with that key as group 1, or matches ``value`` with that key as group 1
+    and its field names (group 1 of each match of ``names``) are distinct and include every one of
+    ``required``. Any other is checked in Python. Patterns of printable ASCII only, with no lookaround
+    over the whole value (``ordered`` looks at its first character): linear in the value's length."""
 
     value: str
     names: str
     required: tuple[str, ...]
     max_bytes: int
     # The usual event, its fields in the table's order (each at most once, the required ones there):
-    # matched with its key as group 1, it passes without the two patterns above (Spark's OR
-    # short-circuits).
+    # matched with its key as group 1, it passes without ``value`` (Spark's OR short-circuits; the names'
+    # array may be computed anyway, cheaply: OR, CASE WHEN and skipForShortcutExpr timed alike).
     ordered: str
 
 
@@ -364,8 +365,10 @@ class RecordRules:
         value = rf'^\{{{_WS}(?:{one}{_WS}(?:,{_WS}(?=")|\}}{_WS}{end})){{1,{len(fields)}}}{end}'
         # In the table's order: each field after its separator, the { only where the value begins
         # (^, after the one-character look at it) and a comma anywhere else; an optional one may be absent.
+        # Possessive (*+) after a value: a comma or the } must follow it, and a long run of spaces handed
+        # back one at a time to every optional field after it cost seconds per megabyte (Java and Python alike).
         ordered = r"^(?=\{)" + "".join(
-            rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS}){'' if n in required else '?'}" for n, v in fields.items()
+            rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS}+){'' if n in required else '?'}" for n, v in fields.items()
         ) + rf"\}}{_WS}{end}"
         return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), self.max_bytes, ordered)
 
@@ -421,10 +424,12 @@ class RecordRules:
             raise Refused(f"cursor field {self.cursor_column!r} is missing or null")
 
     def _check_key(self, key: str | None, expected: tuple[Any, ...]) -> None:
-        if self.plain_key and key == str(expected[0]) and not isinstance(expected[0], bool):
-            return  # the usual case, decided without parsing the key
         names = self.key_names
         what = "primary key" if names == self.primary_key else f"key field {names[0]}"
+        if any(v is None for v in expected):  # a nullable key field left out or null: no key to match
+            raise Refused(f"the value has no {what} ({', '.join(names)} missing or null)")
+        if self.plain_key and key == str(expected[0]) and not isinstance(expected[0], bool):
+            return  # the usual case, decided without parsing the key
         if key is None:
             raise Refused("record without a key")
         if len(names) == 1:

@@ -192,6 +192,18 @@ def test_an_event_is_keyed_by_its_key_field_and_needs_its_event_time_but_no_wind
     assert "field 'id' is missing" in events.check(b"EUR", _raw({k: v for k, v in GOOD.items() if k != "id"}), None)
 
 
+def test_an_event_whose_nullable_key_field_is_left_out_or_null_is_refused_whatever_its_kafka_key():
+    """The Kafka key "None" once matched a missing key field's str(None) (a review helper found it)."""
+    spec = _spec(sink={"mode": "standing"}, stream={"topic": "core.payment_events", "key": "memo",
+                                                    "event_time": "updated_at", "target_table": "rt.payments",
+                                                    "serving_view": "serving.payments"})
+    events = RecordRules(spec, COLUMNS, events=True)
+    for key in (b"None", b"null", b""):
+        for value in (GOOD, {**GOOD, "memo": None}):
+            assert events.check(key, _raw(value), None) == "the value has no key field memo (memo missing or null)"
+    assert events.check(b"None", _raw({**GOOD, "memo": "None"}), None) is None
+
+
 def test_event_rules_need_the_key_field_in_the_real_time_table():
     spec = _spec(sink={"mode": "standing"}, stream={"topic": "core.payment_events", "key": "account_id",
                                                     "event_time": "updated_at", "target_table": "rt.payments",
