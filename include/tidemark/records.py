@@ -238,6 +238,7 @@ def _checker(column: Column, allow_non_finite: bool) -> Callable[[Any], Any]:
 # value they do not match is checked in Python, as before). Years 1000-8999 and offsets under 14
 # hours keep every timestamp inside 1..9999 in UTC; the 29th of February is left to Python.
 _WS = r"[ \t\n\r]*"
+_WS_POSSESSIVE = _WS + "+"  # the same run, never handed back: [ \t\n\r]*+
 _DAY = (r"[1-8][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
         r"|(?:0[13578]|1[02])-31)")
 _CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
@@ -368,7 +369,8 @@ class RecordRules:
         # Possessive (*+) after a value: a comma or the } must follow it, and a long run of spaces handed
         # back one at a time to every optional field after it cost seconds per megabyte (Java and Python alike).
         ordered = r"^(?=\{)" + "".join(
-            rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS}+){'' if n in required else '?'}" for n, v in fields.items()
+            rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS_POSSESSIVE}){'' if n in required else '?'}"
+            for n, v in fields.items()
         ) + rf"\}}{_WS}{end}"
         return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), self.max_bytes, ordered)
 
