@@ -205,7 +205,7 @@ def ensure_serving_view(cur, spec: PipelineSpec) -> None:
     """The serving view (one row per key over the batch target and the real-time table: the newest
     version by cursor, the batch's on a tie) and ``<view>_freshness`` (the batch watermark, the
     stream's event-time watermark, and the later of the two: up to when the view is complete)."""
-    from tidemark.records import target_columns
+    from tidemark.columns import target_columns
 
     stream = spec.stream
     assert stream is not None

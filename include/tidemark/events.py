@@ -18,7 +18,8 @@ import psycopg2
 import psycopg2.errors
 
 from tidemark import catalog, ledger
-from tidemark.records import RecordRules, checked_upstream, target_columns
+from tidemark.columns import target_columns
+from tidemark.records import RecordRules, checked_upstream
 from tidemark.spec import PipelineSpec, quote
 from tidemark.window import covered
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any, Callable
 
+from tidemark.columns import Column
+from tidemark.screen import Screen, make_screen
 from tidemark.spec import PipelineSpec
 from tidemark.window import Window
 
@@ -27,37 +28,6 @@ _TS = re.compile(r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
 _INT_RANGE = {"smallint": 15, "integer": 31, "bigint": 63}
-
-
-@dataclass(frozen=True)
-class Column:
-    """A target column as ``information_schema.columns`` describes it."""
-
-    name: str
-    data_type: str  # e.g. "numeric", "bigint", "timestamp with time zone", "character varying"
-    not_null: bool = False
-    precision: int | None = None  # numeric only
-    scale: int | None = None
-    max_length: int | None = None  # character types
-
-    def describe(self) -> str:
-        if self.data_type == "numeric" and self.precision is not None:
-            return f"numeric({self.precision},{self.scale or 0})"
-        if self.max_length is not None:
-            return f"{self.data_type}({self.max_length})"
-        return self.data_type
-
-
-TARGET_COLUMNS_SQL = """
-SELECT column_name, data_type, is_nullable = 'NO', numeric_precision, numeric_scale, character_maximum_length
-  FROM information_schema.columns WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position"""
-
-
-def target_columns(cur, table: str) -> list[Column]:
-    schema, _, name = table.rpartition(".")
-    cur.execute(TARGET_COLUMNS_SQL, (schema or "public", name))
-    return [Column(n, t, bool(nn), p if t == "numeric" else None, s if t == "numeric" else None, ml)
-            for n, t, nn, p, s, ml in cur.fetchall()]
 
 
 class Refused(ValueError):
@@ -233,67 +203,6 @@ def _checker(column: Column, allow_non_finite: bool) -> Callable[[Any], Any]:
     return other
 
 
-# The JVM's screen of events (``RecordRules.screen``): regular expressions, read alike by Java and
-# Python, of JSON values each of which its column's check above accepts (not every such value: a
-# value they do not match is checked in Python, as before). Years 1000-8999 and offsets under 14
-# hours keep every timestamp inside 1..9999 in UTC; the 29th of February is left to Python.
-_WS = r"[ \t\n\r]*"
-_WS_POSSESSIVE = _WS + "+"  # the same run, never handed back: [ \t\n\r]*+
-_DAY = (r"[1-8][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
-        r"|(?:0[13578]|1[02])-31)")
-_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
-# A character of a JSON string the screen passes: printable ASCII but quote and backslash (so no
-# escape, and anything else, invalid UTF-8 included, which the JVM reads as U+FFFD, is Python's to judge)
-_TEXT = r"[ !#-\[\]-~]"
-SCREEN_FIELDS = 64  # a wider table is not screened: Java's matcher recurses once per field
-_SCREEN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a column name the patterns may hold as it is
-
-
-def _screen_value(column: Column) -> str | None:
-    """The pattern of JSON values of ``column`` that the JVM screen accepts; None: none."""
-    t = column.data_type
-    if t in _INT_RANGE:  # at most 4, 9 or 18 digits: inside the type's range; never "-0" (a key's text)
-        return rf"(?:0|-?[1-9][0-9]{{0,{ {'smallint': 3, 'integer': 8, 'bigint': 17}[t] }}})"
-    if t in ("double precision", "real"):
-        return r"-?(?:0|[1-9][0-9]{0,14})(?:\.[0-9]{1,15})?"
-    if t == "numeric" and column.precision is not None and 0 <= (column.scale or 0) < column.precision:
-        scale = column.scale or 0
-        fraction = rf"(?:\.[0-9]{{1,{scale}}})?" if scale else ""
-        return rf"-?(?:0|[1-9][0-9]{{0,{column.precision - scale - 1}}}){fraction}"
-    if t in ("text", "character varying", "character"):
-        return rf'"{_TEXT}{{0,{column.max_length}}}"' if column.max_length is not None else rf'"{_TEXT}*"'
-    if t == "timestamp with time zone":
-        return rf'"{_DAY}T{_CLOCK}(?:Z|[+-](?:0[0-9]|1[0-3]):[0-5][0-9])"'
-    if t == "timestamp without time zone":
-        return rf'"{_DAY}T{_CLOCK}Z?"'
-    if t == "date":
-        return rf'"{_DAY}"'
-    if t == "boolean":
-        return "(?:true|false)"
-    if t == "uuid":
-        return r'"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"'
-    return None
-
-
-@dataclass(frozen=True)
-class Screen:
-    """What the JVM checks of an event before any Python does (``tidemark.sink.job.screened``): an
-    event of at most ``max_bytes`` with a key (not empty) is one ``RecordRules.check`` accepts when its
-    value matches ``ordered`` with that key as group 1, or matches ``value`` with that key as group 1
-    and its field names (group 1 of each match of ``names``) are distinct and include every one of
-    ``required``. Any other is checked in Python. Patterns of printable ASCII only, with no lookaround
-    over the whole value (``ordered`` looks at its first character): linear in the value's length."""
-
-    value: str
-    names: str
-    required: tuple[str, ...]
-    max_bytes: int
-    # The usual event, its fields in the table's order (each at most once, the required ones there):
-    # matched with its key as group 1, it passes without ``value`` (Spark's OR short-circuits; the names'
-    # array may be computed anyway, cheaply: OR, CASE WHEN and skipForShortcutExpr timed alike).
-    ordered: str
-
-
 def _show(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -342,37 +251,8 @@ class RecordRules:
     def _made_screen(self) -> Screen | None:
         if not self.plain_key:
             return None
-        fields = {n: v for n, c in self.columns.items() if _SCREEN_NAME.match(n) and (v := _screen_value(c))}
-        required = dict.fromkeys([*self.required, *self.primary_key, *self.key_names, self.time_column,
-                                  self.cursor_column])
-        if any(n not in fields for n in required) or len(fields) > SCREEN_FIELDS:
-            return None
-
-        def name(n: str) -> str:  # a field's name where one may begin: after { or , (strings hold no quote)
-            return rf'[{{,]{_WS}"{n}"{_WS}:{_WS}'
-
-        def field(n: str, v: str) -> str:  # the key field's text (in quotes, or the number) is group 1
-            if n == self.key_names[0]:
-                v = f'"({v[1:-1]})"' if v.startswith('"') else f"({v})"
-            return rf'"{n}"{_WS}:{_WS}(?:{v}{"" if n in required else "|null"})'  # a required one: not null
-
-        # any order; a field twice, or a required one missing: the names say so, and Python which
-        one = "(?:" + "|".join(field(n, v) for n, v in fields.items()) + ")"
-        # one field per turn, then a comma before the next one's name or the object's end: the key's
-        # group is said once, so it is group 1 wherever the key field stands
-        # (at most one turn per known field, a bounded loop: Java recurses per turn of an unbounded one;
-        # the end is (?![\s\S]): Java's $ also matches before a final U+0085, U+2028 or U+2029)
-        end = r"(?![\s\S])"
-        value = rf'^\{{{_WS}(?:{one}{_WS}(?:,{_WS}(?=")|\}}{_WS}{end})){{1,{len(fields)}}}{end}'
-        # In the table's order: each field after its separator, the { only where the value begins
-        # (^, after the one-character look at it) and a comma anywhere else; an optional one may be absent.
-        # Possessive (*+) after a value: a comma or the } must follow it, and a long run of spaces handed
-        # back one at a time to every optional field after it cost seconds per megabyte (Java and Python alike).
-        ordered = r"^(?=\{)" + "".join(
-            rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS_POSSESSIVE}){'' if n in required else '?'}"
-            for n, v in fields.items()
-        ) + rf"\}}{_WS}{end}"
-        return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), self.max_bytes, ordered)
+        required = [*self.required, *self.primary_key, *self.key_names, self.time_column, self.cursor_column]
+        return make_screen(self.columns, key=self.key_names[0], required=required, max_bytes=self.max_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_decoder"}
@@ -512,8 +392,8 @@ class Checker:
     ``checked`` (control messages, records of attempts opened after the checker was made).
 
     ``windows``: the planned window of each open attempt, by (batch id, attempt). Picklable without
-    Tidemark installed where it runs (``cloudpickle.register_pickle_by_value`` on this module and
-    ``tidemark.window``), like the extract's totals."""
+    Tidemark installed where it runs (``cloudpickle.register_pickle_by_value`` on this module,
+    ``tidemark.columns``, ``tidemark.screen`` and ``tidemark.window``), like the extract's totals."""
 
     def __init__(self, topic: str, rules: RecordRules | None, windows: dict[tuple[str, int], Window],
                  event_topic: str | None = None, event_rules: RecordRules | None = None):

@@ -9,7 +9,8 @@ import json
 import random
 import re
 
-from tidemark.records import Column, RecordRules
+from tidemark.columns import Column
+from tidemark.records import RecordRules
 from tidemark.spec import PipelineSpec
 
 COLUMNS = [

@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tidemark.records import Column, RecordRules
+from tidemark.columns import Column
+from tidemark.records import RecordRules
 from tidemark.spec import PipelineSpec
 from tidemark.window import Bound, Window
 
@@ -272,17 +273,21 @@ def test_the_checker_travels_to_a_python_without_tidemark_and_gives_the_same_rea
 
     from pyspark import cloudpickle
 
+    import tidemark.columns
     import tidemark.records
+    import tidemark.screen
     import tidemark.window
     from tidemark.records import Checker
 
-    cloudpickle.register_pickle_by_value(tidemark.records)
-    cloudpickle.register_pickle_by_value(tidemark.window)
+    shipped = (tidemark.records, tidemark.columns, tidemark.screen, tidemark.window)  # as the sink's job ships them
+    for module in shipped:
+        cloudpickle.register_pickle_by_value(module)
     try:
+        RULES.screen()  # made and kept on the rules: it travels with them
         (tmp_path / "checker.pickle").write_bytes(cloudpickle.dumps(Checker("t", RULES, {("b", 1): WINDOW})))
     finally:
-        cloudpickle.unregister_pickle_by_value(tidemark.records)
-        cloudpickle.unregister_pickle_by_value(tidemark.window)
+        for module in shipped:
+            cloudpickle.unregister_pickle_by_value(module)
     import pyarrow as pa
 
     with pa.ipc.new_file(tmp_path / "in.arrow", _mixed_micro_batch().schema) as sink:

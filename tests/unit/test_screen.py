@@ -9,7 +9,8 @@ import json
 import random
 import re
 
-from tidemark.records import SCREEN_FIELDS, Column
+from tidemark.columns import Column
+from tidemark.screen import SCREEN_FIELDS
 from tidemark_workshop.screen_fuzz import COLUMNS, event_fields, event_text, passes, screen_rules
 
 

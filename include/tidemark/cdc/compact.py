@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tidemark.records import target_columns
+from tidemark.columns import target_columns
 from tidemark.spec import PipelineSpec, quote
 
 log = logging.getLogger("tidemark.sink")

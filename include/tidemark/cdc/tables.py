@@ -13,7 +13,7 @@ from __future__ import annotations
 from tidemark import catalog
 from tidemark.cdc.changes import Shape, shape_of_column
 from tidemark.ledger import consumer_for
-from tidemark.records import target_columns
+from tidemark.columns import target_columns
 from tidemark.spec import PipelineSpec, quote
 
 CDC_COLUMNS = ("_tm_txid", "_tm_lsn", "_tm_deleted", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")

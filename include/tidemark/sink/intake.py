@@ -9,8 +9,9 @@ from typing import Any
 
 from tidemark import ledger
 from tidemark.avro import Format, row_column
+from tidemark.columns import target_columns
 from tidemark.control import ControlMessage, ProtocolError, decode
-from tidemark.records import Checker, RecordRules, checked_upstream, target_columns
+from tidemark.records import Checker, RecordRules, checked_upstream
 from tidemark.sink import controls
 from tidemark.sink.report import (
     MicroBatchReport, SinkError, positions,

@@ -26,7 +26,7 @@ from tidemark.kafka_io import end_offsets, ensure_topic
 from tidemark import ledger
 from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
 from tidemark.progress import Steps, progress_line, summary_line
-from tidemark.records import Screen
+from tidemark.screen import Screen
 from tidemark.sink.apply import BatchSink
 from tidemark.sink.report import MicroBatchReport, loaded
 from tidemark.spark.entry import JobError, connect, connect_params, password, session
@@ -168,9 +168,9 @@ def ship_to_executors() -> None:
     executors need no Tidemark installed."""
     from pyspark import cloudpickle
 
-    from tidemark import pgbinary, records, stage, totals, window
+    from tidemark import columns, pgbinary, records, screen, stage, totals, window
 
-    for module in (records, window, stage, pgbinary, totals):
+    for module in (records, columns, screen, window, stage, pgbinary, totals):
         cloudpickle.register_pickle_by_value(module)
 
 
