@@ -37,6 +37,14 @@ def stage_table(batch_id: str, attempt: int) -> str:
     return f"{STAGE_SCHEMA}.s_{hashlib.sha1(f'{batch_id}#{attempt}'.encode()).hexdigest()[:24]}"
 
 
+def rows_inserted(cur, batch_id: str, attempt: int) -> int:
+    """Rows written into the attempt's stage so far, from PostgreSQL's statistics (no scan of a
+    growing stage; a COPY that rolled back counts too, so an estimate): 0 when it has none."""
+    cur.execute("SELECT coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = to_regclass(%s)), 0)",
+                (stage_table(batch_id, attempt),))
+    return cur.fetchone()[0]
+
+
 # The stage tables' column naming the load each row came with (quoted): a dot, so no source column
 # (a valid Avro field name under protocol version 2) can ever have its name.
 LOAD = '"tidemark.load"'

@@ -72,6 +72,8 @@ def _attempts(attempts, *, with_message: bool) -> str:
     for a in attempts:
         when = a.finished_at or a.begun_at
         text = f"{_e(a.batch_id)} #{a.attempt} <b>{_e(a.state)}</b> {_e(utc_iso(when))}"
+        if a.staged is not None:
+            text += f"<br><small>{_e(a.staged_text())}</small>"
         if with_message and a.message:
             text += f"<br><span class=msg>{_e(a.message)}</span>"
         items.append(f"<li>{text}</li>")

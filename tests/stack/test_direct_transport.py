@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from tidemark.sink import stage_table
+from tidemark.status import pipeline_ledger
 
 from test_protocol_v2 import payment, stages
 from test_untrusted_input import extracted_batch, produce, rejects, same_rows
@@ -20,6 +21,12 @@ def test_a_direct_batch_stages_through_the_warehouse_and_a_record_on_the_topic_c
     assert "offsets" not in report and report["loads"], report
     assert sum(rows for _, _, rows, _ in report["loads"]) == report["rows"] == 300
     assert stage_table(a.batch_id, a1) in stages(pipe)  # the tasks staged it before END
+    wh = pipe.wh()
+    with wh, wh.cursor() as cur:  # the status page counts it already: the ledger has no loads of it before END
+        (open_attempt,) = pipeline_ledger(cur, pipe.spec.name).unfinished
+    wh.close()
+    assert (open_attempt.attempt, open_attempt.staged, open_attempt.staged_directly) == (a1, 300, True)
+    assert open_attempt.staged_text() == "about 300 rows staged directly"
     inside = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1e6)
     produce(settings.kafka_bootstrap, pipe.spec.topic, [(b"900001", payment(900001, 125, b"EUR", inside), tags)])
     pipe.end(a, a1, report)

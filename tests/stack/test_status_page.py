@@ -85,9 +85,10 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
     pipe.end(committed, a1, pipe.extract(committed, a1))
     aborted = pipe.plan("run-b")
     pipe.abort(aborted, pipe.begin(aborted), "status page test: <b>not</b> loaded")
-    unfinished = pipe.plan("run-c")
+    unfinished = pipe.plan("run-c")  # planned before run-a commits: the same 500 rows again
     c1 = pipe.begin(unfinished)
-    pipe.sink()  # one sink run: run-a committed, run-b aborted, run-c still open (no END)
+    assert pipe.extract(unfinished, c1)["rows"] == 500
+    pipe.sink()  # one sink run: run-a committed, run-b aborted, run-c still open (no END), its 500 rows staged
     assert [pipe.state(committed.batch_id, a1), pipe.state(aborted.batch_id, 1), pipe.state(unfinished.batch_id, c1)] \
         == ["committed", "aborted", "open"]
 
@@ -130,7 +131,8 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
     assert (last["batch_id"], last["attempt"], last["rows"]) == (committed.batch_id, a1, 500)
     assert last["window"] == str(committed.window) and last["committed_at"].endswith("+00:00")
     assert ledger["watermark"]["bound"] == str(committed.window.hi) and ledger["watermark"]["batch_id"] == committed.batch_id
-    assert [(a["batch_id"], a["attempt"], a["state"]) for a in ledger["unfinished"]] == [(unfinished.batch_id, c1, "open")]
+    assert [(a["batch_id"], a["attempt"], a["state"], a["staged"], a["staged_directly"]) for a in ledger["unfinished"]] \
+        == [(unfinished.batch_id, c1, "open", 500, False)]
     assert [(a["batch_id"], a["state"]) for a in ledger["recent_failures"]] == [(aborted.batch_id, "aborted")]
     assert "status page test: <b>not</b> loaded" in ledger["last_failure"]["message"]
     assert ledger["dead_letters_pending"] == 2 and ledger["oldest_pending_reject"].endswith("+00:00")
@@ -160,6 +162,7 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
         assert text in page, text
     assert "&lt;b&gt;not&lt;/b&gt; loaded" in page and "<b>not</b>" not in page
     assert "held back by an open or prepared source transaction" in page
+    assert "500 rows staged<" in page  # under the open attempt
     assert "dead letters waiting</th>" in page and "<span class=bad>2</span>" in page
 
     assert status_sessions(settings) == []  # every connection of the page closed, no transaction left

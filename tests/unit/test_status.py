@@ -67,7 +67,9 @@ def _report() -> StatusReport:
             CommittedBatch("p:run-a", "(2026-11-22T07:00:00+00:00, 2026-11-22T08:00:00+00:00]", False, 1234,
                            T0.astimezone(CET), 2),
             Watermark("2026-11-22T08:00:00+00:00", T0, "p:run-a", T0),
-            [Attempt("p:run-c", 1, "open", None, None, T0, None)], [failure], failure,
+            [Attempt("p:run-c", 1, "open", None, None, T0, None, staged=1234567),
+             Attempt("p:run-d", 1, "open", None, None, T0, None, staged=2000000, staged_directly=True)],
+            [failure], failure,
             dead_letters_pending=3, oldest_pending_reject=(T0 - timedelta(minutes=2)).astimezone(CET)),
         lag=Lag(seconds=185.0, held_back=True))
     return StatusReport(
@@ -97,6 +99,8 @@ def test_html_has_a_row_per_pipeline_and_escapes_everything():
     assert "psql &lt;me&gt;" in page and "rows=&lt;3&gt;" in page
     assert "no batch yet" in page  # the idle pipeline
     assert "p:run-a #2" in page and "1234" in page and "2026-11-22T08:00:00+00:00" in page  # committed_at in UTC
+    # unfinished attempts say how far their staging got: the sink's count, or the stage's for a direct one
+    assert "1,234,567 rows staged<" in page and "about 2,000,000 rows staged directly<" in page
     assert "3m 05s" in page and "held back by an open or prepared source transaction" in page
     assert "4242" in page and "10.0.0.7" in page
     assert "alice &lt;a@b&gt;" in page and "broker &lt;maintenance&gt;" in page and "p1: 5" in page
@@ -114,6 +118,8 @@ def test_json_has_utc_times_and_seconds():
     loaded = data["pipelines"][2]
     assert loaded["ledger"]["last_committed"]["committed_at"] == "2026-11-22T08:00:00+00:00"
     assert loaded["lag"] == {"seconds": 185.0, "ids": None, "held_back": True, "error": None}
+    assert [(a["staged"], a["staged_directly"]) for a in loaded["ledger"]["unfinished"]] == [(1234567, False),
+                                                                                            (2000000, True)]
     assert data["sources"][0]["oldest_open_xact"]["age"] == 180.0
     assert data["sources"][0]["oldest_prepared"] == {"gid": "etl-<2pc>", "prepared": "2026-11-22T07:51:00+00:00",
                                                      "owner": "bob", "count": 2}

@@ -18,7 +18,7 @@ from tidemark.avro import sql_type
 from tidemark.extract.decisions import unrepresentable_error
 from tidemark.progress import Steps, Ticker
 from tidemark.spark.entry import JobError, connect_params, side_queries
-from tidemark.stage import REFUSED, DirectWriter, Target, create_typed, direct_schema, stage_table
+from tidemark.stage import REFUSED, DirectWriter, Target, create_typed, direct_schema, rows_inserted
 
 if TYPE_CHECKING:
     from tidemark.extract.job import Extract
@@ -101,9 +101,7 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
 def _staged(x: "Extract") -> int:
     """Rows the tasks have staged so far, from PostgreSQL's statistics (no scan of the growing stage)."""
     with _queries(x) as conn, conn.cursor() as cur:
-        cur.execute("SELECT coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = to_regclass(%s)), 0)",
-                    (stage_table(x.args.batch_id, x.args.attempt),))
-        return cur.fetchone()[0]
+        return rows_inserted(cur, x.args.batch_id, x.args.attempt)
 
 
 def _attempt_state(x: "Extract") -> str | None:

@@ -78,6 +78,17 @@ class Attempt:
     message: str | None
     begun_at: datetime
     finished_at: datetime | None
+    # An unfinished attempt's rows staged so far (None: not counted): the sink's staged totals, or for
+    # transport: direct (``staged_directly``) PostgreSQL's count of rows its tasks wrote into the stage.
+    staged: int | None = None
+    staged_directly: bool = False
+
+    def staged_text(self) -> str | None:
+        if self.staged is None:
+            return None
+        if self.staged_directly:  # an estimate: a range's COPY that rolled back counts too
+            return f"about {self.staged:,} rows staged directly"
+        return f"{self.staged:,} rows staged"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from tidemark import catalog, ledger
 from tidemark.cdc.changes import lsn_text
 from tidemark.cdc.connect import ConnectError
 from tidemark.cdc.source import Slot
-from tidemark.stage import STAGE_SCHEMA, stage_table
+from tidemark.stage import STAGE_SCHEMA, rows_inserted, stage_table
 from tidemark.spec import PipelineSpec
 from tidemark.window import read_source_clock
 from tidemark.status.model import APPLICATION_NAME, Attempt, CaptureStatus, CommittedBatch, FAILED, FAILURE_WINDOW, Lag, PipelineLedger, PreparedXact, SourceSession, SourceStatus, StageTable, StreamStatus, UNFINISHED, Watermark
@@ -31,11 +31,20 @@ def pipeline_ledger(cur, pipeline: str, failure_window: timedelta = FAILURE_WIND
         committed = CommittedBatch(batch_id, str(window), window.backfill, rows, committed_at, attempt, verdict)
     mark = ledger.watermark_row(cur, pipeline)
     watermark = Watermark(str(mark[0]), mark[0].cursor, mark[1], mark[2]) if mark else None
-    unfinished = [Attempt(*r) for r in ledger.attempts(cur, pipeline, UNFINISHED)]
+    unfinished = [staging(cur, Attempt(*r)) for r in ledger.attempts(cur, pipeline, UNFINISHED)]
     recent = [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, since=failure_window)]
     last = recent[:1] or [Attempt(*r) for r in ledger.attempts(cur, pipeline, FAILED, newest_first=True, limit=1)]
     pending, oldest = ledger.pending_reject_summary(cur, ledger.consumer_for(pipeline))
     return PipelineLedger(committed, watermark, unfinished, recent, last[0] if last else None, pending, oldest)
+
+
+def staging(cur, a: Attempt) -> Attempt:
+    """An unfinished attempt with its rows staged so far. Through Kafka the sink's staged totals
+    count them; a direct attempt's loads join the ledger only at END, so its stage's statistics do."""
+    batch = ledger.planned_batch(cur, a.batch_id)
+    if batch is not None and batch.transport == "direct":
+        return replace(a, staged=rows_inserted(cur, a.batch_id, a.attempt), staged_directly=True)
+    return replace(a, staged=sum(rows for rows, _ in ledger.staged(cur, a.batch_id, a.attempt).values()))
 
 
 def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
