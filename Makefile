@@ -17,6 +17,8 @@
 #   make bench-flood  1,000,000 records the sink cannot use against a good batch of that size: rejects/s, memory
 #   make campaign  id-cursor campaign: writers hold transactions 20-60 s while batches run back to back
 #   make kill-trials  kill -9 the standing sink at seeded moments (TRIALS=20 SEED=...): exactly one effect (make test runs 7)
+#   make test-direct  the batch tests again with every pipeline they make on transport: direct where its spec allows
+#               (the lanes only; a test of the Kafka transport itself is marked kafka_transport and skipped)
 SHELL := /bin/bash
 ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
 STATE := $(or $(TIDEMARK_STATE_DIR),$(ROOT)/.state)
@@ -37,7 +39,7 @@ SEED ?=
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
 bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials profile-sink clean
+.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials test-direct profile-sink clean
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -113,6 +115,16 @@ bench-flood: up
 
 campaign: up
 	@$(STACK) run -- $(PY) bench/id_cursor_campaign.py $(CAMPAIGN_ARGS)
+
+# every file whose tests make pipelines with batchrun.make_pipeline (the lanes' phase: none is serial)
+DIRECT_FILES := $(addprefix tests/stack/,test_batch_faults.py test_protocol_v2.py test_untrusted_input.py \
+  test_repair.py test_forgery.py test_upsert_paths.py test_capped_windows.py test_source_clamps.py \
+  test_batch_consistency.py test_direct_transport.py test_evidence_page.py test_reconcile.py test_one_sink.py \
+  test_source_access.py)
+
+test-direct: up
+	@TIDEMARK_TEST_TRANSPORT=direct $(STACK) run -- $(PY) -m pytest -n $(LANES) --dist loadfile -m "not serial" \
+	    --junitxml=$(STATE)/test-report-direct.xml $(DIRECT_FILES) $(PYTEST_ARGS)
 
 kill-trials: up
 	@$(STACK) run -- $(PY) -m tidemark_workshop.kill_trials --trials $(TRIALS) $(if $(SEED),--seed $(SEED))

@@ -22,6 +22,8 @@ def target_count(pipe) -> int:
     return pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}")[0][0]
 
 
+@pytest.mark.kafka_transport("it watches the extract's records reach the topic; a direct extract killed mid-way: "
+                             "test_scheduler's worker killed mid-extract")
 def test_killed_extract_leaves_nothing_and_the_retry_applies_once(settings, tmp_path):
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     insert_payments(pipe, 1, 400_000)
@@ -62,6 +64,8 @@ def test_killed_extract_leaves_nothing_and_the_retry_applies_once(settings, tmp_
         f"SELECT sum(amount) FROM {pipe.spec.target_table}")[0][0]
 
 
+@pytest.mark.kafka_transport("the sink refuses totals tampered with in END; a direct batch's are refused before "
+                             "END (test_direct_transport)")
 def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     bootstrap = settings.kafka_bootstrap

@@ -4,8 +4,12 @@ sealed totals before it applies (docs/control-protocol.md, "The direct transport
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
+import pytest
+
+from tidemark.control import ProtocolError
 from tidemark.sink import stage_table
 from tidemark.status import pipeline_ledger
 
@@ -27,6 +31,11 @@ def test_a_direct_batch_stages_through_the_warehouse_and_a_record_on_the_topic_c
     wh.close()
     assert (open_attempt.attempt, open_attempt.staged, open_attempt.staged_directly) == (a1, 300, True)
     assert open_attempt.staged_text() == "about 300 rows staged directly"
+    tampered = json.loads(json.dumps(report))  # totals changed after the tasks staged: refused before any END
+    tampered["totals"]["0"]["rows"] += 1
+    with pytest.raises(ProtocolError, match="staged loads do not add up to its totals: partition 0: loads"):
+        pipe.end(a, a1, tampered)
+    assert pipe.state(a.batch_id, a1) == "open"
     inside = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1e6)
     produce(settings.kafka_bootstrap, pipe.spec.topic, [(b"900001", payment(900001, 125, b"EUR", inside), tags)])
     pipe.end(a, a1, report)

@@ -199,7 +199,8 @@ def _failed_extract(pipe, tmp_path, *changes: str):
     src.close()
     plan = pipe.plan("run-a")
     attempt = pipe.begin(plan)
-    proc = pipe._submit(jobs.EXTRACT_JOB, pipe.extract_args(plan, attempt, tmp_path / f"failed-{attempt}.json"))
+    proc = pipe._submit(jobs.EXTRACT_JOB, pipe.extract_args(plan, attempt, tmp_path / f"failed-{attempt}.json"),
+                        env={jobs.WAREHOUSE_PASSWORD_ENV: pipe.settings.pg_password})  # as Pipeline.extract (direct)
     output = proc.stdout + proc.stderr  # the job's own lines go to stdout
     assert proc.returncode == EXIT_JOB_ERROR and "extract_window: FAILED: " in output, output[-3000:]
     return plan, attempt, output.split("extract_window: FAILED: ")[-1]
