@@ -116,14 +116,16 @@ bench-flood: up
 campaign: up
 	@$(STACK) run -- $(PY) bench/id_cursor_campaign.py $(CAMPAIGN_ARGS)
 
-# every file whose tests make pipelines with batchrun.make_pipeline (the lanes' phase: none is serial)
+# the batch files whose tests make pipelines with batchrun.make_pipeline; not the serial ones, the Airflow
+# ones (AIRFLOW_FILES) or the standing sinks' (test_events, test_supervisor, test_standalone_cluster)
 DIRECT_FILES := $(addprefix tests/stack/,test_batch_faults.py test_protocol_v2.py test_untrusted_input.py \
   test_repair.py test_forgery.py test_upsert_paths.py test_capped_windows.py test_source_clamps.py \
   test_batch_consistency.py test_direct_transport.py test_evidence_page.py test_reconcile.py test_one_sink.py \
   test_source_access.py)
 
 test-direct: up
-	@TIDEMARK_TEST_TRANSPORT=direct $(STACK) run -- $(PY) -m pytest -n $(LANES) --dist loadfile -m "not serial" \
+	@TIDEMARK_TEST_TRANSPORT=direct $(STACK) run -- $(PY) -m pytest -n $(LANES) --dist loadfile --no-loadscope-reorder \
+	    -m "not serial" \
 	    --junitxml=$(STATE)/test-report-direct.xml $(DIRECT_FILES) $(PYTEST_ARGS)
 
 kill-trials: up

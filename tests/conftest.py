@@ -21,8 +21,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from tidemark_workshop.settings import SOURCE_DB, WAREHOUSE_DB, Settings
-from tidemark_workshop.stack.batchrun import TRANSPORT_ENV
+from tidemark_workshop.settings import SOURCE_DB, TEST_TRANSPORT_ENV, WAREHOUSE_DB, Settings
 
 PARSE_SECONDS = "dag_parse_seconds"  # tests/test_dag_integrity.py records (file, seconds) per DAG file
 PARSE_TIMES: dict[str, float] = {}  # ... and pytest_terminal_summary reports them
@@ -77,9 +76,11 @@ def pytest_collection_modifyitems(config, items):
             outside.append(item.nodeid)
     if outside:  # `make unit` would run them with no stack to talk to
         raise pytest.UsageError(f"tests outside tests/stack use the running stack's fixtures; move them there: {outside}")
-    if os.environ.get(TRANSPORT_ENV) == "direct":  # make test-direct
+    if os.environ.get(TEST_TRANSPORT_ENV) == "direct":  # make test-direct
         for item in items:
             if (mark := item.get_closest_marker("kafka_transport")) is not None:
+                if not mark.args:
+                    raise pytest.UsageError(f"{item.nodeid}: kafka_transport needs its reason, kafka_transport('why')")
                 item.add_marker(pytest.mark.skip(reason=f"of the Kafka transport itself: {mark.args[0]}"))
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(lane_unit(item.nodeid)).name, len(rank)))  # stable otherwise

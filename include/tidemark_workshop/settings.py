@@ -27,6 +27,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: the stack's scr
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 SOURCE_DB = "tidemark_source"  # the default; Settings.source_db is the one in use (make test gives each lane its own)
 WAREHOUSE_DB = "tidemark_warehouse"
+# `make test-direct`: every pipeline a test makes (batchrun.make_pipeline) goes direct where its spec may
+TEST_TRANSPORT_ENV = "TIDEMARK_TEST_TRANSPORT"
 AIRFLOW_DB = "airflow"
 DATABASES = (SOURCE_DB, WAREHOUSE_DB, AIRFLOW_DB)  # as docker/postgres-init.sql creates them
 DATABASE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -26,7 +26,7 @@ def test_a_direct_batch_stages_through_the_warehouse_and_a_record_on_the_topic_c
     assert sum(rows for _, _, rows, _ in report["loads"]) == report["rows"] == 300
     assert stage_table(a.batch_id, a1) in stages(pipe)  # the tasks staged it before END
     wh = pipe.wh()
-    with wh, wh.cursor() as cur:  # the status page counts it already: the ledger has no loads of it before END
+    with wh, wh.cursor() as cur:  # the status page counts it already: the ledger has no loads before the report
         (open_attempt,) = pipeline_ledger(cur, pipe.spec.name).unfinished
     wh.close()
     assert (open_attempt.attempt, open_attempt.staged, open_attempt.staged_directly) == (a1, 300, True)

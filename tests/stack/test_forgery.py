@@ -42,7 +42,7 @@ def _a_record(bootstrap: str, topic: str, since: dict[int, int], control_kind: b
                          "isolation.level": "read_committed"})
     try:
         consumer.assign([TopicPartition(topic, p, o) for p, o in since.items()])
-        deadline = time.monotonic() + 60  # what the extract wrote is there already: a minute is plenty
+        deadline = time.monotonic() + 60  # what it looks for was written before the call: a minute is plenty
         while time.monotonic() < deadline:
             msg = consumer.poll(1)
             if msg is None or msg.error():
@@ -139,7 +139,8 @@ def test_forged_ends_before_and_after_the_extract_commit_nothing_and_the_genuine
     assert len(dead) == 2 * partitions and all(b"END rejected" in reason for reason in dead)
 
 
-@pytest.mark.kafka_transport("a record of the extract's sent again on the topic: a direct extract writes none there")
+@pytest.mark.kafka_transport("a record of the extract's sent again on the topic: a direct extract writes none there "
+                             "(a record with a direct attempt's headers: test_direct_transport)")
 def test_a_record_sent_again_or_injected_is_a_dead_letter_by_offset_and_the_genuine_batch_loads(settings, tmp_path):
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL)
     bootstrap = settings.kafka_bootstrap

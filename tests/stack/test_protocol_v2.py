@@ -62,7 +62,8 @@ def test_decimals_at_full_precision_and_microsecond_timestamps_survive_bit_for_b
     assert stage_table(plan.batch_id, attempt) not in stages(pipe)
 
 
-@pytest.mark.kafka_transport("the sink's executors stage the records they read from the topic")
+@pytest.mark.kafka_transport("the sink's executors stage what they read from the topic; a direct extract killed "
+                             "mid-stage: test_scheduler's worker killed mid-extract")
 def test_rows_the_executors_staged_for_a_micro_batch_that_never_committed_are_never_applied(settings, tmp_path):
     """The Spark tasks COPY into the stage and commit before the sink's micro-batch transaction does
     (tidemark.stage). Killed in between, their rows stay in the stage under loads nobody accepted;
@@ -95,7 +96,8 @@ def test_rows_the_executors_staged_for_a_micro_batch_that_never_committed_are_ne
                          (plan.batch_id,)) == [(0,)]
 
 
-@pytest.mark.kafka_transport("the sink's executors stage the records they read from the topic")
+@pytest.mark.kafka_transport("the sink's executors stage what they read from the topic; a direct attempt ended "
+                             "while its tasks stage: test_direct_transport's superseded attempt")
 def test_what_the_executors_staged_for_an_attempt_aborted_in_the_same_micro_batch_is_discarded(settings, tmp_path):
     """The tasks stage the records of an attempt open when the micro-batch began; its ABORT, read in
     the same micro-batch, aborts it first in the driver's transaction: their loads are discarded."""
@@ -112,7 +114,8 @@ def test_what_the_executors_staged_for_an_attempt_aborted_in_the_same_micro_batc
     assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}") == [(0,)]
 
 
-@pytest.mark.kafka_transport("a stage an earlier sink filled from the topic")
+@pytest.mark.kafka_transport("a stage an earlier sink filled from the topic; no direct counterpart: a direct stage "
+                             "always had load ids")
 def test_a_stage_an_earlier_version_filled_gains_the_load_column_and_all_its_rows_apply(settings, tmp_path):
     """An upgrade mid-batch: the earlier sink's driver staged records in its own committed transactions,
     into a stage without load ids. The new sink adds the column at start; those rows all count."""
@@ -233,7 +236,8 @@ def test_a_version_1_batch_on_the_topic_still_applies_and_added_and_widened_colu
     assert "source now: (" in text and "fee numeric(6,4))" in text
 
 
-@pytest.mark.kafka_transport("the sink's executors COPY the records they read from the topic")
+@pytest.mark.kafka_transport("the sink's executors COPY what they read from the topic; no direct counterpart "
+                             "tested yet: a row the typed stage refuses fails a direct extract (exit 3)")
 def test_a_record_the_typed_stage_refuses_is_a_dead_letter_alone_and_the_genuine_batch_commits(settings, tmp_path):
     """A record that decodes and passes Spark's checks but that the stage's types refuse (here a
     four-letter currency for char(3)), sent into the batch by another producer: the task that read

@@ -162,7 +162,7 @@ def test_page_shows_batches_attempts_orphans_and_the_clamp(settings, tmp_path, m
         assert text in page, text
     assert "&lt;b&gt;not&lt;/b&gt; loaded" in page and "<b>not</b>" not in page
     assert "held back by an open or prepared source transaction" in page
-    assert "500 rows staged<" in page  # under the open attempt
+    assert "500 records staged<" in page  # under the open attempt
     assert "dead letters waiting</th>" in page and "<span class=bad>2</span>" in page
 
     assert status_sessions(settings) == []  # every connection of the page closed, no transaction left

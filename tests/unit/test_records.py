@@ -273,17 +273,15 @@ def test_the_checker_travels_to_a_python_without_tidemark_and_gives_the_same_rea
 
     from pyspark import cloudpickle
 
-    import tidemark.columns
-    import tidemark.records
-    import tidemark.screen
-    import tidemark.window
-    from tidemark.records import Checker
+    import importlib
 
-    shipped = (tidemark.records, tidemark.columns, tidemark.screen, tidemark.window)  # as the sink's job ships them
+    from tidemark.records import Checker
+    from tidemark.sink.job import EXECUTOR_MODULES
+
+    shipped = [importlib.import_module(name) for name in EXECUTOR_MODULES]  # as the sink's job ships them
     for module in shipped:
         cloudpickle.register_pickle_by_value(module)
     try:
-        RULES.screen()  # made and kept on the rules: it travels with them
         (tmp_path / "checker.pickle").write_bytes(cloudpickle.dumps(Checker("t", RULES, {("b", 1): WINDOW})))
     finally:
         for module in shipped:

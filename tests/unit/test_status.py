@@ -100,7 +100,7 @@ def test_html_has_a_row_per_pipeline_and_escapes_everything():
     assert "no batch yet" in page  # the idle pipeline
     assert "p:run-a #2" in page and "1234" in page and "2026-11-22T08:00:00+00:00" in page  # committed_at in UTC
     # unfinished attempts say how far their staging got: the sink's count, or the stage's for a direct one
-    assert "1,234,567 rows staged<" in page and "about 2,000,000 rows staged directly<" in page
+    assert "1,234,567 records staged<" in page and "about 2,000,000 rows staged directly<" in page
     assert "3m 05s" in page and "held back by an open or prepared source transaction" in page
     assert "4242" in page and "10.0.0.7" in page
     assert "alice &lt;a@b&gt;" in page and "broker &lt;maintenance&gt;" in page and "p1: 5" in page

@@ -44,7 +44,7 @@ from tidemark.ledger.sink_state import (  # noqa: F401
     record_end, record_micro_batch, record_rejects, staged, store_offset, stored_offsets,
 )
 from tidemark.ledger.views import (  # noqa: F401
-    ATTEMPT_COLUMNS, CONTROL_TABLES, attempts, control_schema_exists, every_attempt, last_committed,
+    ATTEMPT_COLUMNS, CONTROL_TABLES, attempts, batch_transport, control_schema_exists, every_attempt, last_committed,
     stream_tables_exist, watermark_row,
 )
 from tidemark.ledger.reconciliations import (  # noqa: F401

@@ -25,6 +25,14 @@ def stream_tables_exist(cur) -> bool:
     return cur.fetchone()[0]
 
 
+def batch_transport(cur, batch_id: str) -> str:
+    """How a batch's records reach its stage, "kafka" or "direct": read through to_jsonb, so a control
+    schema from before the column (never upgraded by a reader) says "kafka", as every batch then was."""
+    cur.execute("SELECT to_jsonb(b) ->> 'transport' FROM tidemark_control.batches b WHERE batch_id = %s", (batch_id,))
+    row = cur.fetchone()
+    return (row and row[0]) or "kafka"
+
+
 def last_committed(cur, pipeline: str) -> tuple[str, Window, int | None, Any, int | None, str | None] | None:
     """(batch id, window, rows, committed at, attempt, reconciliation verdict or None) of the
     pipeline's newest committed batch (a repair batch, which re-loads a few keys, is not one)."""

@@ -163,15 +163,19 @@ def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str
     )
 
 
+# The modules the executors run (checks, staging): they travel by value with each task.
+EXECUTOR_MODULES = ("tidemark.records", "tidemark.columns", "tidemark.screen", "tidemark.window", "tidemark.stage",
+                    "tidemark.pgbinary", "tidemark.totals")
+
+
 def ship_to_executors() -> None:
-    """The modules the executors run (checks, staging) travel by value with each task, so
-    executors need no Tidemark installed."""
+    """EXECUTOR_MODULES travel by value with each task, so executors need no Tidemark installed."""
+    import importlib
+
     from pyspark import cloudpickle
 
-    from tidemark import columns, pgbinary, records, screen, stage, totals, window
-
-    for module in (records, columns, screen, window, stage, pgbinary, totals):
-        cloudpickle.register_pickle_by_value(module)
+    for name in EXECUTOR_MODULES:
+        cloudpickle.register_pickle_by_value(importlib.import_module(name))
 
 
 def stream(records, batches: MicroBatches, spec: PipelineSpec, available_now: bool,

@@ -78,8 +78,9 @@ class Attempt:
     message: str | None
     begun_at: datetime
     finished_at: datetime | None
-    # An unfinished attempt's rows staged so far (None: not counted): the sink's staged totals, or for
-    # transport: direct (``staged_directly``) PostgreSQL's count of rows its tasks wrote into the stage.
+    # What an unfinished attempt has staged so far (None: not counted): the sink's staged totals (records
+    # with its headers, until END's check), or for transport: direct (``staged_directly``) PostgreSQL's
+    # count of the rows its extract's tasks wrote into the stage.
     staged: int | None = None
     staged_directly: bool = False
 
@@ -88,7 +89,7 @@ class Attempt:
             return None
         if self.staged_directly:  # an estimate: a range's COPY that rolled back counts too
             return f"about {self.staged:,} rows staged directly"
-        return f"{self.staged:,} rows staged"
+        return f"{self.staged:,} records staged"
 
 
 @dataclass(frozen=True)

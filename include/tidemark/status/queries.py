@@ -39,10 +39,11 @@ def pipeline_ledger(cur, pipeline: str, failure_window: timedelta = FAILURE_WIND
 
 
 def staging(cur, a: Attempt) -> Attempt:
-    """An unfinished attempt with its rows staged so far. Through Kafka the sink's staged totals
-    count them; a direct attempt's loads join the ledger only at END, so its stage's statistics do."""
-    batch = ledger.planned_batch(cur, a.batch_id)
-    if batch is not None and batch.transport == "direct":
+    """An unfinished attempt with what is staged of it so far. Through Kafka the sink's staged totals
+    count its records (those another producer sent with its headers too, until END's check drops them);
+    a direct attempt's loads join the ledger only once its extract's report is recorded, so the stage's
+    statistics count its rows."""
+    if ledger.batch_transport(cur, a.batch_id) == "direct":
         return replace(a, staged=rows_inserted(cur, a.batch_id, a.attempt), staged_directly=True)
     return replace(a, staged=sum(rows for rows, _ in ledger.staged(cur, a.batch_id, a.attempt).values()))
 

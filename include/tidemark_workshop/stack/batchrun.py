@@ -18,7 +18,7 @@ import psycopg2
 
 from tidemark import batch, ledger, repair
 from tidemark.spark import jobs
-from tidemark_workshop.settings import WAREHOUSE_DB, Settings
+from tidemark_workshop.settings import TEST_TRANSPORT_ENV, WAREHOUSE_DB, Settings
 from tidemark.spec import PipelineSpec, load_spec
 from tidemark_workshop.stack.spark import Submitted, submit
 
@@ -232,21 +232,20 @@ def insert_payments(pipe: Pipeline, first: int, last: int, stamp: str = "now()")
         conn.close()
 
 
-# `make test-direct`: every pipeline a test makes whose spec may go direct does, unless the test chose
-TRANSPORT_ENV = "TIDEMARK_TEST_TRANSPORT"
-
-
 def make_pipeline(settings: Settings, tmp_path: Path, source_ddl: str, **fields) -> Pipeline:
     """A fresh pipeline named it_<random>: source table `<name>_src`, target `<name>_tgt`; its transport
-    the test's, else ``TIDEMARK_TEST_TRANSPORT``'s where the record format allows it, else Kafka."""
+    the test's, else ``TEST_TRANSPORT_ENV``'s (`make test-direct`) where the record format allows it, else Kafka."""
     name = f"it_{uuid.uuid4().hex[:10]}"
     spec = {
         "name": name, "table": f"public.{name}_src", "primary_key": ["id"],
         "cursor": {"kind": "timestamp", "column": "updated_at"}, "safe_lag": "PT0S",
         "target_table": f"public.{name}_tgt", "partitions": 3, **fields,
     }
-    if os.environ.get(TRANSPORT_ENV) and "transport" not in fields and fields.get("record_format", "avro") == "avro":
-        spec["transport"] = os.environ[TRANSPORT_ENV]
+    transport = os.environ.get(TEST_TRANSPORT_ENV)
+    if transport and "transport" not in fields and fields.get("record_format", "avro") == "avro":
+        if transport not in ("kafka", "direct"):
+            raise ValueError(f"{TEST_TRANSPORT_ENV}={transport!r}: kafka or direct")
+        spec["transport"] = transport
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
     conn = psycopg2.connect(settings.dsn(settings.source_db))
