@@ -69,8 +69,8 @@ class Screen:
     required: tuple[str, ...]
     max_bytes: int
     # The usual event, its fields in the table's order (each at most once, the required ones there):
-    # matched with its key as group 1, it passes without ``value`` (Spark's OR short-circuits; the names'
-    # array may be computed anyway, cheaply: OR, CASE WHEN and skipForShortcutExpr timed alike).
+    # matched with its key as group 1, it passes without ``value`` or ``names`` (Spark's OR short-circuits;
+    # ``screened`` says the names' array once so that no common subexpression makes it for every event).
     ordered: str
 
 
