@@ -15,7 +15,7 @@ from tidemark.status import pipeline_ledger
 
 from test_protocol_v2 import payment, stages
 from test_untrusted_input import extracted_batch, produce, rejects, same_rows
-from tidemark_workshop.stack.batchrun import insert_payments
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 
 
 def test_a_direct_batch_stages_through_the_warehouse_and_a_record_on_the_topic_cannot_join_it(settings, tmp_path):
@@ -71,3 +71,30 @@ def test_a_superseded_direct_attempt_stages_nothing_more_and_its_stage_never_app
     same_rows(pipe)
     assert pipe.query_wh(f"SELECT count(*) FROM {pipe.spec.target_table}") == [(300,)]
     assert {stage_table(a.batch_id, a1), stage_table(a.batch_id, a2)}.isdisjoint(stages(pipe))
+
+
+def test_a_source_row_the_typed_stage_refuses_fails_the_direct_extract_and_the_next_attempt_loads_exactly(
+        settings, tmp_path):
+    """The source widened a column after the plan registered its record schema, and a row used the
+    room: the stage's types refuse it. Through Kafka that record would be a dead letter and the batch
+    refused; a direct extract cannot dead-letter the source's own row, so it fails (exit 3) naming the
+    refusal and what to do, and stages nothing that could apply. Undone at the source, the next attempt
+    of the same window loads it exactly."""
+    from test_untrusted_input import _corrected_and_loaded, _failed_extract
+
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, transport="direct")
+    insert_payments(pipe, 1, 300)
+    plan = pipe.plan("run-a")
+    src = pipe.src()
+    with src, src.cursor() as cur:  # after the plan: its record schema says character(3)
+        cur.execute(f"ALTER TABLE {pipe.source_table} ALTER COLUMN currency TYPE char(4)")
+        cur.execute(f"UPDATE {pipe.source_table} SET currency = 'EURO' WHERE id = 7")
+    src.close()
+    plan, attempt, cause = _failed_extract(pipe, tmp_path, plan=plan)
+    assert "the typed stage refused one of" in cause and "character(3)" in cause, cause
+    assert "Next: make the target's record schema hold the value" in cause, cause
+    assert pipe.state(plan.batch_id, attempt) == "open"  # the DAG's teardown aborts it: nothing of it applies
+    _corrected_and_loaded(pipe, plan, attempt, "UPDATE {table} SET currency = 'EUR' WHERE id = 7; "
+                          "ALTER TABLE {table} ALTER COLUMN currency TYPE char(3)")
+    assert stage_table(plan.batch_id, attempt) not in stages(pipe)
+    same_rows(pipe)

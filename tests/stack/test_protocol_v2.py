@@ -236,8 +236,8 @@ def test_a_version_1_batch_on_the_topic_still_applies_and_added_and_widened_colu
     assert "source now: (" in text and "fee numeric(6,4))" in text
 
 
-@pytest.mark.kafka_transport("the sink's executors COPY what they read from the topic; no direct counterpart "
-                             "tested yet: a row the typed stage refuses fails a direct extract (exit 3)")
+@pytest.mark.kafka_transport("the sink's executors COPY what they read from the topic; a source row the typed "
+                             "stage refuses fails a direct extract instead (test_direct_transport)")
 def test_a_record_the_typed_stage_refuses_is_a_dead_letter_alone_and_the_genuine_batch_commits(settings, tmp_path):
     """A record that decodes and passes Spark's checks but that the stage's types refuse (here a
     four-letter currency for char(3)), sent into the batch by another producer: the task that read

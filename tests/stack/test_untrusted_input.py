@@ -185,10 +185,10 @@ def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_co
     same_rows(pipe)
 
 
-def _failed_extract(pipe, tmp_path, *changes: str):
-    """The source changed by ``changes`` (SQL, ``{table}`` for the source table), a batch planned and
-    begun, and its extract failed as a job error (exit 3: no retry helps): the plan, attempt and
-    the extract's own cause."""
+def _failed_extract(pipe, tmp_path, *changes: str, plan=None):
+    """The source changed by ``changes`` (SQL, ``{table}`` for the source table), a batch planned (or
+    ``plan``) and begun, and its extract failed as a job error (exit 3: no retry helps): the plan,
+    attempt and the extract's own cause."""
     from tidemark.spark import jobs
     from tidemark.spark.entry import EXIT_JOB_ERROR
 
@@ -197,7 +197,7 @@ def _failed_extract(pipe, tmp_path, *changes: str):
         for change in changes:
             cur.execute(change.format(table=pipe.source_table))
     src.close()
-    plan = pipe.plan("run-a")
+    plan = plan or pipe.plan("run-a")
     attempt = pipe.begin(plan)
     proc = pipe._submit(jobs.EXTRACT_JOB, pipe.extract_args(plan, attempt, tmp_path / f"failed-{attempt}.json"),
                         env={jobs.WAREHOUSE_PASSWORD_ENV: pipe.settings.pg_password})  # as Pipeline.extract (direct)
