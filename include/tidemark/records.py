@@ -392,8 +392,8 @@ class Checker:
     ``checked`` (control messages, records of attempts opened after the checker was made).
 
     ``windows``: the planned window of each open attempt, by (batch id, attempt). Picklable without
-    Tidemark installed where it runs (``cloudpickle.register_pickle_by_value`` on this module,
-    ``tidemark.columns``, ``tidemark.screen`` and ``tidemark.window``), like the extract's totals."""
+    Tidemark installed where it runs (the modules of ``tidemark.sink.job.EXECUTOR_MODULES`` travel
+    by value), like the extract's totals."""
 
     def __init__(self, topic: str, rules: RecordRules | None, windows: dict[tuple[str, int], Window],
                  event_topic: str | None = None, event_rules: RecordRules | None = None):

@@ -80,8 +80,8 @@ def make_screen(columns: Mapping[str, Column], *, key: str, required: Iterable[s
     text column), with every field of ``required`` present and not null; None where it cannot be made
     (a required column of a type without a pattern, more than SCREEN_FIELDS fields)."""
     fields = {n: v for n, c in columns.items() if _SCREEN_NAME.match(n) and (v := value_pattern(c))}
-    required = dict.fromkeys(required)
-    if any(n not in fields for n in required) or len(fields) > SCREEN_FIELDS:
+    needed = dict.fromkeys(required)  # in order, once each
+    if any(n not in fields for n in needed) or len(fields) > SCREEN_FIELDS:
         return None
 
     def name(n: str) -> str:  # a field's name where one may begin: after { or , (strings hold no quote)
@@ -90,7 +90,7 @@ def make_screen(columns: Mapping[str, Column], *, key: str, required: Iterable[s
     def field(n: str, v: str) -> str:  # the key field's text (in quotes, or the number) is group 1
         if n == key:
             v = f'"({v[1:-1]})"' if v.startswith('"') else f"({v})"
-        return rf'"{n}"{_WS}:{_WS}(?:{v}{"" if n in required else "|null"})'  # a required one: not null
+        return rf'"{n}"{_WS}:{_WS}(?:{v}{"" if n in needed else "|null"})'  # a required one: not null
 
     # any order; a field twice, or a required one missing: the names say so, and Python which
     one = "(?:" + "|".join(field(n, v) for n, v in fields.items()) + ")"
@@ -105,7 +105,7 @@ def make_screen(columns: Mapping[str, Column], *, key: str, required: Iterable[s
     # Possessive (*+) after a value: a comma or the } must follow it, and a long run of spaces handed
     # back one at a time to every optional field after it cost seconds per megabyte (Java and Python alike).
     ordered = r"^(?=\{)" + "".join(
-        rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS_POSSESSIVE}){'' if n in required else '?'}"
+        rf"(?:(?:^\{{|,){_WS}{field(n, v)}{_WS_POSSESSIVE}){'' if n in needed else '?'}"
         for n, v in fields.items()
     ) + rf"\}}{_WS}{end}"
-    return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(required), max_bytes, ordered)
+    return Screen(value, name("([A-Za-z_][A-Za-z0-9_]*)"), tuple(needed), max_bytes, ordered)
