@@ -98,7 +98,7 @@ def test_bad_end_messages_are_handled_and_explained(settings, tmp_path):
 
     pipe.sink()
     assert pipe.state(a.batch_id, a1) == "committed"
-    assert target_count(pipe) == 300  # only batch A; B refused, D still open
+    assert target_count(pipe) == 300  # only batch A; B refused (direct: open, no END), D still open
     wh = pipe.wh()
     if direct:  # no END was sent: B waits, open, for an END that matches its stage
         assert commit_state(pipe.spec, wh, b.batch_id, b1) is False

@@ -94,6 +94,7 @@ def test_a_source_row_the_typed_stage_refuses_fails_the_direct_extract_and_the_n
     assert "the typed stage refused one of" in cause and "character(3)" in cause, cause
     assert "Next: make the target's record schema hold the value" in cause, cause
     assert pipe.state(plan.batch_id, attempt) == "open"  # the DAG's teardown aborts it: nothing of it applies
+    assert stage_table(plan.batch_id, attempt) in stages(pipe)  # made before the tasks ran; the abort drops it
     _corrected_and_loaded(pipe, plan, attempt, "UPDATE {table} SET currency = 'EUR' WHERE id = 7; "
                           "ALTER TABLE {table} ALTER COLUMN currency TYPE char(3)")
     assert stage_table(plan.batch_id, attempt) not in stages(pipe)
