@@ -208,15 +208,13 @@ def _drain(settings: Settings, pipe, launcher: LocalLauncher, argv, env, args, r
     # executors' checks of a backlog) against the apply in PostgreSQL (with any checks the driver
     # made); a standing sink reads N+1 while N applies, so the two shares may add up past 1
     # (only the drain's micro-batches are in the log so far; the first is outside the span, as in the rate)
-    read = apply = 0.0
     by_step: dict[str, float] = {}
     for steps in APPLY_LINE.findall(Path(launcher.log_location(name)).read_text())[1:]:
         for step, seconds in STEP.findall(steps):
             by_step[step] = by_step.get(step, 0.0) + float(seconds)
-            if step.startswith("spark read"):
-                read += float(seconds)
-            elif not step.startswith(("wait", "tasks'")):  # waiting, and the executors' own COPY time
-                apply += float(seconds)
+    read = sum(s for step, s in by_step.items() if step.startswith("spark read"))
+    apply = sum(s for step, s in by_step.items()  # not waiting, nor the executors' own COPY time
+                if not step.startswith(("spark read", "wait", "tasks'")))
     print("drain steps summed over its micro-batches: "
           + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in sorted(by_step.items(), key=lambda i: -i[1])),
           flush=True)

@@ -14,7 +14,7 @@ from tidemark.sink import stage_table
 from tidemark.status import pipeline_ledger
 
 from test_protocol_v2 import payment, stages
-from test_untrusted_input import extracted_batch, produce, rejects, same_rows
+from test_untrusted_input import _corrected_and_loaded, _failed_extract, extracted_batch, produce, rejects, same_rows
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 
 
@@ -80,8 +80,6 @@ def test_a_source_row_the_typed_stage_refuses_fails_the_direct_extract_and_the_n
     refused; a direct extract cannot dead-letter the source's own row, so it fails (exit 3) naming the
     refusal and what to do, and stages nothing that could apply. Undone at the source, the next attempt
     of the same window loads it exactly."""
-    from test_untrusted_input import _corrected_and_loaded, _failed_extract
-
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, transport="direct")
     insert_payments(pipe, 1, 300)
     plan = pipe.plan("run-a")

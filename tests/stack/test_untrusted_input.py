@@ -189,7 +189,6 @@ def _failed_extract(pipe, tmp_path, *changes: str, plan=None):
     """The source changed by ``changes`` (SQL, ``{table}`` for the source table), a batch planned (or
     ``plan``) and begun, and its extract failed as a job error (exit 3: no retry helps): the plan,
     attempt and the extract's own cause."""
-    from tidemark.spark import jobs
     from tidemark.spark.entry import EXIT_JOB_ERROR
 
     src = pipe.src()
@@ -199,8 +198,7 @@ def _failed_extract(pipe, tmp_path, *changes: str, plan=None):
     src.close()
     plan = plan or pipe.plan("run-a")
     attempt = pipe.begin(plan)
-    proc = pipe._submit(jobs.EXTRACT_JOB, pipe.extract_args(plan, attempt, tmp_path / f"failed-{attempt}.json"),
-                        env={jobs.WAREHOUSE_PASSWORD_ENV: pipe.settings.pg_password})  # as Pipeline.extract (direct)
+    proc = pipe.extract_job(plan, attempt, tmp_path / f"failed-{attempt}.json")
     output = proc.stdout + proc.stderr  # the job's own lines go to stdout
     assert proc.returncode == EXIT_JOB_ERROR and "extract_window: FAILED: " in output, output[-3000:]
     return plan, attempt, output.split("extract_window: FAILED: ")[-1]
