@@ -76,11 +76,14 @@ def pytest_collection_modifyitems(config, items):
             outside.append(item.nodeid)
     if outside:  # `make unit` would run them with no stack to talk to
         raise pytest.UsageError(f"tests outside tests/stack use the running stack's fixtures; move them there: {outside}")
+    # checked in every run, not only where `make test-direct` reads it
+    unexplained = [item.nodeid for item in items
+                   if (mark := item.get_closest_marker("kafka_transport")) is not None and not mark.args]
+    if unexplained:
+        raise pytest.UsageError(f"kafka_transport needs its reason, kafka_transport('why'): {unexplained}")
     if os.environ.get(TEST_TRANSPORT_ENV) == "direct":  # make test-direct
         for item in items:
             if (mark := item.get_closest_marker("kafka_transport")) is not None:
-                if not mark.args:
-                    raise pytest.UsageError(f"{item.nodeid}: kafka_transport needs its reason, kafka_transport('why')")
                 item.add_marker(pytest.mark.skip(reason=f"of the Kafka transport itself: {mark.args[0]}"))
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(lane_unit(item.nodeid)).name, len(rank)))  # stable otherwise
