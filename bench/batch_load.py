@@ -11,7 +11,7 @@
    ``ratio_vs_debezium`` is Tidemark's time (Kafka transport) over the peer's.
 
 Tidemark also loads the same rows with a standing sink (started before the plan, as the
-supervisor keeps it), and once more with its Spark jobs at ``local[1]`` instead of the stack's
+supervisor keeps it for ``sink: {mode: standing}``), through Kafka and direct, and once more with its Spark jobs at ``local[1]`` instead of the stack's
 ``local[2]``: ``ratio_local2_vs_local1`` is rows/s at two cores over rows/s at one.
 
 Each copies the same window into an empty table of the same shape, and each copy is checked
@@ -59,7 +59,7 @@ from tidemark.window import predicate
 
 BENCH = Path(__file__).resolve().parent
 SCHEMAS = {"tidemark": "bench_tidemark", "standing": "bench_tidemark_standing", "local1": "bench_tidemark_local1",
-           "direct": "bench_tidemark_direct",
+           "direct": "bench_tidemark_direct", "direct_standing": "bench_tidemark_direct_standing",
            "copy": "bench_copy", "spark_jdbc": "bench_spark_jdbc", "debezium": "bench_debezium"}
 MB = 1024 * 1024
 
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     one_core = _pipeline(replace(settings, spark_master="local[1]"), args.partitions, "local1", args.record_format, sink)
     # The same batch with transport: direct (the extract's tasks stage the rows; Kafka carries BEGIN and END)
     direct = _pipeline(settings, args.partitions, "direct", "avro", sink, transport="direct")
+    direct_standing = _pipeline(settings, args.partitions, "direct_standing", "avro", sink, transport="direct")
     try:
         _reset(src, wh)
         bank.seed(src)
@@ -104,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         result = {"rows": args.rows, "record_format": args.record_format, **({"sink": sink} if sink else {}),
                   **_tidemark(pipe, src, wh, args.rows)}
         where = predicate(pipe.spec, result.pop("window"))
-        result.update(_standing_sink(settings, standing, src, wh, args.rows))
+        kept = _standing_sink(settings, standing, src, wh, args.rows, "standing")
+        result.update(tidemark_standing_sink_s=kept["seconds"], standing_sink_peak_mb=kept["peak_mb"])
         result.update(_cores(one_core, src, wh, args.rows, result))
         result.update(_direct(direct, src, wh, args.rows, result))
+        kept = _standing_sink(settings, direct_standing, src, wh, args.rows, "direct_standing")
+        result.update(direct_standing_sink_s=kept["seconds"], direct_standing_sink_steps_s=kept["steps_s"])
         if not args.no_baselines:
             result["copy_s"] = _copy_pipe(settings, _empty_target(src, wh, "copy"), where)
             _check(src, wh, "copy", where, args.rows)
@@ -119,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                 result["tidemark_standing_sink_s"] / result["spark_jdbc_s"], 2)
             result["direct_ratio_vs_copy"] = round(result["direct_s"] / result["copy_s"], 2)
             result["direct_ratio_vs_spark_jdbc"] = round(result["direct_s"] / result["spark_jdbc_s"], 2)
+            result["direct_standing_sink_ratio_vs_copy"] = round(result["direct_standing_sink_s"] / result["copy_s"], 2)
+            result["direct_standing_sink_ratio_vs_spark_jdbc"] = round(
+                result["direct_standing_sink_s"] / result["spark_jdbc_s"], 2)
         if args.peers:
             result.update(_debezium(settings, src, wh, where, args.rows, result))
         result["sink_peak_mb"] = {str(args.rows): result.pop("sink_peak_mb")}
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _save_logs(settings, pipe)
         _save_logs(settings, direct, prefix="bench-direct")
-        _clean(settings, src, wh, pipe, standing, one_core, direct)
+        _clean(settings, src, wh, pipe, standing, one_core, direct, direct_standing)
         src.close()
         wh.close()
     print(json.dumps(result, sort_keys=True), flush=True)
@@ -232,11 +239,13 @@ def _tidemark(pipe: Pipeline, src, wh, rows: int, contender: str = "tidemark") -
     }
 
 
-def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> dict:
-    """The same batch with the sink already running, as the streaming supervisor will keep it: the
-    sink stages records while the extract writes them, and only the merge follows END."""
+def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int, contender: str) -> dict:
+    """The same batch with the sink already running, as ``sink: {mode: standing}`` keeps it (the
+    supervisor): through Kafka the sink stages records while the extract writes them, and only the
+    merge follows END; direct, the extract stages them and the sink verifies and applies after END.
+    Returns the seconds from plan to commit, its steps and the sink's peak memory."""
     ensure_topic(settings.kafka_bootstrap, pipe.spec.topic, pipe.spec.partitions)
-    log_path = settings.logs_dir / "bench-standing-sink.log"
+    log_path = settings.logs_dir / f"bench-{contender.replace('_', '-')}-sink.log"
     cmd, env = submit_command(settings, "batch_sink.py", pipe.sink_args(available_now=False), secret=settings.pg_password)
     with open(log_path, "w") as log_file:
         sink = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -250,7 +259,11 @@ def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> di
             t0 = time.time()
             plan = pipe.plan("bench-standing")
             attempt = pipe.begin(plan)
-            pipe.end(plan, attempt, pipe.extract(plan, attempt))
+            t_begun = time.time()
+            report = pipe.extract(plan, attempt)
+            t_extracted = time.time()
+            pipe.end(plan, attempt, report)
+            t_ended = time.time()
             while (state := pipe.state(plan.batch_id, attempt)) not in ("committed", "refused"):
                 if sink.poll() is not None or time.time() - t0 > 1800:
                     raise BenchError(f"standing sink: batch {plan.batch_id} still {state}; see {log_path}")
@@ -265,13 +278,17 @@ def _standing_sink(settings: Settings, pipe: Pipeline, src, wh, rows: int) -> di
                 sink.wait(10)
     if state != "committed":
         raise BenchError(f"standing sink: batch {plan.batch_id} {state}: {pipe.ledger(plan.batch_id)}")
-    _check(src, wh, "standing", predicate(pipe.spec, plan.window), rows)
+    _check(src, wh, contender, predicate(pipe.spec, plan.window), rows)
     extract = pipe.jobs[-1]
     startup = _ready_at(extract) - extract.started_at
     seconds = (t1 - t0) - startup
-    say(f"tidemark with a standing sink: {rows} rows committed in {seconds:.1f} s + {startup:.1f} s extract JVM start-up; "
+    steps = {"plan_begin": t_begun - t0, "extract_work": t_extracted - _ready_at(extract), "end": t_ended - t_extracted,
+             "sink_work": t1 - t_ended}  # the sink's work after END: what a standing sink leaves to do then
+    say(f"tidemark ({pipe.spec.transport}) with a standing sink: {rows} rows committed in {seconds:.1f} s + {startup:.1f} s "
+        f"extract JVM start-up (steps {', '.join(f'{k} {v:.1f} s' for k, v in steps.items())}); "
         f"sink peak memory {memory.peak_bytes / MB:.0f} MB")
-    return {"tidemark_standing_sink_s": round(seconds, 2), "standing_sink_peak_mb": round(memory.peak_bytes / MB)}
+    return {"seconds": round(seconds, 2), "steps_s": {k: round(v, 2) for k, v in steps.items()},
+            "peak_mb": round(memory.peak_bytes / MB)}
 
 
 def _cores(pipe: Pipeline, src, wh, rows: int, two_cores: dict) -> dict:

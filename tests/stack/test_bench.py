@@ -60,6 +60,7 @@ def test_bench_subset_reports_every_figure_and_the_ledger_bears_them_out(warehou
     for key in ("tidemark_s", "tidemark_wall_s", "copy_s", "spark_jdbc_s", "tidemark_standing_sink_s",
                 "tidemark_local1_s", "ratio_local2_vs_local1", "ratio_vs_copy", "ratio_vs_spark_jdbc",
                 "direct_s", "direct_ratio_vs_copy", "direct_ratio_vs_spark_jdbc", "ratio_direct_vs_kafka",
+                "direct_standing_sink_s", "direct_standing_sink_ratio_vs_copy", "direct_standing_sink_ratio_vs_spark_jdbc",
                 "debezium_s", "ratio_vs_debezium", "direct_ratio_vs_debezium", "debezium_ratio_vs_copy"):
         assert result[key] > 0, key
     assert result["debezium_rows"] >= ROWS  # the peer's snapshot takes the whole table (the script checks the window)
@@ -73,14 +74,14 @@ def test_bench_subset_reports_every_figure_and_the_ledger_bears_them_out(warehou
 
     # The ledger, written by the loads themselves: each Tidemark contender's batch really committed
     # the rows its figures are for (the timed batch at local[2], the standing sink, the timed batch
-    # at local[1], the timed batch with transport: direct, then the memory batch), in the order the script
-    # runs them.
+    # at local[1], the timed batch with transport: direct and again with a standing sink, then the memory
+    # batch), in the order the script runs them.
     batches = _bench_batches(warehouse_conn, since)
     assert [(b["run_id"], b["state"], b["rows"]) for b in batches] == [
         ("bench-timed", "committed", ROWS), ("bench-standing", "committed", ROWS),
-        ("bench-timed", "committed", ROWS), ("bench-timed", "committed", ROWS),
+        ("bench-timed", "committed", ROWS), ("bench-timed", "committed", ROWS), ("bench-standing", "committed", ROWS),
         (f"bench-memory-{MEMORY_ROWS}", "committed", MEMORY_ROWS)], batches
-    timed, standing = batches[0], batches[1]
+    timed, standing, direct_standing = batches[0], batches[1], batches[4]
     # Each time covers the load it names: from before the plan until after the commit, less only
     # the JVM start-ups (which fall inside it), never a clock stopped before the commit.
     load = _seconds(timed["planned_at"], timed["committed_at"])
@@ -88,11 +89,13 @@ def test_bench_subset_reports_every_figure_and_the_ledger_bears_them_out(warehou
     assert result["tidemark_wall_s"] + SLACK_S >= load, (result["tidemark_wall_s"], load)
     assert startup < load, (result["jvm_startup_s"], load)
     assert result["tidemark_s"] + startup + SLACK_S >= load, (result["tidemark_s"], result["jvm_startup_s"], load)
-    # the standing sink's time leaves out the extract's start-up, which lies between BEGIN and END
-    extract_span = _seconds(standing["begun_at"], standing["sealed_at"])
-    standing_load = _seconds(standing["planned_at"], standing["committed_at"])
-    assert result["tidemark_standing_sink_s"] + extract_span + SLACK_S >= standing_load, (
-        result["tidemark_standing_sink_s"], extract_span, standing_load)
+    # a standing sink's time leaves out the extract's start-up, which lies between BEGIN and END
+    for batch, seconds in ((standing, result["tidemark_standing_sink_s"]),
+                           (direct_standing, result["direct_standing_sink_s"])):
+        extract_span = _seconds(batch["begun_at"], batch["sealed_at"])
+        standing_load = _seconds(batch["planned_at"], batch["committed_at"])
+        assert seconds + extract_span + SLACK_S >= standing_load, (seconds, extract_span, standing_load)
+    assert sum(result["direct_standing_sink_steps_s"].values()) <= result["direct_standing_sink_s"] + SLACK_S
 
 
 def test_reconcile_bench_subset_localises_exactly_the_changed_rows():
