@@ -184,75 +184,9 @@ def create_typed(cur, batch_id: str, attempt: int, columns: list[tuple[str, str]
     return stage
 
 
-REFUSED = "the typed stage refused"  # how a direct extract's task says a COPY of its rows was refused
-
-
-def direct_schema():
-    """What a direct extract's task reports per load and partition (``DirectWriter``)."""
-    import pyarrow as pa
-
-    return pa.schema([("load", pa.int64()), ("partition", pa.int32()), ("rows", pa.int64()),
-                      ("checksum", pa.string())])
-
-
-class DirectWriter:
-    """The ``mapInArrow`` function of a direct extract (``PipelineSpec.transport``): each Arrow batch
-    of a task (the decoded row, ``partition``, ``row_hash``) is COPYed into the attempt's stage in a
-    transaction of its own, under a new load id, while the ledger shows the attempt open (its row
-    held FOR SHARE: a superseded or aborted attempt stages nothing more). Yields one row per load
-    and partition with its rows and checksum; the orchestrator accepts the loads the extract reports
-    (``tidemark.batch.direct_loads``), so a load of a failed task never counts."""
-
-    def __init__(self, connect: dict[str, Any], batch_id: str, attempt: int, target: Target):
-        self._connect = connect  # psycopg2.connect keywords, password included: never printed
-        self.batch_id, self.attempt, self.target = batch_id, attempt, target
-
-    def __repr__(self) -> str:
-        return f"DirectWriter(batch={self.batch_id!r}, attempt={self.attempt}, stage={self.target.stage})"
-
-    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import psycopg2
-        import pyarrow as pa
-
-        conn = psycopg2.connect(**self._connect)
-        try:
-            for batch in batches:
-                if batch.num_rows:
-                    with conn, conn.cursor() as cur:
-                        load = self._open_load(cur)
-                        self._copy(cur, batch, load)
-                    totals = arrow_totals(batch)
-                    parts = sorted(totals)
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.array([load] * len(parts), pa.int64()), pa.array(parts, pa.int32()),
-                         pa.array([totals[p]["rows"] for p in parts], pa.int64()),
-                         pa.array([str(totals[p]["checksum"]) for p in parts], pa.string())],
-                        schema=direct_schema())
-        finally:
-            conn.close()
-
-    def _open_load(self, cur) -> int:
-        cur.execute("SELECT state FROM tidemark_control.batch_attempts WHERE batch_id = %s AND attempt = %s FOR SHARE",
-                    (self.batch_id, self.attempt))
-        row = cur.fetchone()
-        if row is None or row[0] != "open":
-            raise RuntimeError(f"batch {self.batch_id} attempt {self.attempt} is {row[0] if row else 'not in the ledger'}"
-                               ", not open: this task stages nothing more")
-        cur.execute("SELECT nextval('tidemark_control.stage_loads')")
-        return cur.fetchone()[0]
-
-    def _copy(self, cur, batch, load: int) -> None:
-        import psycopg2
-        import pyarrow as pa
-
-        n = batch.num_rows
-        try:
-            _copy_rows(cur, self.target, batch.column(self.target.row), load,
-                       [batch.column("partition").cast(pa.int32()), pa.nulls(n, pa.int64()),
-                        batch.column("row_hash").cast(pa.int64())])
-        except (psycopg2.DataError, psycopg2.IntegrityError, Unencodable) as exc:
-            raise RuntimeError(f"{REFUSED} one of {n} rows of batch {self.batch_id} attempt {self.attempt}: "
-                               + " ".join(str(exc).split())[:500]) from None
+# How a direct extract's task says a COPY of its rows was refused (stack/spark/udf/tidemark/DirectCopy.java
+# writes it; the extract turns it into its exit 3).
+REFUSED = "the typed stage refused"
 
 
 def _copy_isolating(cur, target: Target, records, load: int, budget: list[int]):

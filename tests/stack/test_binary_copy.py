@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import io
+import typing
 import uuid
 
 import psycopg2
@@ -116,3 +118,102 @@ def test_what_postgresql_would_refuse_is_refused(warehouse_conn, sql_type, arrow
     with warehouse_conn.cursor() as cur, pytest.raises(error):
         copy_binary(cur, table, arrays, ["bigint", sql_type], ["id", "v"])
     warehouse_conn.rollback()
+
+
+# The same values through the direct extract's encoder (tidemark.DirectCopy, in the JVM), in a Python of
+# its own with a local Spark: one COPY stream per case, or the encoder's refusal.
+JVM_JOB = """
+import base64, json, pickle, sys
+from pyspark.sql import SparkSession
+
+cases = pickle.load(open(sys.argv[1], "rb"))  # [(Spark DDL, SQL types, rows)]
+spark = SparkSession.builder.config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC").getOrCreate()
+out = []
+for ddl, types, rows in cases:
+    df = spark.createDataFrame(rows, ddl)
+    try:
+        out.append({"stream": base64.b64encode(bytes(spark._jvm.tidemark.DirectCopy.copyStream(df._jdf, "\\n".join(types)))).decode()})
+    except Exception as exc:
+        out.append({"error": " ".join(str(exc).split())[:2000]})
+json.dump(out, open(sys.argv[2], "w"))
+spark.stop()
+"""
+SPARK_TYPES = {pa.int64(): "bigint", pa.int32(): "int", pa.bool_(): "boolean", pa.float32(): "float",
+               pa.float64(): "double", pa.string(): "string", pa.date32(): "date"}
+
+
+def _spark_type(arrow) -> str:
+    if pa.types.is_decimal(arrow):
+        return f"decimal({arrow.precision},{arrow.scale})"
+    return "timestamp" if pa.types.is_timestamp(arrow) else SPARK_TYPES[arrow]
+
+
+def _jvm_streams(settings, tmp_path, cases) -> list[dict]:
+    import base64
+    import json
+    import os
+    import pickle
+    import subprocess
+
+    from tidemark_workshop.settings import REPO_ROOT
+    from tidemark_workshop.stack.spark import UDF_JAR
+
+    (tmp_path / "cases.pickle").write_bytes(pickle.dumps([
+        (", ".join(f"{name} {_spark_type(arrow)}" for name, _, arrow, _ in columns), [t for _, t, _, _ in columns],
+         [tuple(row) for row in zip(*(values for _, _, _, values in columns))]) for columns in cases]))
+    env = {**os.environ, **settings.runtime_env(), "PYTHONPATH": str(REPO_ROOT / "include")}
+    (tmp_path / "job.py").write_text(JVM_JOB)
+    proc = subprocess.run([str(settings.venv / "bin" / "spark-submit"), "--master", "local[1]",
+                           "--jars", str(settings.spark_jars_dir / UDF_JAR), str(tmp_path / "job.py"),
+                           str(tmp_path / "cases.pickle"), str(tmp_path / "out.json")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return [{**r, **({"stream": base64.b64decode(r["stream"])} if "stream" in r else {})}
+            for r in json.loads((tmp_path / "out.json").read_text())]
+
+
+class Server(typing.NamedTuple):
+    sqlstate: str  # the server's refusal of what the encoder sent
+
+
+def test_the_direct_extracts_jvm_encoder_writes_what_the_python_one_does_and_refuses_alike(warehouse_conn, settings,
+                                                                                           tmp_path):
+    refusals = [  # (SQL type, Arrow type, value, what refuses it: the encoder's words, or the server's SQLSTATE)
+        ("smallint", pa.int32(), 32768, "out of range [-32768, 32767]"),
+        ("uuid", pa.string(), "{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}", "is not a uuid in canonical form"),
+        ("uuid", pa.string(), "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1g", "is not a uuid in canonical form"),
+        ("uuid", pa.string(), "a0eebc99+9c0b-4ef8-bb6d-6bb9bd380a11", "is not a uuid in canonical form"),
+        # the server's own refusals, by SQLSTATE (a malformed stream would be 22P03 or 22P04)
+        ("numeric(4,2)", pa.decimal128(6, 2), D("1000.00"), Server("22003")),  # the server checks precision
+        ("text", pa.string(), "nul \x00 inside", Server("22021")),
+        ("character(3)", pa.string(), "EURO", Server("22001")),
+        ("character varying(2)", pa.string(), "abc", Server("22001")),
+        ("jsonb", pa.string(), "{not json", Server("22P02")),
+    ]
+    fine = ("fine", "numeric(38,20)", pa.decimal128(38, 20),  # more than 14 decimals: the encoder's text path
+            [D("0.05"), D("1E-20"), D("-123456789012345678.12345678901234567890"), None, D("0"), D("-0.00000000000000000001")])
+    cases = [[*COLUMNS, fine], *([("id", "bigint", pa.int64(), [1, 2]), ("v", t, arrow, [None, value])]
+                                 for t, arrow, value, _ in refusals)]
+    everything, *refused = _jvm_streams(settings, tmp_path, cases)
+    assert len(refused) == len(refusals)
+    columns = [*COLUMNS, fine]
+    names = [c for c, _, _, _ in columns]
+    with warehouse_conn.cursor() as cur:
+        cur.copy_expert(f"COPY {_table(warehouse_conn, 'jvm_binary', columns)} FROM STDIN WITH (FORMAT binary)",
+                        io.BytesIO(everything["stream"]))
+        copy_csv(cur, _table(warehouse_conn, "jvm_csv", columns), pa.table(_arrays(columns), names=names), names)
+        cur.execute("SELECT fine FROM jvm_binary ORDER BY id")
+        assert [v for (v,) in cur.fetchall()] == fine[3]
+    jvm = _rows(warehouse_conn, "jvm_binary")
+    assert len(jvm) == 6 and jvm == _rows(warehouse_conn, "jvm_csv")
+    warehouse_conn.rollback()
+
+    for (sql_type, _, value, refusal), result in zip(refusals, refused):
+        if not isinstance(refusal, Server):
+            assert "stream" not in result and refusal in result["error"], (sql_type, value, result)
+            continue
+        table = _table(warehouse_conn, "jvm_refused", [("id", "bigint", None, None), ("v", sql_type, None, None)])
+        with warehouse_conn.cursor() as cur, pytest.raises(psycopg2.DataError) as raised:
+            cur.copy_expert(f"COPY {table} FROM STDIN WITH (FORMAT binary)", io.BytesIO(result["stream"]))
+        assert raised.value.pgcode == refusal.sqlstate, (sql_type, value, raised.value.pgcode, str(raised.value))
+        warehouse_conn.rollback()

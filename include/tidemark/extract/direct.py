@@ -4,21 +4,21 @@ the attempt's stage table in the warehouse instead of writing them to the pipeli
 Everything else is the Kafka extract's: the same Avro value is encoded and hashed in the JVM, so
 the totals that BEGIN/END and the ledger carry are bit for bit those a Kafka extract of the same
 rows would seal; each row staged is that value decoded again, exactly as the sink decodes it. The
-tasks report their loads (``tidemark.stage.DirectWriter``); the orchestrator accepts them only when
-they add up to the totals, and the sink verifies the stage against the sealed totals before it
-applies. Only the Spark driver imports this module.
+tasks COPY it and report their loads (``tidemark.DirectCopy``, in the stack's UDF jar); the
+orchestrator accepts them only when they add up to the totals, and the sink verifies the stage
+against the sealed totals before it applies. Only the Spark driver imports this module.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tidemark import ledger
 from tidemark.avro import sql_type
 from tidemark.extract.decisions import unrepresentable_error
 from tidemark.progress import Steps, Ticker
-from tidemark.spark.entry import JobError, connect_params, side_queries
-from tidemark.stage import REFUSED, DirectWriter, Target, create_typed, direct_schema, rows_inserted
+from tidemark.spark.entry import JobError, jdbc_url, side_queries
+from tidemark.stage import LOAD, PROVENANCE, REFUSED, Target, create_typed, rows_inserted
 
 if TYPE_CHECKING:
     from tidemark.extract.job import Extract
@@ -35,19 +35,15 @@ def _secret(x: "Extract") -> str:
     return secret
 
 
-def warehouse(x: "Extract") -> dict[str, Any]:
-    """psycopg2 keywords for the executors' connections to the warehouse, the password among them."""
-    return connect_params(x.args.warehouse, x.args.warehouse_user, _secret(x), application=x.application)
-
-
 def _queries(x: "Extract"):
     """The driver's own connection to the warehouse, for a few queries (autocommit, closed on leaving)."""
     return side_queries(x.args.warehouse, x.args.warehouse_user, _secret(x), application=x.application)
 
 
-def prepare_stage(x: "Extract") -> Target:
+def prepare_stage(x: "Extract") -> tuple[Target, list[str]]:
     """The attempt's typed stage, made from the ledger's record schema while the ledger shows a
-    direct batch and the attempt open; else JobError saying what the ledger shows."""
+    direct batch and the attempt open, and the record's field names; else JobError saying what the
+    ledger shows."""
     with _queries(x) as conn, conn.cursor() as cur:
         planned = ledger.planned_batch(cur, x.args.batch_id)
         state = ledger.attempt_state(cur, x.args.batch_id, x.args.attempt)
@@ -61,7 +57,11 @@ def prepare_stage(x: "Extract") -> Target:
                            "nothing (a newer attempt or the run's teardown ended it); nothing to do for this one")
         columns = ledger.record_schema(cur, x.spec.name, planned.schema_version)[0]
         stage = create_typed(cur, x.args.batch_id, x.args.attempt, [(c.name, sql_type(c.sql_type)) for c in columns])
-    return Target.of(stage, planned.schema_version, columns)
+    return Target.of(stage, planned.schema_version, columns), [c.name for c in columns]
+
+
+# Rows per load: each load is one transaction of a task (its FOR SHARE of the attempt, its COPY).
+LOAD_ROWS = 50_000
 
 
 def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> list[list[int]]:
@@ -69,24 +69,28 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
     loads [load, partition, rows, checksum] the tasks staged."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     from tidemark.extract.job import non_finite
 
-    target = prepare_stage(x)
+    target, fields = prepare_stage(x)
     as_long = "unix_micros(_cursor)" if x.spec.cursor.kind == "timestamp" else "CAST(_cursor AS BIGINT)"
-    rows = records.select(
-        from_avro(F.col("value"), x.args.avro_schema).alias(target.row),
+    decoded = from_avro(F.col("value"), x.args.avro_schema)  # made once per row (common subexpressions)
+    rows = records.select(  # the row's fields by position (any source name is safe), then partition and hash
+        *[decoded.getField(name).alias(f"c{i}") for i, name in enumerate(fields)],
         F.expr(f"tally(partition, row_hash, {as_long})").alias("partition"), "row_hash")
-    writer = DirectWriter(warehouse(x), x.args.batch_id, x.args.attempt, target)
+    # The tasks COPY in the JVM (tidemark.DirectCopy): handing every row to a Python worker cost more
+    # CPU than the read and the COPY together.
+    columns, types = [*target.columns, LOAD, *(c for c, _ in PROVENANCE)], [*target.types, "bigint", *(t for _, t in PROVENANCE)]
     try:
         with Ticker(x.tag, "staged", lambda: _staged(x), n), steps.step("read, encode, stage"):
-            loads = rows.mapInArrow(writer, from_arrow_schema(direct_schema())).collect()
+            loads = rows.sparkSession._jvm.tidemark.DirectCopy.stage(
+                rows._jdf, jdbc_url(x.args.warehouse, application=x.application), x.args.warehouse_user, _secret(x),
+                x.args.batch_id, x.args.attempt, target.stage, "\n".join(columns), "\n".join(types), LOAD_ROWS)
     except Exception as exc:
         refused = next((line for line in str(exc).splitlines() if REFUSED in line), None)
         if refused is not None:  # the source's own rows: every new attempt meets the same refusal
-            raise JobError(f"{x.tag}: {refused.strip()}. Next: make the target's record schema hold the value "
-                           "(the refusal names it), or correct the source row") from None
+            raise JobError(f"{x.tag}: {refused[refused.index(REFUSED):].strip()}. Next: make the target's record "
+                           "schema hold the value (the refusal names it), or correct the source row") from None
         ended = _attempt_state(x)
         if ended not in (None, "open"):  # superseded or aborted while its tasks staged: say so, not a stack trace
             raise JobError(f"{x.tag}: attempt {x.args.attempt} became {ended or 'unknown'} while its tasks staged: "
@@ -95,7 +99,7 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
         if unreadable:  # the same rows fail every retry: say which, and what will work
             raise JobError(unrepresentable_error(x.tag, x.spec, unreadable, temporal=False)) from None
         raise
-    return [[r["load"], r["partition"], r["rows"], int(r["checksum"])] for r in loads]
+    return [[int(v) for v in line.split()] for line in loads]
 
 
 def _staged(x: "Extract") -> int:
