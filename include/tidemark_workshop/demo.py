@@ -89,7 +89,7 @@ def _run_pipeline(settings: Settings, api, name: str) -> bool:
     finally:
         wh.close()
     print(f"  window {facts['window']}\n  batch {facts['batch_id']} attempt {facts['attempt']}: {facts['state']}, "
-          f"rows={facts['rows']}, watermark {facts['watermark']}")
+          f"rows={facts['rows']}, watermark {facts['watermark']}, transport {facts['transport']}")
     runs = api.wait_for(f"{reconcile_id}'s run scheduled by the batch", lambda: [
         r for r in api.runs(reconcile_id, run_type="asset_triggered") if r["dag_run_id"] not in before], timeout_s=120)
     passed, line = _reconciliation(api, reconcile_id, runs[-1]["dag_run_id"])

@@ -374,8 +374,9 @@ class BatchCommittedSensor(BaseSensorOperator):
                 done = batch.commit_state(spec, warehouse, plan.batch_id, attempt)
                 if done:
                     facts = batch.summary(warehouse, plan.batch_id)
-                    self.log.info("pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s watermark=%s",
-                                  spec.name, plan.batch_id, attempt, facts["window"], facts["rows"], facts["watermark"])
+                    self.log.info("pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s watermark=%s "
+                                  "transport=%s", spec.name, plan.batch_id, attempt, facts["window"], facts["rows"],
+                                  facts["watermark"], facts["transport"])
                     context["ti"].xcom_push(key="summary", value=facts)
                 return done
             finally:

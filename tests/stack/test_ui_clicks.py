@@ -13,6 +13,10 @@ over which DAGs exist); the two modules must not run at the same time. Locally t
 Screenshots (and the page's DOM when a step fails) go to <state dir>/screenshots/ui-clicks-*.
 The tests run in order: the backfill goes to the DAG the first test unpaused and loaded, Clear to
 the first test's run, resume after pause, and the reconciliation to the newest (a backfill) batch.
+
+The nightly pipeline here is ``transport: direct`` (its extract's tasks stage the rows in the
+warehouse; BEGIN and END still go through the topic), so every button below also proves the direct
+transport under the real scheduler; test_scheduler.py's nightly pipeline is the Kafka transport's.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ def ui(settings, tmp_path_factory):
     that parse them, the REST API (to wait and to check), and a headless Chromium."""
     pipelines = tmp_path_factory.mktemp("pipelines")
     nightly = make_pipeline(settings, pipelines, DDL, cursor={"kind": "timestamp", "column": "created_at"},
-                            initial_watermark=WATERMARK_START.isoformat(), write_mode="append_window_replace")
+                            initial_watermark=WATERMARK_START.isoformat(), write_mode="append_window_replace",
+                            transport="direct")
     src = nightly.src()
     with src, src.cursor() as cur:
         cur.execute(
@@ -184,6 +189,8 @@ def test_trigger_with_the_forms_defaults_runs_the_nightly_batch_and_loads_its_wi
     batches = _batches(pipe, backfill=False)
     assert {b[0] for b in batches} == {r["dag_run_id"] for r in runs}, batches
     assert all(state == "committed" for _, state, *_ in batches), batches
+    assert pipe.query_wh("SELECT DISTINCT transport FROM tidemark_control.batches WHERE pipeline = %s",
+                         (pipe.spec.name,)) == [("direct",)]
     assert batches[0][3] == WATERMARK_START
     for (_, _, _, _, hi), (_, _, _, lo, _) in zip(batches, batches[1:]):
         assert lo == hi, f"the windows must follow one another: {batches}"

@@ -213,7 +213,7 @@ def attempt_status(cur, batch_id: str, attempt: int) -> AttemptStatus:
 def batch_summary(cur, batch_id: str) -> dict[str, Any]:
     cur.execute(
         """SELECT b.pipeline, b.state, b.committed_attempt, b.rows, b.checksum::text, b.window_lo, b.window_hi,
-                  b.backfill, w.bound
+                  b.backfill, w.bound, b.transport
              FROM tidemark_control.batches b
              LEFT JOIN tidemark_control.watermarks w ON w.pipeline = b.pipeline
             WHERE b.batch_id = %s""",
@@ -222,11 +222,11 @@ def batch_summary(cur, batch_id: str) -> dict[str, Any]:
     row = cur.fetchone()
     if row is None:
         raise LookupError(f"batch {batch_id} is not in the ledger")
-    pipeline, state, attempt, rows, checksum, lo, hi, backfill, bound = row
+    pipeline, state, attempt, rows, checksum, lo, hi, backfill, bound, transport = row
     return {
         "pipeline": pipeline, "batch_id": batch_id, "state": state, "attempt": attempt, "rows": rows,
         "checksum": checksum, "window": str(Window(Bound.from_json(lo), Bound.from_json(hi), backfill)),
-        "watermark": str(Bound.from_json(bound)) if bound else None,
+        "watermark": str(Bound.from_json(bound)) if bound else None, "transport": transport,
     }
 
 
