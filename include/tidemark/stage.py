@@ -85,6 +85,12 @@ class Target:
         return cls(stage, row_column(version), tuple(quote(c.name) for c in columns),
                    tuple(c.sql_type for c in columns))
 
+    def copy_columns(self) -> tuple[list[str], list[str]]:
+        """Every column a COPY into the stage fills and its SQL type, in ``create_typed``'s order:
+        the row's fields, the load, then PROVENANCE's."""
+        return ([*self.columns, LOAD, *(c for c, _ in PROVENANCE)],
+                [*self.types, "bigint", *(t for _, t in PROVENANCE)])
+
 
 class StageWriter:
     """The ``mapInArrow`` function: stages the good records of ``targets`` ((batch id, attempt) ->
@@ -220,9 +226,9 @@ def _copy_rows(cur, target: Target, rows, load: int, provenance: list[Any]) -> N
     ``provenance`` arrays (PROVENANCE's order). Binary: the server stores each value as sent."""
     import pyarrow as pa
 
+    columns, types = target.copy_columns()
     copy_binary(cur, target.stage, [*rows.flatten(), pa.array([load] * len(rows), pa.int64()), *provenance],
-                [*target.types, "bigint", *(t for _, t in PROVENANCE)],
-                [*target.columns, LOAD, *(c for c, _ in PROVENANCE)])
+                types, columns)
 
 
 def provenance(records) -> list[Any]:

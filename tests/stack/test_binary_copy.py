@@ -183,6 +183,9 @@ def test_the_direct_extracts_jvm_encoder_writes_what_the_python_one_does_and_ref
         ("uuid", pa.string(), "{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}", "is not a uuid in canonical form"),
         ("uuid", pa.string(), "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1g", "is not a uuid in canonical form"),
         ("uuid", pa.string(), "a0eebc99+9c0b-4ef8-bb6d-6bb9bd380a11", "is not a uuid in canonical form"),
+        # a Spark type other than the one the record's Avro schema decodes to: refused, never converted
+        ("bigint", pa.int32(), 5, "no exact binary COPY form here from Spark type int"),
+        ("double precision", pa.float32(), 1.5, "no exact binary COPY form here from Spark type float"),
         # the server's own refusals, by SQLSTATE (a malformed stream would be 22P03 or 22P04)
         ("numeric(4,2)", pa.decimal128(6, 2), D("1000.00"), Server("22003")),  # the server checks precision
         ("text", pa.string(), "nul \x00 inside", Server("22021")),

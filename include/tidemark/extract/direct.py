@@ -18,7 +18,7 @@ from tidemark.avro import sql_type
 from tidemark.extract.decisions import unrepresentable_error
 from tidemark.progress import Steps, Ticker
 from tidemark.spark.entry import JobError, jdbc_url, side_queries
-from tidemark.stage import LOAD, PROVENANCE, REFUSED, Target, create_typed, rows_inserted
+from tidemark.stage import REFUSED, Target, create_typed, rows_inserted
 
 if TYPE_CHECKING:
     from tidemark.extract.job import Extract
@@ -80,7 +80,7 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
         F.expr(f"tally(partition, row_hash, {as_long})").alias("partition"), "row_hash")
     # The tasks COPY in the JVM (tidemark.DirectCopy): handing every row to a Python worker cost more
     # CPU than the read and the COPY together.
-    columns, types = [*target.columns, LOAD, *(c for c, _ in PROVENANCE)], [*target.types, "bigint", *(t for _, t in PROVENANCE)]
+    columns, types = target.copy_columns()
     try:
         with Ticker(x.tag, "staged", lambda: _staged(x), n), steps.step("read, encode, stage"):
             loads = rows.sparkSession._jvm.tidemark.DirectCopy.stage(

@@ -15,6 +15,10 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Properties;
 import java.util.TreeMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -35,7 +39,8 @@ import org.postgresql.core.BaseConnection;
  * typed stage in PostgreSQL's binary format, straight from Spark's rows, in loads of at most
  * {@code loadRows} rows (and 16 MB), each under a new load id: read and encoded first, then COPYed in
  * a transaction of its own while the ledger shows the attempt open (its row held FOR SHARE: a
- * superseded or aborted attempt stages nothing more). It returns one line per load and partition:
+ * superseded or aborted attempt stages nothing more), on a thread of the task's own while the task
+ * reads and encodes the next load. It returns one line per load and partition:
  * "load partition rows checksum".
  *
  * The rows' columns: the record's fields in the stage's order, then partition (int) and row_hash
@@ -110,22 +115,22 @@ public final class DirectCopy {
         return all.toByteArray();
     }
 
-    /** How a column is written: its SQL type, and for integers and floats the width Spark holds it in. */
-    enum Kind { SMALLINT, INTEGER, BIGINT, SMALLINT_OF_LONG, INTEGER_OF_LONG, BIGINT_OF_LONG, BOOLEAN, REAL, DOUBLE,
-                DOUBLE_OF_FLOAT, DATE, TIMESTAMPTZ, NUMERIC, UUID, JSONB, TEXT }
+    /** How a column is written: its SQL type. The rows come from the record's own Avro schema (tidemark.avro), so
+     *  each SQL type arrives as exactly one Spark type (smallint and integer as int, bigint as long, real as float);
+     *  any other pairing is refused by kind(), not converted. */
+    enum Kind { SMALLINT, INTEGER, BIGINT, BOOLEAN, REAL, DOUBLE, DATE, TIMESTAMPTZ, NUMERIC, UUID, JSONB, TEXT }
 
     /** The column's Kind; refused, before any task runs, where its Spark type is not one this writer sends as its SQL type. */
     static Kind kind(DataType t, String sqlType) {
         boolean isInt = t.equals(DataTypes.IntegerType), isLong = t.equals(DataTypes.LongType);
         Matcher numeric = NUMERIC.matcher(sqlType);
         Kind kind = switch (sqlType) {
-            case "smallint" -> isInt ? Kind.SMALLINT : isLong ? Kind.SMALLINT_OF_LONG : null;
-            case "integer" -> isInt ? Kind.INTEGER : isLong ? Kind.INTEGER_OF_LONG : null;
-            case "bigint" -> isInt ? Kind.BIGINT : isLong ? Kind.BIGINT_OF_LONG : null;
+            case "smallint" -> isInt ? Kind.SMALLINT : null;
+            case "integer" -> isInt ? Kind.INTEGER : null;
+            case "bigint" -> isLong ? Kind.BIGINT : null;
             case "boolean" -> t.equals(DataTypes.BooleanType) ? Kind.BOOLEAN : null;
             case "real" -> t.equals(DataTypes.FloatType) ? Kind.REAL : null;
-            case "double precision" -> t.equals(DataTypes.DoubleType) ? Kind.DOUBLE
-                : t.equals(DataTypes.FloatType) ? Kind.DOUBLE_OF_FLOAT : null;
+            case "double precision" -> t.equals(DataTypes.DoubleType) ? Kind.DOUBLE : null;
             case "date" -> t.equals(DataTypes.DateType) ? Kind.DATE : null;
             case "timestamp with time zone" -> t.equals(DataTypes.TimestampType) ? Kind.TIMESTAMPTZ : null;
             case "uuid" -> t.equals(DataTypes.StringType) ? Kind.UUID : null;
@@ -186,43 +191,96 @@ public final class DirectCopy {
             Properties props = new Properties();
             props.setProperty("user", user);
             props.setProperty("password", password);
+            // Two buffers: the next load is read and encoded while the last one COPYs, on a thread of this
+            // task's own. The connection is used by one thread at a time: the encoding thread takes a load id
+            // only once the COPY before has ended.
+            ExecutorService copier = Executors.newSingleThreadExecutor(r -> {
+                Thread t = new Thread(r, "tidemark-direct-copy");
+                t.setDaemon(true);
+                return t;
+            });
             try (Connection conn = new org.postgresql.Driver().connect(url, props)) {
                 conn.setAutoCommit(false);
-                Buffer buffer = new Buffer();
-                DataOutputStream out = new DataOutputStream(buffer);
-                while (rows.hasNext()) {
-                    // A load is read and encoded first, then COPYed in a transaction of its own: the attempt's
-                    // row is held only while its bytes go in, never while the source is read.
+                Buffer[] buffers = {new Buffer(), new Buffer()};
+                Future<List<String>> pending = null;
+                try {
                     long load = nextLoad(conn);
-                    TreeMap<Integer, long[]> totals = new TreeMap<>();  // rows, high sum, low sum
-                    int n = 0;
-                    buffer.reset();
-                    out.write(HEADER);
-                    try {
-                        while (n < loadRows && buffer.size() < LOAD_BYTES && rows.hasNext()) {
-                            InternalRow row = rows.next();
-                            n++;
-                            int partition = row.getInt(encoder.fields);
-                            long hash = row.getLong(encoder.fields + 1);
-                            write(out, row, load, partition, hash);
-                            long[] t = totals.computeIfAbsent(partition, p -> new long[3]);
-                            t[0] += 1;
-                            t[1] += hash >> 32;
-                            t[2] += hash & 0xFFFFFFFFL;
+                    for (int k = 0; load >= 0; k++) {
+                        // A load is read and encoded first, then COPYed in a transaction of its own: the attempt's
+                        // row is held only while its bytes go in, never while the source is read.
+                        Buffer buffer = buffers[k % 2];  // the other one's COPY may be under way
+                        TreeMap<Integer, long[]> totals = new TreeMap<>();  // rows, high sum, low sum
+                        int n = encode(rows, buffer, load, totals);
+                        if (pending != null) {
+                            loads.addAll(done(pending));
                         }
-                    } catch (Unencodable exc) {
-                        throw refused(n, exc);
+                        long copied = load;
+                        load = rows.hasNext() ? nextLoad(conn) : -1;
+                        pending = copier.submit(() -> {
+                            copy(conn, buffer, n);
+                            return lines(copied, totals);
+                        });
                     }
-                    out.writeShort(-1);
-                    copy(conn, buffer, n);
-                    for (var e : totals.entrySet()) {
-                        long[] t = e.getValue();
-                        BigInteger sum = BigInteger.valueOf(t[1]).shiftLeft(32).add(BigInteger.valueOf(t[2]));
-                        loads.add(load + " " + e.getKey() + " " + t[0] + " " + sum);
+                    loads.addAll(done(pending));
+                    pending = null;
+                } finally {
+                    if (pending != null) {  // a failure while a COPY was under way: it ends before its connection
+                        try {
+                            pending.get();
+                        } catch (Exception ignored) {  // the first failure is the one reported
+                        }
                     }
                 }
+            } finally {
+                copier.shutdownNow();
             }
             return loads.iterator();
+        }
+
+        /** Reads and encodes one load of at most loadRows rows and LOAD_BYTES into {@code buffer}; returns its rows. */
+        private int encode(Iterator<InternalRow> rows, Buffer buffer, long load, TreeMap<Integer, long[]> totals)
+            throws IOException {
+            DataOutputStream out = new DataOutputStream(buffer);
+            int n = 0;
+            buffer.reset();
+            out.write(HEADER);
+            try {
+                while (n < loadRows && buffer.size() < LOAD_BYTES && rows.hasNext()) {
+                    InternalRow row = rows.next();
+                    n++;
+                    int partition = row.getInt(encoder.fields);
+                    long hash = row.getLong(encoder.fields + 1);
+                    write(out, row, load, partition, hash);
+                    long[] t = totals.computeIfAbsent(partition, p -> new long[3]);
+                    t[0] += 1;
+                    t[1] += hash >> 32;
+                    t[2] += hash & 0xFFFFFFFFL;
+                }
+            } catch (Unencodable exc) {
+                throw refused(n, exc);
+            }
+            out.writeShort(-1);
+            return n;
+        }
+
+        /** The load's lines, "load partition rows checksum", one per partition. */
+        private static List<String> lines(long load, TreeMap<Integer, long[]> totals) {
+            List<String> lines = new ArrayList<>();
+            for (var e : totals.entrySet()) {
+                long[] t = e.getValue();
+                BigInteger sum = BigInteger.valueOf(t[1]).shiftLeft(32).add(BigInteger.valueOf(t[2]));
+                lines.add(load + " " + e.getKey() + " " + t[0] + " " + sum);
+            }
+            return lines;
+        }
+
+        /** The COPY's lines once it ended; its failure as it was raised. */
+        private static List<String> done(Future<List<String>> copy) throws Exception {
+            try {
+                return copy.get();
+            } catch (ExecutionException exc) {
+                throw exc.getCause() instanceof Exception cause ? cause : exc;
+            }
         }
 
         /** COPYs one load's bytes while the ledger shows the attempt open; refuses what the stage's types refuse. */
@@ -333,19 +391,15 @@ public final class DirectCopy {
 
         private void value(DataOutputStream out, InternalRow row, int i) throws IOException, Unencodable {
             switch (kinds[i]) {
-                case BIGINT -> fixed8(out, row.getInt(i));
-                case BIGINT_OF_LONG -> fixed8(out, row.getLong(i));
+                case BIGINT -> fixed8(out, row.getLong(i));
                 case INTEGER -> fixed4(out, row.getInt(i));
-                case INTEGER_OF_LONG -> fixed4(out, (int) inRange(row.getLong(i), Integer.MIN_VALUE, Integer.MAX_VALUE, i));
                 case SMALLINT -> fixed2(out, (short) inRange(row.getInt(i), Short.MIN_VALUE, Short.MAX_VALUE, i));
-                case SMALLINT_OF_LONG -> fixed2(out, (short) inRange(row.getLong(i), Short.MIN_VALUE, Short.MAX_VALUE, i));
                 case BOOLEAN -> {
                     out.writeInt(1);
                     out.writeByte(row.getBoolean(i) ? 1 : 0);
                 }
                 case REAL -> fixed4(out, Float.floatToRawIntBits(row.getFloat(i)));
                 case DOUBLE -> fixed8(out, Double.doubleToRawLongBits(row.getDouble(i)));
-                case DOUBLE_OF_FLOAT -> fixed8(out, Double.doubleToRawLongBits(row.getFloat(i)));
                 case DATE -> {
                     long days = row.getInt(i) - EPOCH_2000_DAYS;
                     if (days < MIN_DATE_DAYS || days > MAX_DATE_DAYS) {
