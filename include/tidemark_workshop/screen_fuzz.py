@@ -104,3 +104,28 @@ def event_text(rng: random.Random, fields: dict) -> bytes:
         return json.dumps(v, ensure_ascii=rng.random() < 0.2 or v == "\ud800")  # a lone surrogate: escaped
 
     return ("{" + sep.join(f'"{n}"{colon}{raw(n, fields[n])}' for n in names) + "}").encode()
+
+
+def widest(columns=COLUMNS) -> tuple[RecordRules, list[tuple[bytes, bytes]]]:
+    """The rules of a table of SCREEN_FIELDS columns (the widest screened; COLUMNS' types over and
+    over), and the events that recurse deepest in Java's matcher: every field, in the table's order
+    (the ordered path) and reversed (the any-order path), with and without spaces between."""
+    from tidemark.screen import SCREEN_FIELDS
+
+    wide = list(columns)
+    kinds = [c for c in columns if not c.not_null]
+    while len(wide) < SCREEN_FIELDS:
+        k = kinds[len(wide) % len(kinds)]
+        wide.append(Column(f"f{len(wide)}", k.data_type, False, k.precision, k.scale, k.max_length))
+    rules = screen_rules(columns=wide)
+    sample = {"id": "7", "amount": "12345678901234.25", "currency": '"EUR"', "memo": '"' + "m" * 200 + '"',
+              "small": "-32", "rate": "1.5", "booked_on": '"2026-11-27"', "settled": "true",
+              "ref": '"123e4567-e89b-12d3-a456-426614174000"', "local_at": '"2026-11-27T20:00:00"',
+              "updated_at": '"2026-11-27T20:00:00Z"'}  # a good value of each of COLUMNS
+    of_type = {c.data_type: sample[c.name] for c in columns}
+    fields = [(c.name, of_type[c.data_type]) for c in wide]
+
+    def event(order, ws: str = "") -> tuple[bytes, bytes]:
+        return b"7", ("{" + ",".join(f'{ws}"{n}"{ws}:{ws}{v}{ws}' for n, v in order) + "}").encode()
+
+    return rules, [event(fields), event(fields, " \n "), event(fields[::-1]), event(fields[::-1], "  ")]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidemark.spark.jobs import JAVA_OPTIONS_KEYS, SPARK_CONF, UTC_JVM_OPTION, spark_conf, utc_java_options
+from tidemark.spark.jobs import (JAVA_OPTIONS_KEYS, SPARK_CONF, THREAD_STACK_OPTION, UTC_JVM_OPTION, spark_conf,
+                                 thread_stack_options, utc_java_options)
 from tidemark.extract import ExtractInterrupted
 from tidemark.spark.entry import ERROR_FILE_ENV, JobError, TransientJobError, one_line, run
 from tidemark.spec import SpecError
@@ -46,7 +47,7 @@ QUICK = "-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile=/s/spark/jvm-classes.jsa"
 def test_every_job_s_driver_and_executors_run_in_utc():
     assert JAVA_OPTIONS_KEYS == ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
     for key in JAVA_OPTIONS_KEYS:
-        assert SPARK_CONF[key] == "-Duser.timezone=UTC" == UTC_JVM_OPTION
+        assert SPARK_CONF[key] == "-Xss4m -Duser.timezone=UTC" == f"{THREAD_STACK_OPTION} {UTC_JVM_OPTION}"
     assert SPARK_CONF["spark.executorEnv.TZ"] == "UTC"
     assert spark_conf() == SPARK_CONF and spark_conf() is not SPARK_CONF
 
@@ -55,11 +56,20 @@ def test_a_caller_s_java_options_are_kept_and_its_zone_replaced():
     conf = spark_conf({"spark.driver.extraJavaOptions": f"{QUICK} -Duser.timezone=Europe/Berlin -Dx=\"a  b\"",
                        "spark.executor.extraJavaOptions": "-Duser.timezone=Europe/Berlin",
                        "spark.executorEnv.TZ": "Europe/Berlin", "spark.task.maxFailures": 1})
-    assert conf["spark.driver.extraJavaOptions"] == f"{QUICK} -Dx=\"a  b\" -Duser.timezone=UTC"
-    assert conf["spark.executor.extraJavaOptions"] == "-Duser.timezone=UTC"
+    assert conf["spark.driver.extraJavaOptions"] == f"-Xss4m {QUICK} -Dx=\"a  b\" -Duser.timezone=UTC"
+    assert conf["spark.executor.extraJavaOptions"] == "-Xss4m -Duser.timezone=UTC"
     assert conf["spark.executorEnv.TZ"] == "UTC" and conf["spark.task.maxFailures"] == "1"
     assert conf["spark.ui.enabled"] == "false"  # Tidemark's own settings stay
     assert utc_java_options(f"{QUICK} -Duser.timezone=UTC") == f"{QUICK} -Duser.timezone=UTC"  # once
+
+
+def test_the_task_threads_stack_is_the_caller_s_where_it_sets_one():
+    assert thread_stack_options() == "-Xss4m" and thread_stack_options(QUICK) == f"-Xss4m {QUICK}"
+    assert thread_stack_options(f"{QUICK} -Xss16m") == f"{QUICK} -Xss16m"
+    assert thread_stack_options("'-Xss2m' -Dy=1") == "'-Xss2m' -Dy=1"
+    conf = spark_conf({"spark.executor.extraJavaOptions": "-Xss8m"})
+    assert conf["spark.executor.extraJavaOptions"] == "-Xss8m -Duser.timezone=UTC"
+    assert conf["spark.driver.extraJavaOptions"] == "-Xss4m -Duser.timezone=UTC"
 
 
 def test_a_local_submission_carries_utc_and_keeps_the_quick_start(monkeypatch, tmp_path):
@@ -75,8 +85,8 @@ def test_a_local_submission_carries_utc_and_keeps_the_quick_start(monkeypatch, t
     settings.spark_class_archive.write_bytes(b"")
     cmd, env = submit_command(settings, "extract_window.py", ["--x"], secret="s")
     confs = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--conf"]
-    assert "spark.driver.extraJavaOptions=-Duser.timezone=UTC" in confs
-    assert "spark.executor.extraJavaOptions=-Duser.timezone=UTC" in confs
+    assert "spark.driver.extraJavaOptions=-Xss4m -Duser.timezone=UTC" in confs
+    assert "spark.executor.extraJavaOptions=-Xss4m -Duser.timezone=UTC" in confs
     assert "spark.executorEnv.TZ=UTC" in confs
     # the quick start travels as spark-submit's own JVM options; the launcher puts the driver's
     # extraJavaOptions after them on the same JVM's command line (client mode), so UTC wins there too
@@ -90,8 +100,8 @@ def test_the_airflow_operator_merges_a_dag_s_conf_with_utc():
     assert plain.conf == SPARK_CONF
     own = SparkJdbcSubmitOperator(task_id="own", script="extract_window.py", jdbc_conn_id="c",
                                   conf={"spark.driver.extraJavaOptions": QUICK, "spark.sql.shuffle.partitions": "8"})
-    assert own.conf["spark.driver.extraJavaOptions"] == f"{QUICK} -Duser.timezone=UTC"
-    assert own.conf["spark.executor.extraJavaOptions"] == "-Duser.timezone=UTC"
+    assert own.conf["spark.driver.extraJavaOptions"] == f"-Xss4m {QUICK} -Duser.timezone=UTC"
+    assert own.conf["spark.executor.extraJavaOptions"] == "-Xss4m -Duser.timezone=UTC"
     assert own.conf["spark.sql.shuffle.partitions"] == "8"
 
 

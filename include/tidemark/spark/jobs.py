@@ -36,6 +36,11 @@ WAREHOUSE_PASSWORD_ENV = "TIDEMARK_WAREHOUSE_PASSWORD"
 UTC_JVM_OPTION = "-Duser.timezone=UTC"
 JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 _USER_TIMEZONE = re.compile(r"""(?:^|\s)["']?-Duser\.timezone=[^\s"']*["']?(?=\s|$)""")
+# The task threads' stack, where Java's regular expressions recurse: the events' screen of a table at its
+# cap (tidemark.screen.SCREEN_FIELDS) needs about 350 KB, more than a third of HotSpot's default 1 MB,
+# and an overflow would stop a standing sink at the same offsets on every restart. A caller's -Xss wins.
+THREAD_STACK_OPTION = "-Xss4m"
+_THREAD_STACK = re.compile(r"""(?:^|\s)["']?-Xss""")
 
 
 def utc_java_options(options: str | None = None) -> str:
@@ -45,13 +50,20 @@ def utc_java_options(options: str | None = None) -> str:
     return f"{kept} {UTC_JVM_OPTION}".strip()
 
 
+def thread_stack_options(options: str | None = None) -> str:
+    """JVM ``options`` with THREAD_STACK_OPTION first, unless they set a thread stack size of their own."""
+    options = (options or "").strip()
+    return options if _THREAD_STACK.search(options) else f"{THREAD_STACK_OPTION} {options}".strip()
+
+
 def spark_conf(conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """Tidemark's settings for a job merged with ``conf`` (a caller's own, which win) but for the
-    zone: both extraJavaOptions keep the caller's options plus UTC, and executors' processes
-    (Python workers included) get TZ=UTC, as the driver's Python sets for itself."""
+    zone: both extraJavaOptions keep the caller's options plus UTC (and THREAD_STACK_OPTION where
+    the caller sets no stack size), and executors' processes (Python workers included) get TZ=UTC,
+    as the driver's Python sets for itself."""
     merged = {**_BASE_CONF, **{str(k): str(v) for k, v in (conf or {}).items()}}
     for key in JAVA_OPTIONS_KEYS:
-        merged[key] = utc_java_options(merged.get(key))
+        merged[key] = utc_java_options(thread_stack_options(merged.get(key)))
     merged["spark.executorEnv.TZ"] = "UTC"
     return merged
 
