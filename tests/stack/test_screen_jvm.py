@@ -36,7 +36,8 @@ for screen, pairs in cases:
     df = spark.createDataFrame(events, "key binary, value binary, offset int").selectExpr("'t' AS topic", "*")
     verdicts = {r.offset: r.checked for r in screened(df, screen, "t").select("offset", "checked").collect()}
     out.append([verdicts[i] for i in range(len(events))])
-json.dump(out, open(sys.argv[2], "w"))
+jvm = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+json.dump({"verdicts": out, "jvm": jvm}, open(sys.argv[2], "w"))
 spark.stop()
 """
 # Half of HotSpot's default thread stack (1 MB on 64-bit Linux): the widest screen's deepest events
@@ -53,7 +54,9 @@ def _jvm_verdicts(settings, tmp_path, cases) -> list[list[bool]]:
                           env=env, capture_output=True, text=True, timeout=300)
     thrown = next((line for line in proc.stderr.splitlines() if re.match(r"[\w.$]+(Error|Exception)\b", line)), "")
     assert proc.returncode == 0, f"{thrown}\n{proc.stderr[-5000:]}"  # java.lang.StackOverflowError, say
-    return json.loads((tmp_path / "verdicts.json").read_text())
+    out = json.loads((tmp_path / "verdicts.json").read_text())
+    assert HALF_THE_DEFAULT_STACK in out["jvm"], out["jvm"]  # the task threads' stack is the one asked for
+    return out["verdicts"]
 
 
 def test_the_jvm_passes_what_the_python_stand_in_passes_and_only_what_the_checks_accept(settings, tmp_path):

@@ -60,8 +60,9 @@ public final class DirectCopy {
     private static final Pattern NUMERIC = Pattern.compile("^numeric\\((\\d+),(\\d+)\\)$");
     private static final Pattern TEXT = Pattern.compile(
         "^(text|json|character varying(\\(\\d+\\))?|character(\\(\\d+\\))?)$");
-    // A load's bytes are held in memory until its COPY: at most this many, whatever loadRows says.
-    private static final int LOAD_BYTES = 16 << 20;
+    // A load's bytes are held in memory until its COPY, two loads a task: a load ends past this many, whatever
+    // loadRows says, so its buffer (doubling from 2 MB) stays at 16 MB unless one row is larger than 1 MB.
+    private static final int LOAD_BYTES = 15 << 20;
     private static final byte[] HEADER = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', (byte) 0xff, '\r', '\n', 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
     private DirectCopy() {
@@ -207,12 +208,14 @@ public final class DirectCopy {
                     long load = nextLoad(conn);
                     for (int k = 0; load >= 0; k++) {
                         // A load is read and encoded first, then COPYed in a transaction of its own: the attempt's
-                        // row is held only while its bytes go in, never while the source is read.
+                        // row is held only while its bytes go in, never for as long as the source takes.
                         Buffer buffer = buffers[k % 2];  // the other one's COPY may be under way
                         TreeMap<Integer, long[]> totals = new TreeMap<>();  // rows, high sum, low sum
                         int n = encode(rows, buffer, load, totals);
                         if (pending != null) {
-                            loads.addAll(done(pending));
+                            Future<List<String>> before = pending;
+                            pending = null;
+                            loads.addAll(done(before));
                         }
                         long copied = load;
                         load = rows.hasNext() ? nextLoad(conn) : -1;
@@ -221,15 +224,17 @@ public final class DirectCopy {
                             return lines(copied, totals);
                         });
                     }
-                    loads.addAll(done(pending));
+                    Future<List<String>> last = pending;
                     pending = null;
-                } finally {
-                    if (pending != null) {  // a failure while a COPY was under way: it ends before its connection
-                        try {
-                            pending.get();
-                        } catch (Exception ignored) {  // the first failure is the one reported
-                        }
+                    loads.addAll(done(last));
+                } catch (Exception failed) {
+                    if (pending != null) {
+                        // The COPY under way ends before its connection closes. Its failure came first and is the
+                        // only one reported, as without the overlap (not even as suppressed: the extract reads a
+                        // refusal from the words anywhere in the error, and the next attempt meets the later one).
+                        done(pending);
                     }
+                    throw failed;
                 }
             } finally {
                 copier.shutdownNow();
@@ -274,12 +279,26 @@ public final class DirectCopy {
             return lines;
         }
 
-        /** The COPY's lines once it ended; its failure as it was raised. */
+        /**
+         * The COPY's lines once it ended, its failure as it was raised. Waits through an interrupt (restored after):
+         * the connection must not close while the COPY still writes to it.
+         */
         private static List<String> done(Future<List<String>> copy) throws Exception {
+            boolean interrupted = false;
             try {
-                return copy.get();
-            } catch (ExecutionException exc) {
-                throw exc.getCause() instanceof Exception cause ? cause : exc;
+                while (true) {
+                    try {
+                        return copy.get();
+                    } catch (InterruptedException exc) {
+                        interrupted = true;
+                    } catch (ExecutionException exc) {
+                        throw exc.getCause() instanceof Exception cause ? cause : exc;
+                    }
+                }
+            } finally {
+                if (interrupted) {
+                    Thread.currentThread().interrupt();
+                }
             }
         }
 
