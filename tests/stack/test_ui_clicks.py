@@ -15,8 +15,9 @@ The tests run in order: the backfill goes to the DAG the first test unpaused and
 the first test's run, resume after pause, and the reconciliation to the newest (a backfill) batch.
 
 The nightly pipeline here is ``transport: direct`` (its extract's tasks stage the rows in the
-warehouse; BEGIN and END still go through the topic), so every button below also proves the direct
-transport under the real scheduler; test_scheduler.py's nightly pipeline is the Kafka transport's.
+warehouse; BEGIN and END still go through the topic): the Trigger and Backfill runs load direct
+batches under the real scheduler, Clear finds one committed, and the repair batch goes through the
+topic, as every repair does. test_scheduler.py's nightly pipeline is the Kafka transport's.
 """
 
 from __future__ import annotations
@@ -330,6 +331,8 @@ def test_a_backfill_from_the_dialog_loads_exactly_its_three_days(ui, browser):
     # each window is its interval [start, end), kept as (start - 1 µs, end - 1 µs] (tidemark.window)
     assert sorted((lo + MICROSECOND, hi + MICROSECOND) for *_, lo, hi in backfills) == intervals
     assert [(state, rows) for _, state, rows, *_ in backfills] == [("committed", ROWS_PER_DAY)] * 3
+    assert pipe.query_wh("SELECT DISTINCT transport FROM tidemark_control.batches WHERE pipeline = %s AND backfill",
+                         (pipe.spec.name,)) == [("direct",)]
     assert pipe.watermark() == watermark  # backfills never move it
     browser.open(f"/dags/{dag_id}/runs")
     browser.text(runs[0]["dag_run_id"])
@@ -474,6 +477,8 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     # the warehouse: the row is the source's again, nothing else moved
     assert _rows(pipe, "target") == loaded
     assert pipe.watermark() == watermark, "a repair never moves the watermark"
+    assert pipe.query_wh("SELECT transport FROM tidemark_control.batches WHERE pipeline = %s AND repair_keys IS NOT "
+                         "NULL", (name,)) == [("kafka",)], "a repair goes through the topic, whatever the spec says"
     verdicts = pipe.query_wh("SELECT run_id::text, bool_and(verdict = 'pass') FROM "
                              "tidemark_control.reconciliation_results WHERE batch_id = %s GROUP BY run_id "
                              "ORDER BY min(checked_at)", (batch_id,))
