@@ -78,6 +78,12 @@ public final class DirectCopy {
         StructType schema = rows.schema();
         String[] names = columns.split("\n"), sqlTypes = types.split("\n");
         int fields = schema.fields().length - 2;
+        if (fields < 0 || !schema.fields()[fields].dataType().equals(DataTypes.IntegerType)
+            || !schema.fields()[fields + 1].dataType().equals(DataTypes.LongType) || loadRows < 1) {
+            throw new IllegalArgumentException("DirectCopy: the rows end with partition (int) and row_hash (long), and a "
+                                               + "load holds at least one row; got " + schema.simpleString()
+                                               + " and loads of " + loadRows);
+        }
         if (names.length != fields + 4 || sqlTypes.length != fields + 4
             || !List.of(sqlTypes).subList(fields, fields + 4).equals(List.of("bigint", "integer", "bigint", "bigint"))) {
             throw new IllegalArgumentException("DirectCopy: " + fields + " fields need " + (fields + 4) + " columns and "
@@ -117,7 +123,8 @@ public final class DirectCopy {
     }
 
     /** How a column is written: its SQL type. The rows come from the record's own Avro schema (tidemark.avro), so
-     *  each SQL type arrives as exactly one Spark type (smallint and integer as int, bigint as long, real as float);
+     *  each SQL type arrives as exactly one Spark type (smallint and integer as int, bigint as long, real as float,
+     *  double precision as double);
      *  any other pairing is refused by kind(), not converted. */
     enum Kind { SMALLINT, INTEGER, BIGINT, BOOLEAN, REAL, DOUBLE, DATE, TIMESTAMPTZ, NUMERIC, UUID, JSONB, TEXT }
 
