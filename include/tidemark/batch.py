@@ -34,17 +34,24 @@ class Plan:
     writer_schema: str | None = None  # its Avro schema, which the extract writes with
     handoff: bool = False  # a CDC pipeline's handoff batch (tidemark.cdc.handoff): its stream starts after it
     transport: str = "kafka"  # how the extract's records reach the stage (the ledger's, ``PipelineSpec.transport``)
+    reads_above: bool = False  # the extract reads the snapshot's rows above the window too (the ledger's)
+
+    @property
+    def read_window(self) -> Window:
+        """What the extract reads (``ledger.LedgerBatch.records_window``, the one rule)."""
+        return ledger.LedgerBatch(self.batch_id, "", self.window, handoff=self.handoff,
+                                  reads_above=self.reads_above).records_window
 
     def to_xcom(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused,
                 "repair": self.repair, "schema_version": self.schema_version, "writer_schema": self.writer_schema,
-                "handoff": self.handoff, "transport": self.transport}
+                "handoff": self.handoff, "transport": self.transport, "reads_above": self.reads_above}
 
     @classmethod
     def from_xcom(cls, raw: dict[str, Any]) -> "Plan":
         return cls(raw["batch_id"], Window.from_json(raw["window"]), bool(raw.get("reused")),
                    bool(raw.get("repair")), raw.get("schema_version"), raw.get("writer_schema"),
-                   bool(raw.get("handoff")), raw.get("transport", "kafka"))
+                   bool(raw.get("handoff")), raw.get("transport", "kafka"), bool(raw.get("reads_above")))
 
 
 def plan(
@@ -82,7 +89,8 @@ def plan(
             window = cap_rows(src, spec, window, types)
         version, fills = _register_schema(src, wh, spec, committed) if spec.record_format == "avro" else (None, {})
         planned = ledger.record_plan(wh, spec, ledger.batch_id_for(spec.name, run_id), run_id, window, version,
-                                     handoff=handoff, transport=spec.transport)
+                                     handoff=handoff, transport=spec.transport,
+                                     reads_above=reads_above(spec, window, whole, handoff))
         if fills and not planned.reused:
             ledger.record_column_fills(wh, planned.batch_id, fills)
         writer = (ledger.record_schema(wh, spec.name, planned.schema_version)[1]
@@ -103,8 +111,29 @@ def plan(
     if window != whole and not planned.reused:
         log.info("pipeline=%s batch=%s window=%s capped at max_batch_rows=%s rows of %s; the next batch goes on "
                     "from %s", spec.name, planned.batch_id, window, spec.max_batch_rows, whole, window.hi)
+    if planned.reads_above:
+        log.info("pipeline=%s batch=%s window=%s reads every row above %s in its snapshot of the source: a row "
+                 "updated after %s lands at its snapshot version now (and again with the next batch, an idempotent "
+                 "upsert); the watermark moves to %s", spec.name, planned.batch_id, planned.window, planned.window.lo,
+                 planned.window.hi, planned.window.hi)
     return Plan(planned.batch_id, planned.window, planned.reused, schema_version=planned.schema_version,
-                writer_schema=writer, handoff=planned.handoff, transport=planned.transport)
+                writer_schema=writer, handoff=planned.handoff, transport=planned.transport,
+                reads_above=planned.reads_above)
+
+
+def reads_above(spec: PipelineSpec, window: Window, whole: Window, handoff: bool) -> bool:
+    """Whether a batch reads its snapshot's rows above its window's end too (docs/control-protocol.md §16).
+
+    Yes for a scheduled window of a pipeline whose rows are updated in place (``write_mode: upsert``,
+    not ``append_only``): a row updated more often than the safe lag, or between the plan and the
+    read, always lies past the safe bound and would never be inside any window. Its snapshot version
+    lands now; the watermark still moves only to the window's end, so nothing committed later at or
+    below it is missed, and the next batch's upsert of the same version changes nothing. No for a
+    backfill (exactly its interval), a window capped by ``max_batch_rows`` (the next batch goes on
+    from its end, and the last one of a backlog reads above), a handoff (it reads above anyway), and
+    append pipelines (their rows never move past a window; a window replace must not reach above)."""
+    return (spec.write_mode == "upsert" and not spec.append_only and not window.backfill and window == whole
+            and not handoff)
 
 
 def _register_schema(src, wh, spec: PipelineSpec, committed: Bound | None) -> tuple[int, dict[str, str | None]]:

@@ -271,6 +271,9 @@ class PipelineSpec(BaseModel):
     max_record_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 1024 * 1024
     # The longest a source transaction may hold the window back before the plan fails loudly.
     max_hold: Annotated[timedelta, Field(gt=timedelta(0), le=timedelta(days=7))] = timedelta(hours=6)
+    # The longest an extract may hold its read snapshot of the source (every partition reads in it, and
+    # while it is held the source's vacuum cannot remove rows dead since): past it the extract fails loudly.
+    max_snapshot_hold: Annotated[timedelta, Field(gt=timedelta(0), le=timedelta(days=1))] = timedelta(hours=1)
     # The most rows one scheduled batch carries: a longer window ends at the (cursor, key) of its
     # last row, even inside a run of rows sharing one cursor value; the next batch goes on from there.
     max_batch_rows: Annotated[int, Field(ge=1)] | None = None

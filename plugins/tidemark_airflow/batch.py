@@ -167,7 +167,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
                 finally:
                     source.close()
                     warehouse.close()
-            self.job_args = jobs.extract_args(self.spec_path, plan.batch_id, attempt, plan.window, bootstrap,
+            self.job_args = jobs.extract_args(self.spec_path, plan.batch_id, attempt, plan.read_window, bootstrap,
                                               report_path, self.read_partitions, repair_keys=keys_path,
                                               writer_schema=plan.writer_schema, handoff=plan.handoff,
                                               warehouse=self._direct(plan))

@@ -29,10 +29,17 @@ NEXT_SOURCE_DELETES = ("{n} row(s) were deleted at the source after a committed 
                        "each row in tidemark_control.repair_deletions); if not, restore them at the source")
 
 
+NEXT_NOTHING_COMPARED = ("every key of the batch changed at the source after the batch read it, so nothing could be "
+                         "compared (the next batch carries them): run this DAG with scope=full once the source is "
+                         "quieter, or after the next batch; a key that is never compared is the finding to chase")
+
+
 def failure(line: str, verdict, batch_id: str | None, pipeline: str | None = None) -> str:
     """A failed verdict's last words: what failed and the next step that works for it (``pipeline``:
     to name the DAG that repairs)."""
     failed = [c for c in verdict.checks if not c.passed]
+    if [c.check for c in failed] == ["compared_rows"]:  # nothing differs: nothing was compared
+        return f"{line}: {failed[0].difference}. Next: {NEXT_NOTHING_COMPARED}"
     if [c.check for c in failed] == ["unreachable_rows"]:  # nothing differs inside the window: no report
         return f"{line}: {failed[0].subject}. Next: {NEXT_UNREACHABLE}"
     deleted = [d for d in verdict.differences if d.kind == "deleted_at_source"]

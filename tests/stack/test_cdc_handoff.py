@@ -11,7 +11,8 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark.cdc.handoff import HandoffError, exported_snapshot, import_snapshot, snapshot_init
+from tidemark.cdc.handoff import HandoffError, exported_snapshot
+from tidemark.extract.snapshot import import_snapshot, snapshot_init
 from tidemark.cdc.source import slot_named
 
 pytestmark = pytest.mark.stack

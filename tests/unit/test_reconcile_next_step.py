@@ -42,3 +42,15 @@ def test_rows_deleted_at_the_source_point_at_apply_source_deletes_or_restoring_t
 def test_deletions_beside_other_differences_name_both_next_steps():
     text = failure("t batch b: 2 rows differ", _with_deletions("deleted_at_source", "changed"), "b")
     assert "Next: 1 row(s) were deleted at the source" in text and "for the other 1 row(s): open the report" in text
+
+
+def test_a_verdict_that_compared_nothing_says_so_and_what_will_compare():
+    """Issue 52: a proof over no rows while the source has rows is a failure, never 'OK'."""
+    verdict = Verdict([Check("row_count", "", "0", "0", None, True),
+                       Check("compared_rows", "rows of the window compared", "at least 1", "0",
+                             "every one of the 50 key(s) changed at the source since the batch read it", False)],
+                      [], 0, 0, moved_keys=50)
+    assert not verdict.passed
+    text = failure("t batch b: 1 of 2 checks failed (compared_rows)", verdict, "b")
+    assert "every one of the 50 key(s) changed" in text and "Next: every key of the batch changed" in text
+    assert "open the report" not in text

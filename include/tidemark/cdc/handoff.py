@@ -3,7 +3,7 @@ replication slot created with an exported snapshot.
 
 ``exported_snapshot`` opens a replication connection (``replication=database``), creates the
 pipeline's logical slot (pgoutput) and leaves that connection idle while the batch reads. Every
-session of the read imports the snapshot first (``snapshot_init``), so the batch holds exactly the
+session of the read imports the snapshot first (``tidemark.extract.snapshot``), so the batch holds exactly the
 rows committed before the slot's consistent point, and the slot streams exactly what came after
 (PostgreSQL's guarantee for a slot's exported snapshot). On success the replication connection
 closes and the slot stays at its consistent point, where Debezium starts (``snapshot.mode`` no_data,
@@ -27,8 +27,6 @@ from tidemark.cdc.source import slot_named
 from tidemark.errors import Terminal, Transient
 
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")  # PostgreSQL's rule for replication slot names
-SNAPSHOT_NAME = re.compile(r"[0-9A-F]{8}-[0-9A-F]{8}-[0-9]+")  # as pg_export_snapshot and the walsender spell it
-SAVEPOINT = "tidemark_snapshot"
 RELEASE_WAIT_S = 30.0  # how long a handoff waits for a slot in the way to lose its reader
 
 
@@ -47,23 +45,6 @@ class Handoff:
     slot: str
     consistent_point: str  # the LSN the slot streams from, as PostgreSQL spells it (``0/16B3748``)
     snapshot: str  # the exported snapshot's name, for ``SET TRANSACTION SNAPSHOT``
-
-
-def snapshot_init(snapshot: str) -> str:
-    """The statements that make a new session read in ``snapshot`` (Spark JDBC's
-    ``sessionInitStatement``). The closing SAVEPOINT fails a session that is not in a transaction
-    block: there the import would last one statement and the read would see the present, silently
-    (Spark's JDBC read opens a block only with a lower-case ``fetchsize`` above 0)."""
-    if not SNAPSHOT_NAME.fullmatch(snapshot):
-        raise HandoffError(f"not an exported snapshot's name: {snapshot!r}")
-    return (f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot}'; "
-            f"SAVEPOINT {SAVEPOINT}")
-
-
-def import_snapshot(cur, snapshot: str) -> None:
-    """Make ``cur``'s transaction (not yet begun: no query run in it) read in ``snapshot``."""
-    for statement in snapshot_init(snapshot).split("; "):
-        cur.execute(statement)
 
 
 def drop_slot(cur, slot: str) -> bool:

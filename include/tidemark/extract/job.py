@@ -20,7 +20,7 @@ from tidemark import avro, repair, totals
 from tidemark.cdc import handoff as cdc_handoff
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH
 from tidemark.extract import decisions as extract
-from tidemark.extract import direct
+from tidemark.extract import direct, snapshot
 from tidemark.kafka_io import end_offsets
 from tidemark.progress import Steps, Ticker, summary_line
 from tidemark.spark.entry import (JSON_OPTIONS, JobError, TransientJobError, connect, connect_params, jdbc_url,
@@ -40,7 +40,9 @@ class Extract:
     secret: str
     relation: str  # the source table, or a repair batch's subquery over it
     tag: str
-    handoff: cdc_handoff.Handoff | None = None  # a handoff batch: every read imports its snapshot
+    handoff: cdc_handoff.Handoff | None = None  # a handoff batch: its slot, whose snapshot every read imports
+    snapshot: str | None = None  # the exported snapshot every read of the attempt imports (``reading_in_snapshot``)
+    taken: snapshot.Snapshot | None = None  # a plain batch's snapshot: when, and which transactions it sees
 
     @property
     def application(self) -> str:
@@ -50,27 +52,35 @@ class Extract:
 
 def run(args: Namespace) -> int:
     x = prepare(args)
-    with handing_off(x):
+    with reading_in_snapshot(x):
         return read_and_write(x)
 
 
 @contextmanager
-def handing_off(x: Extract) -> Iterator[None]:
-    """A handoff batch: the pipeline's replication slot created with an exported snapshot, held for
-    the whole extract (dropped if it fails), and the read window opened above: the rows after its
-    end are in no later change event, and the next batch reads them again (a CDC pipeline upserts).
-    The ledger's window, and so the watermark, stay as planned; the sink checks the records against
-    the window opened above as well (``ledger.open_windows``)."""
-    if not x.args.handoff:
-        yield
-        return
+def reading_in_snapshot(x: Extract) -> Iterator[None]:
+    """Every read of the attempt, on every partition, in one snapshot of the source, held for the whole
+    extract (``tidemark.extract.snapshot``).
+
+    A handoff batch takes it from the pipeline's replication slot, created with an exported snapshot
+    (dropped if the extract fails), and reads its window opened above: the rows after its end are in
+    no later change event, and the next batch reads them again (a CDC pipeline upserts). Any other
+    batch reads the window the orchestrator gave it (the ledger's records window: opened above for an
+    upsert pipeline's scheduled batch, ``tidemark.ledger.records_window``). The ledger's window, and
+    so the watermark, stay as planned either way."""
     spec = x.spec
+    params = connect_params(x.args.database, x.args.user, x.secret, application=x.application)
+    if not x.args.handoff:
+        with snapshot.exported(params) as s:
+            x.snapshot, x.taken = s.name, s
+            print(f"{x.tag}: reading in one snapshot of the source, taken at {s.taken_at} ({s.xmin}), held at most "
+                  f"max_snapshot_hold {spec.max_snapshot_hold}", flush=True)
+            yield
+        return
     if spec.cdc is None or x.args.repair_keys is not None:
         raise JobError(f"{x.tag}: --handoff is for a CDC pipeline's batch (spec section cdc:), never a repair")
-    params = connect_params(x.args.database, x.args.user, x.secret, application=x.application)
     # the ledger planned a handoff: no committed one exists, so a slot left by a killed attempt is stale
     with cdc_handoff.exported_snapshot(params, spec.cdc_slot, spec.cdc_slot, replace_stale=True) as h:
-        x.handoff, x.window = h, x.window.opened_above()
+        x.handoff, x.snapshot, x.window = h, h.snapshot, x.window.opened_above()
         print(f"{x.tag}: CDC handoff: slot {h.slot} created at {h.consistent_point}, snapshot {h.snapshot}; "
               f"reading {x.window} in it", flush=True)
         yield
@@ -102,12 +112,21 @@ def read_and_write(x: Extract) -> int:
         def counted():
             return totals.from_tally(tally.text(), timestamps=x.spec.cursor.kind == "timestamp")
 
+        watchdog = snapshot.Watchdog(x.spec.max_snapshot_hold, spark.sparkContext.cancelAllJobs)
+        try:
+            with watchdog:
+                if args.warehouse:
+                    loads = direct.stage(x, records, n, numerics, steps)
+                else:
+                    before = end_offsets(args.bootstrap, x.spec.topic)
+                    write(x, records, before, n, numerics, steps)
+        except Exception:
+            if watchdog.fired:
+                raise watchdog.error(x.tag, x.spec.name) from None
+            raise
         if args.warehouse:
-            loads = direct.stage(x, records, n, numerics, steps)
             report_totals(x, counted(), {}, {}, started, time.monotonic() - started, steps, loads=loads)
             return 0
-        before = end_offsets(args.bootstrap, x.spec.topic)
-        write(x, records, before, n, numerics, steps)
         write_s = time.monotonic() - started
         with steps.step("offsets check"):
             after = end_offsets(args.bootstrap, x.spec.topic)
@@ -130,8 +149,8 @@ def prepare(args: Namespace) -> Extract:
 
 
 def source_session(x: Extract):
-    """The extract's own queries on the source; in a handoff, one read-only transaction in its snapshot."""
-    if x.handoff is None:
+    """The extract's own queries on the source: one read-only transaction in the attempt's snapshot."""
+    if x.snapshot is None:
         return side_queries(x.args.database, x.args.user, x.secret, application=x.application)
     return _in_snapshot(x)
 
@@ -141,7 +160,7 @@ def _in_snapshot(x: Extract) -> Iterator:
     conn = connect(x.args.database, x.args.user, x.secret, application=x.application)
     try:
         with conn.cursor() as cur:
-            cdc_handoff.import_snapshot(cur, x.handoff.snapshot)
+            snapshot.import_snapshot(cur, x.snapshot)
         yield conn
     finally:
         conn.close()  # its transaction read only: nothing to commit
@@ -181,10 +200,10 @@ def source_rows(spark, x: Extract, cuts):
     Each read is one cursor in one transaction (the driver streams rows only outside autocommit):
     `idle in transaction` between fetches while its rows go to Kafka, committed and closed when its
     task ends (Spark's JDBC reader). Named, so pg_stat_activity tells whose."""
-    # lower-case fetchsize: Spark then reads in a transaction, which a handoff's snapshot import needs
+    # lower-case fetchsize: Spark then reads in a transaction, which the snapshot's import needs
     props = {"user": x.args.user, "password": x.secret, "driver": "org.postgresql.Driver", "fetchsize": FETCH_SIZE}
-    if x.handoff is not None:
-        props["sessionInitStatement"] = cdc_handoff.snapshot_init(x.handoff.snapshot)
+    if x.snapshot is not None:
+        props["sessionInitStatement"] = snapshot.snapshot_init(x.snapshot)
     df = spark.read.jdbc(jdbc_url(x.args.database, application=x.application), x.relation,
                          predicates=split_predicates(x.spec, x.window, cuts), properties=props)
     missing = [c for c in (*x.spec.primary_key, x.spec.cursor.column) if c not in df.columns]
@@ -268,7 +287,8 @@ def report_totals(x: Extract, counted, before: dict[int, int], after: dict[int, 
     handoff = ({"slot": x.handoff.slot, "consistent_point": x.handoff.consistent_point}
                if x.handoff is not None else None)
     rows = sum(t["rows"] for t in report.values())
-    out = {"totals": report, "rows": rows, "handoff": handoff}
+    out = {"totals": report, "rows": rows, "handoff": handoff,
+           "snapshot": {"taken_at": x.taken.taken_at, "snapshot": x.taken.xmin} if x.taken is not None else None}
     if loads is not None:
         out["loads"] = loads
     else:

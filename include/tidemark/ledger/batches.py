@@ -49,10 +49,20 @@ class LedgerBatch:
     repair_deletes: dict[str, Any] | None = None  # what its apply may delete (``repair.deletes``); None: every key
     handoff: bool = False  # a CDC pipeline's handoff batch: read in its slot's snapshot, open above the window
     transport: str = "kafka"  # how its records reach the stage: "kafka" (the topic) or "direct" (the extract's tasks)
+    reads_above: bool = False  # reads its snapshot's rows above the window's end too (``records_window``)
+
+    @property
+    def records_window(self) -> Window:
+        """Where the batch's rows' cursors lie: the window, opened above for a handoff batch (it reads
+        every row of its snapshot after the window's start) and for a batch that reads above (an
+        upsert pipeline's scheduled batch: the snapshot's newer versions of hot rows land now, the
+        watermark still moves only to the window's end). The one rule for the extract's read, the
+        sink's record checks in either format, and the reconciliation's comparison."""
+        return self.window.opened_above() if self.handoff or self.reads_above else self.window
 
 
 _BATCH_COLUMNS = ("pipeline, state, window_lo, window_hi, backfill, attempt, schema_version, repair_keys, repair_of, "
-                  "repair_run::text, repair_deletes, handoff, transport")
+                  "repair_run::text, repair_deletes, handoff, transport, reads_above")
 
 
 def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
@@ -61,28 +71,29 @@ def planned_batch(cur, batch_id: str) -> LedgerBatch | None:
     row = cur.fetchone()
     if row is None:
         return None
-    pipeline, state, lo, hi, backfill, latest, version, keys, repair_of, run, deletes, handoff, transport = row
+    pipeline, state, lo, hi, backfill, latest, version, keys, repair_of, run, deletes, handoff, transport, above = row
     return LedgerBatch(batch_id, pipeline, Window(Bound.from_json(lo), Bound.from_json(hi), backfill), state, latest,
-                       False, version, keys, repair_of, run, deletes, handoff, transport)
+                       False, version, keys, repair_of, run, deletes, handoff, transport, above)
 
 
 def record_plan(cur, spec: PipelineSpec, batch_id: str, run_id: str, window: Window,
-                schema_version: int | None = None, *, handoff: bool = False, transport: str = "kafka") -> LedgerBatch:
+                schema_version: int | None = None, *, handoff: bool = False, transport: str = "kafka",
+                reads_above: bool = False) -> LedgerBatch:
     """Store the batch's window and record schema, or return those an earlier try of the same run
     stored."""
     _recordable(window, batch_id)
     cur.execute(
         """INSERT INTO tidemark_control.batches
                (batch_id, pipeline, run_id, window_lo, window_hi, backfill, partitions, state, schema_version,
-                handoff, transport)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s, %s, %s)
+                handoff, transport, reads_above)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, 'planned', %s, %s, %s, %s)
            ON CONFLICT (batch_id) DO NOTHING""",
         (batch_id, spec.name, run_id, json.dumps(window.lo.to_json()), json.dumps(window.hi.to_json()),
-         window.backfill, spec.partitions, schema_version, handoff, transport),
+         window.backfill, spec.partitions, schema_version, handoff, transport, reads_above),
     )
     if cur.rowcount == 1:
         return LedgerBatch(batch_id, spec.name, window, schema_version=schema_version, handoff=handoff,
-                           transport=transport)
+                           transport=transport, reads_above=reads_above)
     return replace(planned_batch(cur, batch_id), reused=True)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from tidemark.avro import Format, columns_from_json
 from tidemark.control import PartitionTotals
-from tidemark.ledger.batches import committed_watermark, consumer_for
+from tidemark.ledger.batches import LedgerBatch, committed_watermark, consumer_for
 from tidemark.ledger.streams import heartbeat
 from tidemark.window import Bound, Window
 
@@ -77,27 +77,26 @@ def open_windows(cur, pipeline: str) -> dict[tuple[str, int], Window]:
     """The planned window of each open or sealed attempt of the pipeline whose records travel through the
     topic, by (batch id, attempt): the windows records are checked against (a direct attempt has none there)."""
     cur.execute(
-        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff
+        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff, b.reads_above
              FROM tidemark_control.batch_attempts a
              JOIN tidemark_control.batches b USING (batch_id)
             WHERE b.pipeline = %s AND a.state IN ('open', 'sealed') AND b.transport = 'kafka'""",
         (pipeline,),
     )
-    return {(b, a): _records_window(lo, hi, bf, handoff) for b, a, lo, hi, bf, handoff in cur.fetchall()}
+    return {(b, a): _records_window(lo, hi, bf, handoff, above) for b, a, lo, hi, bf, handoff, above in cur.fetchall()}
 
 
-def _records_window(lo, hi, backfill: bool, handoff: bool) -> Window:
-    """Where an attempt's records' cursors must lie: its window, opened above for a CDC handoff batch
-    (it reads every row of its snapshot after the window's start)."""
+def _records_window(lo, hi, backfill: bool, handoff: bool, reads_above: bool) -> Window:
+    """Where an attempt's records' cursors must lie (``LedgerBatch.records_window``)."""
     window = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
-    return window.opened_above() if handoff else window
+    return LedgerBatch("", "", window, handoff=handoff, reads_above=reads_above).records_window
 
 
 def open_formats(cur, pipeline: str) -> dict[tuple[str, int], Format]:
     """The record format of each open or sealed protocol-version-2 attempt whose records travel through
     the topic, by (batch id, attempt): a direct attempt's tasks stage its records themselves."""
     cur.execute(
-        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff, s.version, s.columns,
+        """SELECT a.batch_id, a.attempt, b.window_lo, b.window_hi, b.backfill, b.handoff, b.reads_above, s.version, s.columns,
                   s.writer_schema
              FROM tidemark_control.batch_attempts a
              JOIN tidemark_control.batches b USING (batch_id)
@@ -105,8 +104,8 @@ def open_formats(cur, pipeline: str) -> dict[tuple[str, int], Format]:
             WHERE b.pipeline = %s AND a.state IN ('open', 'sealed') AND b.transport = 'kafka'""",
         (pipeline,),
     )
-    return {(b, a): Format(v, columns_from_json(cols), writer, _records_window(lo, hi, bf, handoff))
-            for b, a, lo, hi, bf, handoff, v, cols, writer in cur.fetchall()}
+    return {(b, a): Format(v, columns_from_json(cols), writer, _records_window(lo, hi, bf, handoff, above))
+            for b, a, lo, hi, bf, handoff, above, v, cols, writer in cur.fetchall()}
 
 
 def add_staged(cur, batch_id: str, attempt: int, partition: int, rows: int, checksum: int) -> None:

@@ -78,19 +78,31 @@ def invariant_checks(cur, spec: PipelineSpec, where: str, timings: dict[str, flo
     return checks
 
 
-def moved_keys(cur, spec: PipelineSpec, window: Window) -> list[Any]:
-    """First key columns of source rows updated past the window's end (none for append-only data)."""
+def moved_keys(cur, spec: PipelineSpec, window: Window, target_cur=None) -> list[Any]:
+    """First key columns of source rows updated past the window's end (none for append-only data).
+
+    With ``target_cur`` (a batch that read above its window: ``LedgerBatch.reads_above``), only the
+    keys whose source version past the end is not the one the target holds: a version the batch
+    carried, still the source's, is compared like any other row."""
     if spec.append_only or spec.write_mode == "append_window_replace":
         return []
     after = predicate(spec, Window(window.hi, window.hi)).split(" AND ")[0]  # cursor > hi, as the window says it
-    cur.execute(f"SELECT DISTINCT {quote(spec.primary_key[0])} FROM {quote(spec.table)} "
-                f"WHERE {after.replace('%', '%%')} LIMIT %s", (MAX_MOVED_KEYS + 1,))
-    found = [k for (k,) in cur.fetchall()]
-    if len(found) > MAX_MOVED_KEYS:
+    keys = [quote(k) for k in spec.primary_key]
+    first, cursor = keys[0], quote(spec.cursor.column)
+    cur.execute(f"SELECT {first}, jsonb_build_array({', '.join(f'{k}::text' for k in keys)})::text, {cursor}::text "
+                f"FROM {quote(spec.table)} WHERE {after.replace('%', '%%')} LIMIT %s", (MAX_MOVED_KEYS + 1,))
+    rows = cur.fetchall()
+    if len(rows) > MAX_MOVED_KEYS:
         raise ReconcileError(f"pipeline {spec.name}: more than {MAX_MOVED_KEYS} rows of {spec.table} changed after "
                              f"the window's end {window.hi}: reconcile right after the load, or run a full "
                              "reconciliation up to the current watermark")
-    return found
+    if target_cur is None or not rows:
+        return list(dict.fromkeys(k for k, _, _ in rows))
+    target_cur.execute(
+        f"SELECT jsonb_build_array({', '.join(f'{k}::text' for k in keys)})::text, {cursor}::text "
+        f"FROM {quote(spec.target_table)} WHERE {first} = ANY(%s)", (list({k for k, _, _ in rows}),))
+    held = dict(target_cur.fetchall())
+    return list(dict.fromkeys(k for k, full, at in rows if held.get(full) != at))
 
 
 def unreachable_rows(cur, spec: PipelineSpec, sample: int = 5) -> Check | None:

@@ -15,7 +15,8 @@ from tidemark.reconcile.localise import localise_range
 
 
 def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, invariants_cur=None,
-              buckets: int = BUCKETS, leaf_rows: int = LEAF_ROWS, localise_limit: int = 1000) -> Verdict:
+              buckets: int = BUCKETS, leaf_rows: int = LEAF_ROWS, localise_limit: int = 1000,
+              read_above: bool = False) -> Verdict:
     """Every check of the spec's ``reconcile`` section for ``window``; the differing rows localised.
 
     ``invariants_cur``, a cursor on a second warehouse connection whose transaction has not begun,
@@ -24,14 +25,19 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
 
     A pipeline that updates rows in place (upserts) may have moved a row past the window since the
     batch (a newer version for the next batch): the keys whose source version lies after ``hi``
-    are left out on both sides (by the first key column, so both sides leave out the same rows)."""
+    are left out on both sides (by the first key column, so both sides leave out the same rows).
+
+    ``read_above``: the batch read its snapshot's rows above ``hi`` too (``LedgerBatch.reads_above``):
+    every row above ``lo`` is compared, but for the keys whose source version is no longer the one the
+    target holds (changed since the batch read them). A comparison of no rows while keys were left out
+    fails (``compared_rows``): a proof that compared nothing proves nothing."""
     started = time.perf_counter()
     set_session(source_cur)
     set_session(target_cur)
     columns = compared_columns(source_cur, spec)
     kind = key_type(target_cur, spec)
-    where = predicate(spec, window).replace("%", "%%")  # a text key in a bound may hold a %
-    moved = moved_keys(source_cur, spec, window)
+    where = predicate(spec, window.opened_above() if read_above else window).replace("%", "%%")  # a key may hold %
+    moved = moved_keys(source_cur, spec, window, target_cur if read_above else None)
     if moved:
         where += " AND " + source_cur.mogrify(f"{quote(spec.primary_key[0])} <> ALL (%s::{kind}[])",
                                                (moved,)).decode().replace("%", "%%")
@@ -65,6 +71,10 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
             invariants = target_invariants.result()
             mark = timed("invariants (beside the passes), waited for", mark)
     checks += totals_checks(spec, src, tgt)
+    if src.rows == tgt.rows == 0 and moved:
+        checks.append(Check("compared_rows", "rows of the window compared", f"at least 1 ({len(moved)} key(s) hold rows "
+                            "past the window's start at the source)", "0",
+                            f"every one of the {len(moved)} key(s) changed at the source since the batch read it", False))
     if invariants_cur is None:
         invariants = invariant_checks(target_cur, spec, where, timings)  # each timed on its own
         mark = time.perf_counter()

@@ -47,10 +47,12 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
         if repaired is not None:  # a repair batch: reconcile what it repaired (a batch, or the whole table)
             after_repair, batch_id = batch_id, repaired.repair_of
             deleted = [d for d in ledger.repair_deletions(cur, after_repair) if d.kind == DELETED_AT_SOURCE]
+        read_above = False
         if batch_id is not None:
             pipeline, window, attempt = ledger.committed_batch(cur, batch_id)
             if pipeline != spec.name:
                 raise ReconcileError(f"batch {batch_id} belongs to pipeline {pipeline}, not {spec.name}")
+            read_above = ledger.planned_batch(cur, batch_id).records_window != window
         else:
             if mark is None:
                 raise ReconcileError(f"pipeline {spec.name} has no committed batch yet: nothing to reconcile")
@@ -60,10 +62,10 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
             s.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")  # one snapshot per side
             t.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             if invariants_conn is None:
-                verdict = reconcile(spec, window, s, t, **options)
+                verdict = reconcile(spec, window, s, t, read_above=read_above, **options)
             else:
                 with invariants_conn, invariants_conn.cursor() as i:
-                    verdict = reconcile(spec, window, s, t, invariants_cur=i, **options)
+                    verdict = reconcile(spec, window, s, t, invariants_cur=i, read_above=read_above, **options)
             fresh = freshness(spec, s, mark.cursor if mark is not None else None)
             if fresh is not None:
                 verdict.checks.append(fresh)

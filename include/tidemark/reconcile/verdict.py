@@ -68,7 +68,7 @@ class Verdict:
 
     def summary(self, spec: PipelineSpec, batch_id: str) -> str:
         """One line an analyst understands."""
-        moved = (f" ({self.moved_keys} keys changed at the source after the window left out: the next batch "
+        moved = (f" ({self.moved_keys} keys left out: changed at the source since the batch read them, the next batch "
                  "carries them)") if self.moved_keys else ""
         if self.passed:
             n = len(self.deletions_applied)

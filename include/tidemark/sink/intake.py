@@ -125,7 +125,7 @@ class Intake:
             if state in ("open", "sealed") and planned.schema_version is not None:
                 self._typed_at_driver(cur, batch_id, attempt, planned.schema_version, mine, columns, report)
             elif state in ("open", "sealed"):
-                window = planned.window
+                window = planned.records_window  # the one rule, as for Avro records (ledger.open_formats)
                 rules = self._record_rules(cur)
                 with report.steps.step("checks"):
                     kept = self._checked(mine, columns, lambda rec: rules.check(rec["key"], rec["value"], window),

@@ -373,6 +373,10 @@ ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS handoff boolean NO
 -- straight from the extract's tasks into the attempt's stage table (docs/control-protocol.md §15).
 ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS transport text NOT NULL DEFAULT 'kafka'
     CHECK (transport IN ('kafka', 'direct'));
+-- A scheduled batch of an upsert pipeline reads its snapshot's rows above its window's end as well
+-- (docs/control-protocol.md §16: a row updated faster than the safe lag never starves); the watermark
+-- still moves only to the window's end, and the next batch's upsert of those rows is idempotent.
+ALTER TABLE tidemark_control.batches ADD COLUMN IF NOT EXISTS reads_above boolean NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS tidemark_control.cdc_handoffs (
     batch_id          text NOT NULL,
     attempt           integer NOT NULL,

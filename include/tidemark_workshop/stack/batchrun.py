@@ -93,7 +93,7 @@ class Pipeline:
         # as the DAG's extract step does: a CDC handoff batch runs as the replication role
         direct = jobs.warehouse_args(s.pg_host, s.pg_port, WAREHOUSE_DB, s.pg_user) if plan.transport == "direct" else None
         return [*s.database_args(s.source_db, user=s.cdc_user if plan.handoff else None),
-                *jobs.extract_args(self.path, plan.batch_id, attempt, plan.window, s.kafka_bootstrap, report,
+                *jobs.extract_args(self.path, plan.batch_id, attempt, plan.read_window, s.kafka_bootstrap, report,
                                    repair_keys=keys, writer_schema=plan.writer_schema, handoff=plan.handoff,
                                    warehouse=direct)]
 

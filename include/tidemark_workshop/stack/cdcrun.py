@@ -25,14 +25,14 @@ STANDING = {"mode": "standing", "heartbeat": "PT1S"}  # the trigger: a CDC pipel
 
 
 def make_cdc_pipeline(settings: Settings, tmp_path: Path, trigger: str | None = None,
-                      transport: str = "kafka") -> Pipeline:
+                      transport: str = "kafka", record_format: str = "avro") -> Pipeline:
     """A fresh PAYMENTS_DDL pipeline whose real-time input is the source table's own changes
     (``trigger``: its standing sink's, an ISO 8601 duration; a CDC pipeline's default, ``CDC_TRIGGER``,
-    when None; ``transport``: its batches', the handoff's among them)."""
+    when None; ``transport``: its batches', the handoff's among them; ``record_format``: theirs too)."""
     unique = uuid.uuid4().hex[:10]
     return make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink={**STANDING, **({"trigger": trigger} if trigger else {})},
                          cdc={"target_table": f"public.it_{unique}_rt", "serving_view": f"public.it_{unique}_serving",
-                              "heartbeat": "PT1S"}, transport=transport)
+                              "heartbeat": "PT1S"}, transport=transport, record_format=record_format)
 
 
 def grant(settings: Settings, spec: PipelineSpec) -> None:
