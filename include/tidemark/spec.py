@@ -225,6 +225,9 @@ class ReconcileSpec(BaseModel):
     # Source rows whose timestamp cursor is NULL or infinite lie in no window: counted and named unless
     # the source means such rows to wait (e.g. a cursor set only when an entry is posted).
     unreachable_rows: bool = True
+    # A key that the reconciliations of this many consecutive batches left out, and that none of them
+    # carried (the target's version older than each window), is a finding naming it: a starved key.
+    starved_after: Annotated[int, Field(ge=2, le=100)] = 3
     # Re-prove the whole table up to the watermark on this schedule (e.g. "@weekly"): a batch proven
     # once can drift later (a column added with a default, a row changed in the warehouse).
     full_schedule: Annotated[str, AfterValidator(_schedule)] | None = None

@@ -34,12 +34,22 @@ NEXT_NOTHING_COMPARED = ("every key of the batch changed at the source after the
                          "quieter, or after the next batch; a key that is never compared is the finding to chase")
 
 
+NEXT_STARVED = ("those keys change at the source faster than the safe lag and the batches did not read above their "
+                "windows (docs/control-protocol.md §16: max_batch_rows caps a window, and a backfill or a batch planned "
+                "by an older Tidemark never reads above): let the next scheduled batch run uncapped, then run this DAG "
+                "with that batch's batch_id")
+
+
 def failure(line: str, verdict, batch_id: str | None, pipeline: str | None = None) -> str:
     """A failed verdict's last words: what failed and the next step that works for it (``pipeline``:
     to name the DAG that repairs)."""
     failed = [c for c in verdict.checks if not c.passed]
     if [c.check for c in failed] == ["compared_rows"]:  # nothing differs: nothing was compared
         return f"{line}: {failed[0].difference}. Next: {NEXT_NOTHING_COMPARED}"
+    starved = [c for c in failed if c.check == "starved_key"]
+    if starved and all(c.check in ("starved_key", "compared_rows") for c in failed):
+        return (f"{line}: {starved[0].subject} {starved[0].actual}, {starved[0].difference}"
+                f"{f' (and {len(starved) - 1} more)' if len(starved) > 1 else ''}. Next: {NEXT_STARVED}")
     if [c.check for c in failed] == ["unreachable_rows"]:  # nothing differs inside the window: no report
         return f"{line}: {failed[0].subject}. Next: {NEXT_UNREACHABLE}"
     deleted = [d for d in verdict.differences if d.kind == "deleted_at_source"]

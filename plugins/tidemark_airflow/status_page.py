@@ -88,9 +88,19 @@ def _lag(p) -> str:
     if p.lag.error:
         return f"<span class=bad>{_e(p.lag.error)}</span>"
     if p.lag.ids is not None:
-        return f"{p.lag.ids} ids"
+        return f"{p.lag.ids} ids" + _snapshot(p.lag)
     text = _e(format_duration(p.lag.seconds))
-    return text + (" <span class=warn>held back by an open or prepared source transaction</span>" if p.lag.held_back else "")
+    text += " <span class=warn>held back by an open or prepared source transaction</span>" if p.lag.held_back else ""
+    return text + _snapshot(p.lag)
+
+
+def _snapshot(lag) -> str:
+    """An extract holding its snapshot of the source now (issue 52), warned about past half its limit."""
+    said = lag.snapshot_text()
+    if not said:
+        return ""
+    warn = lag.snapshot_limit_s and lag.snapshot_held_s > lag.snapshot_limit_s / 2
+    return f" <span class={'warn' if warn else 'ok'}>{_e(said)}</span>"
 
 
 def _pipeline_row(p, now=None, verdict=None) -> str:

@@ -9,6 +9,8 @@ version the extract's snapshot (reported by the extract: ``pg_current_snapshot()
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import threading
 import time
 
@@ -16,6 +18,9 @@ import psycopg2
 import pytest
 
 from tidemark import reconcile
+from tidemark.status.model import Lag
+from tidemark.status.queries import extract_snapshots
+from tidemark_airflow.reconcile import NEXT_STARVED, failure
 from tidemark_workshop.stack.batchrun import make_pipeline
 
 pytestmark = [pytest.mark.stack]
@@ -89,6 +94,31 @@ def _as_of(pipe, snapshot: str) -> dict:
         conn.close()
 
 
+def _extract_watched(pipe, plan, attempt: int, tmp_path) -> dict:
+    """The extract, while the status page's query of the source is asked what it holds: the extract's
+    snapshot must show, held for some time, with the spec's limit."""
+    report = tmp_path / f"report-{attempt}.json"
+    job = concurrent.futures.ThreadPoolExecutor(1).submit(pipe.extract_job, plan, attempt, report)
+    seen = []
+    conn = pipe.src()
+    conn.autocommit = True
+    try:
+        while not job.done():
+            with conn.cursor() as cur:
+                held = extract_snapshots(cur).get(pipe.spec.name)
+            if held is not None:
+                seen.append(held)
+            time.sleep(0.2)
+    finally:
+        conn.close()
+    proc = job.result()
+    assert proc.returncode == 0, f"extract failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert seen and max(seen) > 0, "the extract's snapshot never showed in pg_stat_activity"
+    text = Lag(snapshot_held_s=max(seen), snapshot_limit_s=pipe.spec.max_snapshot_hold.total_seconds()).snapshot_text()
+    assert text.startswith("extract reading in one snapshot of the source, held") and "max_snapshot_hold 1h" in text
+    return json.loads(report.read_text())
+
+
 def _reconcile(pipe, settings, tmp_path, batch_id: str) -> reconcile.Outcome:
     src, wh = pipe.src(), pipe.wh()
     try:
@@ -110,7 +140,7 @@ def test_rows_hotter_than_the_safe_lag_land_at_their_snapshot_version(settings, 
         plan = pipe.plan("run-1")
         assert plan.reads_above and plan.read_window.lo == plan.window.lo
         attempt = pipe.begin(plan)
-        report = pipe.extract(plan, attempt)
+        report = _extract_watched(pipe, plan, attempt, tmp_path)
         pipe.end(plan, attempt, report)
         pipe.sink()
         assert pipe.state(plan.batch_id, attempt) == "committed", pipe.ledger(plan.batch_id)
@@ -138,3 +168,58 @@ def test_rows_hotter_than_the_safe_lag_land_at_their_snapshot_version(settings, 
     # and the first batch, reconciled again now: every key it carried is still the source's version
     again = _reconcile(pipe, settings, tmp_path, plan.batch_id)
     assert again.verdict.passed and again.verdict.rows_target == ROWS, again.line
+
+
+def test_a_key_no_window_holds_for_three_batches_is_named_as_starved(settings, tmp_path):
+    """Batches planned as an older Tidemark planned them (no reading above, as a capped window or a backfill
+    still is): a key updated every 100 ms with a safe lag of 2 s is in none of their windows, and the third
+    batch's reconciliation names it, with how often it changed; the cold keys are compared all along."""
+    from dataclasses import replace
+
+    pipe = make_pipeline(settings, tmp_path, DDL, safe_lag="PT2S")
+    conn = pipe.src()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {pipe.source_table} (id, amount, updated_at) SELECT g, g, now() - interval '1 hour' "
+                    "FROM generate_series(1, 20) g")
+    stop, errors = threading.Event(), []
+
+    def hot():
+        try:
+            with psycopg2.connect(settings.dsn(settings.source_db)) as c, c.cursor() as cur:
+                c.autocommit = True
+                while not stop.is_set():
+                    cur.execute(f"UPDATE {pipe.source_table} SET amount = amount + 1, updated_at = clock_timestamp() "
+                                "WHERE id = 7")
+                    time.sleep(0.1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=hot, daemon=True)
+    writer.start()
+    outcomes = []
+    try:
+        time.sleep(2.5)
+        for n in range(1, 4):
+            plan = replace(pipe.plan(f"run-{n}"), reads_above=False)
+            pipe.query_wh("UPDATE tidemark_control.batches SET reads_above = false WHERE batch_id = %s RETURNING 1",
+                          (plan.batch_id,))
+            pipe.load(plan)
+            outcomes.append(_reconcile(pipe, settings, tmp_path, plan.batch_id))
+    finally:
+        stop.set()
+        writer.join(10)
+        conn.close()
+    assert not errors, errors
+    first, second, third = outcomes
+    assert first.verdict.passed and first.verdict.rows_source == 19 and first.verdict.left_out.keys() == {"7"}, first.line
+    # the second window holds no cold row, and its one key moved on: a proof over nothing fails (not yet starved)
+    assert [c.check for c in second.verdict.checks if not c.passed] == ["compared_rows"], second.line
+    assert second.verdict.left_out.keys() == {"7"}
+    starved = [c for c in third.verdict.checks if not c.passed and c.check == "starved_key"]
+    assert len(starved) == 1 and starved[0].subject == "id 7", third.line
+    assert failure(third.line, third.verdict, third.batch_id).endswith(NEXT_STARVED)
+    assert "left out of all 3: the target holds no version" in starved[0].actual
+    assert "changed at least 3 time(s)" in starved[0].difference, starved[0].difference
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.reconcile_left_out WHERE pipeline = %s",
+                         (pipe.spec.name,))[0][0] == 3

@@ -185,3 +185,16 @@ def test_a_record_read_in_two_halves_reads_as_the_whole_and_any_other_form_is_re
     for n in range(3):  # a bounded memory: past two schemas every one is parsed again
         schemas.read(record({"op": "c"}, {"n": n}))
     assert len(schemas._parsed) <= 2
+
+
+@pytest.mark.parametrize("sequence, expected", [
+    ('["732300000","732317904"]', 732300000),  # as Debezium's PostgreSQL connector writes it
+    ('[null,"732317904"]', None),  # the first transaction a connector streams
+    ("not json", None),
+    (None, None),
+])
+def test_the_commit_streamed_before_an_events_transaction_is_read_from_its_sequence(sequence, expected):
+    """Issue 52: a genuine change produced again without its END is known as done once the applied
+    position is past this commit (tidemark.cdc.apply drops it as a duplicate instead of keeping it waiting)."""
+    source = {"txId": 38139, "lsn": 732317904, "ts_ms": 1, **({"sequence": sequence} if sequence else {})}
+    assert change(_event(source=source), COLUMNS).after_commit == expected

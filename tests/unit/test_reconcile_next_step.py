@@ -54,3 +54,21 @@ def test_a_verdict_that_compared_nothing_says_so_and_what_will_compare():
     text = failure("t batch b: 1 of 2 checks failed (compared_rows)", verdict, "b")
     assert "every one of the 50 key(s) changed" in text and "Next: every key of the batch changed" in text
     assert "open the report" not in text
+
+
+def test_a_starved_key_is_named_with_how_often_it_changed_and_the_next_step():
+    from tidemark.reconcile import starved_keys
+    from tidemark.spec import PipelineSpec
+    from tidemark_airflow.reconcile import NEXT_STARVED
+
+    spec = PipelineSpec.model_validate({"name": "p", "table": "public.t", "primary_key": ["id"], "partitions": 1,
+                                        "cursor": {"kind": "timestamp", "column": "updated_at"},
+                                        "target_table": "public.t_tgt", "safe_lag": "PT2S"})
+    now = {"7": ("2026-11-29 01:00:03", None), "8": ("2026-11-29 01:00:03", "2026-11-28 00:00:00")}
+    before = {"7": ["2026-11-29 01:00:01", "2026-11-29 01:00:02"]}  # 8 was carried by an earlier batch
+    checks = starved_keys(spec, now, before, 3)
+    assert [(c.check, c.subject, c.passed) for c in checks] == [("starved_key", "id 7", False)]
+    assert "changed at least 3 time(s)" in checks[0].difference and "no version" in checks[0].actual
+    verdict = Verdict([Check("row_count", "", "0", "0", None, True), *checks], [], 0, 0, moved_keys=1)
+    text = failure("t batch b: 1 of 2 checks failed (starved_key)", verdict, "b")
+    assert "id 7 left out of all 3" in text and text.endswith(NEXT_STARVED)

@@ -135,7 +135,8 @@ class ChangeWriter:
                 if place is None:  # belongs to no transaction we can name: a dead letter now
                     reject(where, f"change event rejected: {exc}")
                 else:  # its transaction is dead-lettered whole once complete: never applied in part
-                    pending.append((self.consumer, *place, "x", Json({"reason": str(exc)}), None, *_origin(rec)))
+                    pending.append((self.consumer, *place, "x", Json({"reason": str(exc)}), None, *_origin(rec),
+                                    None))
                 continue
             events = arrived.setdefault(event.txid, {})
             if event.order in events:
@@ -147,11 +148,12 @@ class ChangeWriter:
                                        report):
             ends.pop(txid, None)
             arrived.pop(txid, None)
-        pending += [(self.consumer, e.txid, e.order, e.lsn, e.op, Json(e.row), e.source_ms, *_origin(rec))
-                    for events in arrived.values() for rec, e in events.values()]
+        pending += [(self.consumer, e.txid, e.order, e.lsn, e.op, Json(e.row), e.source_ms, *_origin(rec),
+                     e.after_commit) for events in arrived.values() for rec, e in events.values()]
         if pending:
             kept = execute_values(cur, """INSERT INTO tidemark_control.cdc_pending (consumer, txid, total_order, lsn,
-                                              op, row_values, source_ms, topic, partition, "offset", record_key, raw)
+                                              op, row_values, source_ms, topic, partition, "offset", record_key, raw,
+                                              after_commit)
                                           VALUES %s ON CONFLICT DO NOTHING RETURNING 1""", pending, page_size=1000,
                                   fetch=True)
             report.duplicates += len(pending) - len(kept)  # the same event again, still waiting: a redelivery
@@ -226,6 +228,7 @@ class ChangeWriter:
     def _resolve(self, cur, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
         """Apply every waiting transaction that is complete, in commit order, up to the first that is not."""
         applied = self._position(cur)
+        self._drop_passed(cur, applied, report)
         cur.execute("""SELECT t.txid, t.commit_lsn, t.event_count, count(p.txid), count(p.txid) FILTER (WHERE p.op = 'x')
                          FROM tidemark_control.cdc_transactions t
                          LEFT JOIN tidemark_control.cdc_pending p ON p.consumer = t.consumer AND p.txid = t.txid
@@ -262,6 +265,22 @@ class ChangeWriter:
                         (self.consumer, resolved))
             cur.execute("DELETE FROM tidemark_control.cdc_transactions WHERE consumer = %s AND txid = ANY(%s)",
                         (self.consumer, resolved))
+
+    def _drop_passed(self, cur, applied: int, report) -> None:
+        """Changes waiting with no END whose transaction is done (the applied position is past the commit
+        streamed before it, ``changes.after_commit``): a genuine record produced again, alone. Dropped and
+        counted as duplicates, never waiting for ever."""
+        cur.execute("""DELETE FROM tidemark_control.cdc_pending p
+                        WHERE p.consumer = %(c)s AND p.after_commit < %(applied)s
+                          AND NOT EXISTS (SELECT 1 FROM tidemark_control.cdc_transactions t
+                                           WHERE t.consumer = p.consumer AND t.txid = p.txid)
+                    RETURNING p.txid""", {"c": self.consumer, "applied": applied})
+        dropped = [txid for txid, in cur.fetchall()]
+        if dropped:
+            report.duplicates += len(dropped)
+            log.info("pipeline=%s %s change(s) of source transaction(s) %s arrived again alone, after the position "
+                     "applied (%s) had passed them: redeliveries, dropped and counted as duplicates", self.spec.name,
+                     len(dropped), _span(sorted(set(dropped))), lsn_text(applied))
 
     def _tag(self, txid: int, lsn: int, count: int) -> str:
         return f"pipeline={self.spec.name} source transaction {txid} (commit {lsn_text(lsn)}, {count} change(s))"

@@ -136,6 +136,9 @@ class Change:
     source_ms: int | None  # when the source committed it
     added: tuple[tuple[str, Shape], ...] = ()  # columns the source gained that the real-time table lacks
     widened: tuple[tuple[str, Shape], ...] = ()  # columns the source widened (``widens``), with their new type
+    # the commit position of the transaction Debezium streamed before this one (``source.sequence``'s first
+    # LSN): once the applied position is past it, this event's transaction is done (``after_commit``)
+    after_commit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,23 @@ def change(value: bytes | str | None, table: dict[str, Shape | None],
     ms = source.get("ts_ms")
     return Change(_int(source.get("txId"), "source.txId"), order, _int(source.get("lsn"), "source.lsn"), op,
                   {name: text(v, types.get(name, {})) for name, v in row.items()},
-                  ms if isinstance(ms, int) and not isinstance(ms, bool) else None, added, widened)
+                  ms if isinstance(ms, int) and not isinstance(ms, bool) else None, added, widened,
+                  after_commit(source))
+
+
+def after_commit(source: dict[str, Any]) -> int | None:
+    """The commit position before this event's transaction, from Debezium's ``source.sequence``
+    (``["<last commit LSN>", "<this event's LSN>"]``, as JSON text); None when it is missing or unreadable.
+
+    The PostgreSQL connector streams whole transactions in commit order (pgoutput sends a transaction at
+    its commit), so the transaction of an event is the first to commit after that position: once the
+    sink's applied position is past it, the transaction was applied, dead-lettered or skipped, and the
+    event is a redelivery (a genuine record produced again), never one to wait for."""
+    try:
+        first = json.loads(source["sequence"])[0]
+        return int(first) if first is not None else None
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
 
 
 # (schema, side, columns, real-time table) -> their field types and the columns to add and widen: most

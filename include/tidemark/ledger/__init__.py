@@ -48,6 +48,6 @@ from tidemark.ledger.views import (  # noqa: F401
     stream_tables_exist, watermark_row,
 )
 from tidemark.ledger.reconciliations import (  # noqa: F401
-    RESULT_COLUMNS, batch_overview, committed_batch, latest_reconciliation, reconciliation_evidence,
-    reconciliation_results, reconciliation_runs, record_reconciliation, repair_batches,
+    RESULT_COLUMNS, batch_overview, committed_batch, latest_reconciliation, left_out_before, reconciliation_evidence,
+    reconciliation_results, reconciliation_runs, record_left_out, record_reconciliation, repair_batches,
 )

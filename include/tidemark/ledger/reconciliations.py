@@ -32,6 +32,40 @@ def record_reconciliation(cur, *, run_id: str, pipeline: str, batch_id: str | No
     return passed
 
 
+def record_left_out(cur, run_id: str, pipeline: str, batch_id: str, left_out: dict[str, tuple]) -> None:
+    """The keys a batch's reconciliation run left out that the batch did not carry (``reconcile.left_out``)."""
+    from psycopg2.extras import execute_values
+
+    if left_out:
+        execute_values(cur, """INSERT INTO tidemark_control.reconcile_left_out (run_id, pipeline, batch_id, first_key,
+                                   source_cursor, target_cursor) VALUES %s""",
+                       [(run_id, pipeline, batch_id, key, at, held) for key, (at, held) in left_out.items()])
+
+
+def left_out_before(cur, pipeline: str, batch_id: str, batches: int) -> dict[str, list[str]] | None:
+    """First key -> its source cursors, for the keys that the newest reconciliation run of each of the
+    ``batches`` committed batches before ``batch_id`` (scheduled ones, in commit order) left out uncarried;
+    None when fewer batches, or one of them never reconciled, so nothing can be said yet."""
+    cur.execute("""
+        WITH recent AS (
+            SELECT b.batch_id FROM tidemark_control.batches b
+             WHERE b.pipeline = %(p)s AND b.state = 'committed' AND b.repair_keys IS NULL AND NOT b.backfill
+               AND b.committed_at < (SELECT committed_at FROM tidemark_control.batches WHERE batch_id = %(b)s)
+             ORDER BY b.committed_at DESC LIMIT %(n)s),
+        runs AS (
+            SELECT DISTINCT ON (r.batch_id) r.batch_id, r.run_id FROM tidemark_control.reconciliation_results r
+             WHERE r.pipeline = %(p)s AND r.batch_id IN (SELECT batch_id FROM recent)
+             ORDER BY r.batch_id, r.id DESC)
+        SELECT (SELECT count(*) FROM recent), (SELECT count(*) FROM runs), l.first_key, array_agg(l.source_cursor)
+          FROM runs LEFT JOIN tidemark_control.reconcile_left_out l USING (run_id)
+         GROUP BY l.first_key HAVING l.first_key IS NULL OR count(*) = %(n)s""",
+        {"p": pipeline, "b": batch_id, "n": batches})
+    rows = cur.fetchall()
+    if not rows or rows[0][0] < batches or rows[0][1] < batches:
+        return None
+    return {key: cursors for _, _, key, cursors in rows if key is not None}
+
+
 def reconciliation_results(cur, run_id: str) -> list[dict[str, Any]]:
     cur.execute("SELECT check_name, subject, expected, actual, difference, verdict, tolerance, tolerance_reason "
                 "FROM tidemark_control.reconciliation_results WHERE run_id = %s ORDER BY id", (run_id,))

@@ -29,8 +29,9 @@ rows), ``compare`` (the whole reconciliation of a window), ``outcome`` (one run:
 from tidemark.reconcile.verdict import DELETED_AT_SOURCE, KIND_LABELS, Check, Difference, Verdict
 from tidemark.reconcile.passes import BUCKETS, LEAF_ROWS, compared_columns, key_bounds, key_type, one_pass, set_session
 from tidemark.reconcile.checks import (MAX_MOVED_KEYS, ReconcileError, balance_continuity, deletion_check, double_entry,
-                                       freshness, invariant_checks, loaded_by_batches, moved_keys,
-                                       movements_match_ledger, tell_deletions_apart, unique_keys, unreachable_rows)
+                                       freshness, invariant_checks, left_out, loaded_by_batches, moved_keys,
+                                       movements_match_ledger, starved_keys, tell_deletions_apart, unique_keys,
+                                       unreachable_rows)
 from tidemark.reconcile.localise import differences_csv
 from tidemark.reconcile.compare import reconcile
 from tidemark.reconcile.outcome import Outcome, run, write_report
@@ -39,6 +40,7 @@ __all__ = [
     "DELETED_AT_SOURCE", "KIND_LABELS", "Check", "Difference", "Verdict",
     "BUCKETS", "LEAF_ROWS", "compared_columns", "key_bounds", "key_type", "one_pass", "set_session",
     "MAX_MOVED_KEYS", "ReconcileError", "balance_continuity", "deletion_check", "double_entry", "freshness",
-    "invariant_checks", "loaded_by_batches", "moved_keys", "movements_match_ledger", "tell_deletions_apart",
+    "invariant_checks", "left_out", "loaded_by_batches", "moved_keys", "movements_match_ledger", "starved_keys",
+    "tell_deletions_apart",
     "unique_keys", "unreachable_rows", "differences_csv", "reconcile", "Outcome", "run", "write_report",
 ]

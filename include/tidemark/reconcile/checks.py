@@ -105,6 +105,38 @@ def moved_keys(cur, spec: PipelineSpec, window: Window, target_cur=None) -> list
     return list(dict.fromkeys(k for k, full, at in rows if held.get(full) != at))
 
 
+def left_out(source_cur, target_cur, spec: PipelineSpec, window: Window, moved: list[Any]) -> dict[str, tuple]:
+    """Of the keys left out (``moved_keys``), those the batch did not carry either: the target's newest
+    version of the first key is at or before the window's start, or there is none. First key (text) ->
+    (its newest cursor at the source, its newest in the target or None), both as text."""
+    if not moved:
+        return {}
+    first, cursor = quote(spec.primary_key[0]), quote(spec.cursor.column)
+    newest = (f"SELECT {first}::text, max({cursor})::text, max({cursor}) > %s FROM {{table}} "
+              f"WHERE {first} = ANY(%s) GROUP BY 1")
+    target_cur.execute(newest.format(table=quote(spec.target_table)), (window.lo.cursor, moved))
+    carried = {k: (at, above) for k, at, above in target_cur.fetchall()}
+    source_cur.execute(newest.format(table=quote(spec.table)), (window.lo.cursor, moved))
+    return {k: (at, carried.get(k, (None, False))[0]) for k, at, _ in source_cur.fetchall()
+            if not carried.get(k, (None, False))[1]}
+
+
+def starved_keys(spec: PipelineSpec, now: dict[str, tuple], before: dict[str, list[str]], batches: int) -> list[Check]:
+    """A failed check for each key left out, and not carried, by this batch (``now``, ``left_out``) and by
+    every one of the ``batches - 1`` batches before it (``before``: first key -> its source cursors then,
+    ``ledger.left_out_before``): a key its writers change so often that no window holds it."""
+    checks = []
+    for key in sorted(set(now) & set(before)):
+        cursors = sorted({*before[key], now[key][0]})
+        checks.append(Check(
+            "starved_key", f"{spec.primary_key[0]} {key}",
+            f"in one of the last {batches} batches (at its source version then)",
+            f"left out of all {batches}: the target holds {now[key][1] or 'no version'}",
+            f"its source version changed at least {len(cursors)} time(s) meanwhile (cursor {cursors[0]} .. "
+            f"{cursors[-1]}) and no window held it", False))
+    return checks
+
+
 def unreachable_rows(cur, spec: PipelineSpec, sample: int = 5) -> Check | None:
     """Source rows no window will ever hold: a timestamp cursor that is NULL or infinite. Windows
     are bounded by finite cursor values, so such a row is never extracted, and every check over a

@@ -10,7 +10,8 @@ from tidemark.spec import PipelineSpec, quote
 from tidemark.window import Window, predicate
 from tidemark.reconcile.verdict import Check, Verdict
 from tidemark.reconcile.passes import BUCKETS, LEAF_ROWS, compared_columns, key_bounds, key_type, one_pass, set_session
-from tidemark.reconcile.checks import check_equal, invariant_checks, moved_keys, tell_deletions_apart, unique_keys, unreachable_rows
+from tidemark.reconcile.checks import (check_equal, invariant_checks, left_out, moved_keys, tell_deletions_apart,
+                                       unique_keys, unreachable_rows)
 from tidemark.reconcile.localise import localise_range
 
 
@@ -79,12 +80,13 @@ def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, inv
         invariants = invariant_checks(target_cur, spec, where, timings)  # each timed on its own
         mark = time.perf_counter()
     checks += invariants
+    not_carried = left_out(source_cur, target_cur, spec, window, moved)
     stranded = unreachable_rows(source_cur, spec)
     if stranded is not None:
         checks.append(stranded)
         timed("unreachable rows", mark)
     verdict = Verdict(checks, [], src.rows, tgt.rows, moved_keys=len(moved), where=where.replace("%%", "%"),
-                      timings=timings)
+                      timings=timings, left_out=not_carried)
     verdict.seconds = time.perf_counter() - started
     if src.buckets != tgt.buckets:
         localise(spec, source_cur, target_cur, where, columns, kind, bounds, src, tgt, leaf_rows, localise_limit,

@@ -10,7 +10,7 @@ from typing import Any
 from tidemark.spec import PipelineSpec
 from tidemark.window import Window
 from tidemark.reconcile.verdict import Check, DELETED_AT_SOURCE, Verdict
-from tidemark.reconcile.checks import ReconcileError, freshness, speed_layer_findings
+from tidemark.reconcile.checks import ReconcileError, freshness, speed_layer_findings, starved_keys
 from tidemark.reconcile.localise import differences_csv
 from tidemark.reconcile.compare import reconcile
 
@@ -73,6 +73,11 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
                 verdict.checks += speed_layer_findings(t, spec, batch_id)
     except LookupError as exc:
         raise ReconcileError(str(exc)) from None
+    if batch_id is not None and verdict.left_out:  # a key no window of the last batches held: a finding
+        with warehouse_conn, warehouse_conn.cursor() as cur:
+            before = ledger.left_out_before(cur, spec.name, batch_id, spec.reconcile.starved_after - 1)
+        if before:
+            verdict.checks += starved_keys(spec, verdict.left_out, before, spec.reconcile.starved_after)
     verdict.deletions_applied = [
         Check("source_deletion_applied", f"key {_joined(d.key)}, deleted by repair batch {after_repair}",
               "no row at the source", json.dumps(d.old_values, default=str), None, True) for d in deleted]
@@ -95,6 +100,8 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     if docs is not None:
         line += f"; Data Docs: {docs}"
     with warehouse_conn, warehouse_conn.cursor() as cur:
+        if batch_id is not None:
+            ledger.record_left_out(cur, run_id, spec.name, batch_id, verdict.left_out)
         ledger.record_reconciliation(cur, run_id=run_id, pipeline=spec.name, batch_id=batch_id, attempt=attempt,
                                      window=window, checks=verdict.checks + verdict.deletions_applied,
                                      tolerance=spec.reconcile.tolerance,

@@ -44,6 +44,8 @@ class Verdict:
     rows_read_localising: int = 0  # rows the databases scanned to localise the differences
     rows_fetched: int = 0  # of those, rows sent here to be compared column by column
     moved_keys: int = 0  # keys left out on both sides: updated at the source after the window
+    # of those, the keys the batch did not carry either (``checks.left_out``): first key -> (source, target cursor)
+    left_out: dict[str, tuple] = field(default_factory=dict)
     complete: bool = True  # False: localisation stopped at its limit, more rows differ than listed
     where: str = ""  # the rows compared (SQL), for the declarative checks on the same rows
     seconds: float = 0.0  # the checks (both passes and the target's own queries)

@@ -241,6 +241,19 @@ CREATE TABLE IF NOT EXISTS tidemark_control.reconciliation_results (
     checked_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
     code_version      text NOT NULL
 );
+-- The keys a batch's reconciliation left out (changed at the source past the window's end) that the batch did not
+-- carry either (the target's version is at or before the window's start, or missing): one run's row per key. A key
+-- in the rows of the reconciliations of reconcile.starved_after consecutive batches is a starved key (a finding).
+CREATE TABLE IF NOT EXISTS tidemark_control.reconcile_left_out (
+    run_id         uuid NOT NULL,
+    pipeline       text NOT NULL,
+    batch_id       text NOT NULL,
+    first_key      text NOT NULL,                -- the key's first column, as text (what the comparison leaves out)
+    source_cursor  text NOT NULL,                -- its newest cursor at the source then
+    target_cursor  text,                         -- its newest in the target then (NULL: none)
+    PRIMARY KEY (run_id, first_key)
+);
+CREATE INDEX IF NOT EXISTS reconcile_left_out_by_batch ON tidemark_control.reconcile_left_out (pipeline, batch_id);
 CREATE INDEX IF NOT EXISTS reconciliation_results_by_batch
     ON tidemark_control.reconciliation_results (pipeline, batch_id, checked_at);
 CREATE OR REPLACE FUNCTION tidemark_control.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -320,6 +333,9 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_pending (
     raw          text NOT NULL,
     PRIMARY KEY (consumer, txid, total_order)
 );
+-- The commit position streamed before the event's transaction (Debezium's source.sequence): once the applied
+-- position is past it the transaction is done, and a change of it still waiting is a redelivery (dropped, counted).
+ALTER TABLE tidemark_control.cdc_pending ADD COLUMN IF NOT EXISTS after_commit bigint;
 CREATE TABLE IF NOT EXISTS tidemark_control.cdc_transactions (
     consumer     text NOT NULL,
     txid         bigint NOT NULL,

@@ -131,6 +131,8 @@ class SourceStatus:
     oldest_open_xact: SourceSession | None = None  # the clamp: windows end before its xact_start
     oldest_prepared: PreparedXact | None = None  # holds every window at its watermark until it ends
     error: str | None = None
+    # pipeline -> seconds its extract has held one snapshot of the source (tidemark.extract.snapshot)
+    extract_snapshots: dict[str, float] = field(default_factory=dict)
     clock: SourceClock | None = field(default=None, metadata={"json": False})  # what the planner reads
 
 @dataclass(frozen=True)
@@ -141,6 +143,15 @@ class Lag:
     ids: int | None = None
     held_back: bool = False  # an open or prepared source transaction, not the safe lag, sets the next window's end
     error: str | None = None
+    snapshot_held_s: float | None = None  # an extract reading now has held its snapshot of the source this long
+    snapshot_limit_s: float | None = None  # the spec's max_snapshot_hold
+
+    def snapshot_text(self) -> str:
+        """An extract's snapshot held now, as the page and ``make status`` say it (empty: none held)."""
+        if self.snapshot_held_s is None:
+            return ""
+        return (f"extract reading in one snapshot of the source, held {format_duration(self.snapshot_held_s)} of "
+                f"max_snapshot_hold {format_duration(self.snapshot_limit_s)} (vacuum waits for it)")
 
 
 @dataclass(frozen=True)

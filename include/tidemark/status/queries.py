@@ -157,16 +157,33 @@ def source_status(cur, conn_id: str) -> SourceStatus:
     session = (SourceSession(h["pid"], h["application_name"], h["usename"], h["client_addr"], h["state"],
                              clock.oldest_open_xact, clock.now - clock.oldest_open_xact) if h else None)
     prepared = PreparedXact(p["gid"], clock.prepared_at, p["owner"], p.get("count", 1)) if p else None
-    return SourceStatus(conn_id, clock.now, session, prepared, clock=clock)
+    return SourceStatus(conn_id, clock.now, session, prepared, clock=clock, extract_snapshots=extract_snapshots(cur))
+
+
+EXTRACT_APPLICATION = "tidemark-extract-"  # an extract's sessions on the source (tidemark.extract.job)
+
+
+def extract_snapshots(cur) -> dict[str, float]:
+    """Pipeline -> seconds its extract has held its snapshot of the source: the oldest transaction of its
+    sessions that holds back the xmin horizon (the exporting one; the parallel reads import it later)."""
+    cur.execute("""SELECT substr(application_name, %(n)s), extract(epoch FROM max(clock_timestamp() - xact_start))
+                     FROM pg_stat_activity
+                    WHERE datname = current_database() AND application_name LIKE %(prefix)s
+                      AND backend_xmin IS NOT NULL AND xact_start IS NOT NULL
+                    GROUP BY 1""", {"n": len(EXTRACT_APPLICATION) + 1, "prefix": EXTRACT_APPLICATION + "%"})
+    return {name: float(age) for name, age in cur.fetchall()}
 
 
 def watermark_lag(cur, spec: PipelineSpec, watermark: Watermark | None, source: SourceStatus) -> Lag | None:
     """Lag behind the source: its clock minus the watermark (timestamp cursors), or ids not yet
     loaded, max(id) minus the watermark (id cursors). None: no watermark yet."""
     clock = source.clock
-    if watermark is None or clock is None:
-        return None
+    held = {"snapshot_held_s": source.extract_snapshots.get(spec.name),
+            "snapshot_limit_s": spec.max_snapshot_hold.total_seconds()}
+    if watermark is None or clock is None:  # the first batch's extract may be reading already
+        return Lag(**held) if held["snapshot_held_s"] is not None else None
     if spec.cursor.kind == "id":
         high = catalog.observe_id_high(cur, spec)[0]
-        return Lag(ids=max(int(high or 0) - int(watermark.cursor), 0))
-    return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=clock.holds_back(spec.safe_lag))
+        return Lag(ids=max(int(high or 0) - int(watermark.cursor), 0), **held)
+    return Lag(seconds=(clock.now - watermark.cursor).total_seconds(), held_back=clock.holds_back(spec.safe_lag),
+               **held)

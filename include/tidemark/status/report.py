@@ -237,6 +237,8 @@ def status_lines(report: StatusReport) -> list[str]:
         behind = ("-" if lag is None else lag.error if lag.error else f"{lag.ids} ids" if lag.ids is not None
                   else format_duration(lag.seconds) + (" (held back by a source transaction)" if lag.held_back else ""))
         line = f"{p.name}: {batch}; watermark {w.bound if w else '-'}; behind the source {behind}"
+        if lag is not None and lag.snapshot_text():
+            line += f"; {lag.snapshot_text()}"
         if p.ledger.dead_letters_pending:
             line += (f"; {p.ledger.dead_letters_pending} dead letter(s) not yet in the DLQ, oldest from "
                      f"{utc_iso(p.ledger.oldest_pending_reject)}")
