@@ -186,12 +186,14 @@ def test_a_key_no_window_holds_for_three_batches_is_named_as_starved(settings, t
 
     def hot():
         try:
-            with psycopg2.connect(settings.dsn(settings.source_db)) as c, c.cursor() as cur:
-                c.autocommit = True
+            c = psycopg2.connect(settings.dsn(settings.source_db))
+            c.autocommit = True  # each update commits at once
+            with c.cursor() as cur:
                 while not stop.is_set():
                     cur.execute(f"UPDATE {pipe.source_table} SET amount = amount + 1, updated_at = clock_timestamp() "
                                 "WHERE id = 7")
                     time.sleep(0.1)
+            c.close()
         except BaseException as exc:
             errors.append(exc)
 
