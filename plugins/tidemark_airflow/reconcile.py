@@ -30,8 +30,9 @@ NEXT_SOURCE_DELETES = ("{n} row(s) were deleted at the source after a committed 
 
 
 NEXT_NOTHING_COMPARED = ("every key of the batch changed at the source after the batch read it, so nothing could be "
-                         "compared (the next batch carries them): run this DAG with scope=full once the source is "
-                         "quieter, or after the next batch; a key that is never compared is the finding to chase")
+                         "compared: the next batch carries their new versions, and its reconciliation compares them "
+                         "(trigger the pipeline's nightly DAG once the source is quieter); a key left out batch after "
+                         "batch is named as a starved key")
 
 
 NEXT_STARVED = ("those keys change at the source faster than the safe lag and the batches did not read above their "

@@ -107,3 +107,28 @@ def test_cluster_argv_moves_a_python_driver_onto_the_cluster():
         "/j/udf.jar", "/x/batch_sink.py", "", "--spec", "s.yaml"]
     with pytest.raises(ValueError, match="not a spark-submit of a Python application"):
         cluster_argv(["spark-submit", "--class", "Main", "app.jar"], "spark://m:7077", "/j/udf.jar", "/v/python")
+
+
+def test_kill_9_of_the_wrapper_leaves_the_job_running_as_the_one_instance_and_a_stop_ends_it(launcher):
+    """Issue 53: the pid file names an sh wrapper; kill -9 of it left the command (a Spark JVM) running,
+    re-parented to init, while status said ended and the supervisor started a second one beside it."""
+    import os
+    import signal
+
+    launcher.start("p1", [PY, "-c", GRACEFUL])
+    _until(lambda: "streaming" in _printed(launcher, "p1"))
+    wrapper = launcher.status("p1").pid
+    os.kill(wrapper, signal.SIGKILL)
+    _until(lambda: not Path(f"/proc/{wrapper}").exists() or Path(f"/proc/{wrapper}/stat").read_text()
+           .split(") ")[1][0] in "ZX")
+    orphaned = launcher.status("p1")
+    assert orphaned.alive and orphaned.exit_code is None  # its command still runs: it is the instance
+    with pytest.raises(RuntimeError, match="already running"):
+        launcher.start("p1", [PY, "-c", GRACEFUL])
+    stopped = launcher.stop("p1", grace_s=10)  # TERM to the group: the command ends as it would
+    assert not stopped.alive
+    assert "graceful stop" in launcher.log_tail("p1")
+    again = launcher.start("p1", [PY, "-c", GRACEFUL])  # now a new instance may start
+    assert again.alive and again.pid != wrapper
+    launcher.kill("p1")
+    _until(lambda: not launcher.status("p1").alive)

@@ -11,6 +11,11 @@ started it and the next supervisor run (another process) can tell whether it run
 and what its log last said. A thin ``sh`` wrapper waits for the command and writes its exit code;
 a stop sends SIGTERM to the command (through the wrapper) and SIGKILL to the whole group after a
 grace period. A pid is trusted only with the start time recorded for it (pids are reused).
+
+The process group is the unit, as systemd's cgroup is: the instance runs while any process of its
+group does. ``kill -9`` of the wrapper (what an operator, an OOM killer or a container runtime may
+do) leaves the command and its JVM running, re-parented to init: they are still the instance, so no
+second one starts beside them, and a stop signals and waits for the whole group.
 """
 
 from __future__ import annotations
@@ -141,7 +146,8 @@ class LocalLauncher(Launcher):
         except (FileNotFoundError, ValueError):
             return Instance(name, None, None, False, exit_code, d / "log")
         pid, started = int(pid_s), datetime.fromtimestamp(float(started_s), timezone.utc)
-        alive = exit_code is None and _start_ticks(pid) == ticks_s and not _zombie(pid)
+        wrapper = _start_ticks(pid) == ticks_s and not _zombie(pid)
+        alive = exit_code is None and (wrapper or _group_alive(pid, ticks_s))
         if not alive and exit_code is None:
             exit_code = _read_int(d / "exit_code")  # it may have ended between the two reads
         return Instance(name, pid, started, alive, exit_code, d / "log")
@@ -151,7 +157,10 @@ class LocalLauncher(Launcher):
         current = self.status(name)
         if not current.alive:
             return current
-        os.kill(current.pid, signal.SIGTERM)
+        try:
+            os.kill(current.pid, signal.SIGTERM)
+        except ProcessLookupError:  # the wrapper was killed: its command runs on in the group
+            _signal_group(current.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not self.status(name).alive:
@@ -165,16 +174,13 @@ class LocalLauncher(Launcher):
         current = self.status(name)
         if current.pid is None:
             return
-        try:
-            os.killpg(current.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal_group(current.pid, signal.SIGKILL)
         d = self._dir(name)
         if _read_int(d / "exit_code") is None and not current.alive:
             return
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not (d / "exit_code").exists():
-            if _zombie(current.pid) or _start_ticks(current.pid) is None:
+            if not self.status(name).alive:
                 (d / "exit_code").write_text("137\n")  # the wrapper died with it
                 break
             time.sleep(0.1)
@@ -202,6 +208,27 @@ def _start_ticks(pid: int) -> str | None:
 def _zombie(pid: int) -> bool:
     fields = _stat(pid)
     return fields is None or fields[0] in ("Z", "X")
+
+
+def _group_alive(pgid: int, since_ticks: str) -> bool:
+    """Whether a process of the instance's group still runs: same process group and session (the wrapper
+    made both, ``start_new_session``), not a zombie, started no earlier than the wrapper (a reused id
+    is someone else's group)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if (fields and fields[2] == fields[3] == str(pgid) and fields[0] not in ("Z", "X")
+                and int(fields[19]) >= int(since_ticks)):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _read_int(path: Path) -> int | None:
