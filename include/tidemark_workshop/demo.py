@@ -136,11 +136,13 @@ def _detect_a_difference(settings: Settings, api) -> bool:
     wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
         with wh, wh.cursor() as cur:
-            cur.execute("SELECT batch_id FROM tidemark_control.batches WHERE pipeline = %s AND state = 'committed' "
-                        "AND repair_keys IS NULL ORDER BY committed_at DESC LIMIT 1", (name,))
-            batch_id = cur.fetchone()[0]
-            cur.execute(f"UPDATE {table} SET amount = amount + 0.01 WHERE entry_id = (SELECT min(entry_id) + 41 "
-                        f"FROM {table}) RETURNING entry_id")
+            cur.execute("SELECT batch_id, window_lo ->> 'cursor' FROM tidemark_control.batches WHERE pipeline = %s "
+                        "AND state = 'committed' AND repair_keys IS NULL ORDER BY committed_at DESC LIMIT 1", (name,))
+            batch_id, lo = cur.fetchone()
+            # a row of that batch's window (the catch-up run after the writers' batch carries the later rows)
+            cur.execute(f"UPDATE {table} SET amount = amount + 0.01 WHERE entry_id = (SELECT entry_id FROM {table} "
+                        "WHERE created_at > %s::timestamptz ORDER BY entry_id OFFSET 41 LIMIT 1) RETURNING entry_id",
+                        (lo,))
             entry = cur.fetchone()[0]
         print(f"\ncorrupting one row on purpose: {table} entry {entry} amount + 0.01; reconciling batch {batch_id} "
               "again with repair=true (a manual run, as from the UI's Trigger form): the differing key is re-loaded "

@@ -81,7 +81,25 @@ def last_word(context) -> None:
         text = (f"pipeline={pipeline} run={context['dag_run'].run_id} task {context['ti'].task_id}: {text}. Next: "
                 + NEXT_TRANSIENT.format(task=BEGIN))
     retried = str(getattr(context["ti"], "state", "")).lower().endswith("up_for_retry")
+    text = truthful(text, retried, getattr(context["ti"], "try_number", None),
+                    getattr(context["task"], "retries", 0) + 1)
     context["task"].log.error("TIDEMARK %s: %s", "FAILED, Airflow retries it" if retried else "FAILED", text)
+
+
+_RETRY_PROMISE = "Airflow retries this task with backoff; if the last try fails too, "
+
+
+def truthful(text: str, retried: bool, try_number: int | None, tries: int) -> str:
+    """The last line's next step as it stands now: a retry is promised only when Airflow will retry,
+    and the line names which try failed (issue 53: the last try's line still said "Airflow retries")."""
+    at = text.find(_RETRY_PROMISE)
+    if at < 0:
+        return text
+    which = f"try {try_number} of {tries}" if try_number else f"a try of {tries}"
+    rest = text[at + len(_RETRY_PROMISE):]
+    if retried:
+        return f"{text[:at]}Airflow retries this task with backoff ({which} failed); if the last try fails too, {rest}"
+    return f"{text[:at]}no retry is left ({which} failed): {rest}"
 
 
 def run_plan(context, *, required: bool = True) -> Any:

@@ -53,3 +53,18 @@ def test_a_handoff_plan_travels_whole_and_the_extract_report_must_agree_with_it(
     ordinary = batch.Plan.from_xcom({**raw, "handoff": False})
     with pytest.raises(ProtocolError, match="the ledger plans no CDC handoff, the extract reported one"):
         batch.record_extract(spec, None, ordinary, 1, {**report, "handoff": {"slot": "s", "consistent_point": "0/1"}})
+
+
+def test_the_last_line_promises_a_retry_only_when_airflow_will_retry():
+    """Issue 53 item 6: the last try's line still said 'Next: Airflow retries this task with backoff'."""
+    from tidemark_airflow.batch_tasks import NEXT_TRANSIENT, truthful
+
+    line = "pipeline=p batch=b attempt=2 window=(1, 4]: KafkaException: broker down. Next: " + NEXT_TRANSIENT.format(
+        task="begin")
+    retrying = truthful(line, True, 2, 4)
+    assert "Airflow retries this task with backoff (try 2 of 4 failed); if the last try fails too, check the stack" \
+        in retrying
+    final = truthful(line, False, 4, 4)
+    assert "retries" not in final and "no retry is left (try 4 of 4 failed): check the stack" in final
+    assert final.endswith("then clear this DAG run from 'begin'")
+    assert truthful("pipeline=p: ValueError: x. Next: fix it", False, 1, 1) == "pipeline=p: ValueError: x. Next: fix it"

@@ -103,3 +103,18 @@ def test_a_resumed_job_is_started_not_restarted_and_costs_no_budget():
     assert decision.action == "start" and "resumed at" in decision.reason
     later = Actual(alive=False, started_at=NOW - 20 * S, exit_code=1)  # started after the resume, then died
     assert decide(NOW, "running", later, resumed, POLICY).action == "crash_loop"
+
+
+def test_a_sink_that_has_not_committed_yet_is_slow_not_stalled_and_half_seconds_are_printed():
+    """Issue 53 item 3: on a loaded host standing sinks were restarted as stalled before they had committed
+    once (the window counted from their start), and a 0.5 s trigger was printed as "0 s"."""
+    from datetime import timedelta
+
+    policy = Policy(trigger_interval=timedelta(milliseconds=500))  # stall window max(5 s, 2 min) = 2 min
+    starting = Actual(alive=True, started_at=NOW - 200 * S, heartbeat_at=NOW - 1 * S, progress_at=None, lag=500)
+    assert decide(NOW, "running", starting, History(), policy).action == "none"  # 200 s up, never committed: slow
+    stuck = Actual(**{**starting.__dict__, "started_at": NOW - 500 * S})  # past the start-up grace: stalled
+    decision = decide(NOW, "running", stuck, History(), policy)
+    assert decision.action == "restart" and "trigger 0.5 s" in decision.reason, decision.reason
+    committed = Actual(**{**starting.__dict__, "progress_at": NOW - 130 * S})  # committed once, then nothing
+    assert decide(NOW, "running", committed, History(), policy).action == "restart"

@@ -141,7 +141,9 @@ def _trouble(now: datetime, actual: Actual, policy: Policy) -> str | None:
     if not actual.lag:
         return None  # idle or caught up: an old last progress is no stall
     growing = actual.previous_lag is None or actual.lag >= actual.previous_lag
-    since = actual.progress_at or actual.started_at
+    # from its first committed micro-batch: a JVM starting on a loaded host is slow, not stalled (its
+    # heartbeat says it lives); one that never commits is stalled only after a start-up grace of two windows more
+    since = actual.progress_at or (actual.started_at + 2 * policy.stall_after if actual.started_at else None)
     if growing and since is not None and now - since > policy.stall_after:
         return (f"stalled: lag {actual.lag} records and not shrinking, no progress for {_secs(now - since)} "
                 f"(stall window {_secs(policy.stall_after)} = max({policy.stall_factor} x trigger "
@@ -150,4 +152,6 @@ def _trouble(now: datetime, actual: Actual, policy: Policy) -> str | None:
 
 
 def _secs(value: timedelta) -> str:
-    return f"{value.total_seconds():.0f} s"
+    """Whole seconds, but a fraction below ten (a 0.5 s trigger is not "0 s")."""
+    seconds = value.total_seconds()
+    return f"{seconds:.1f} s" if seconds < 10 and seconds != int(seconds) else f"{seconds:.0f} s"
