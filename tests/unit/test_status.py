@@ -117,7 +117,8 @@ def test_json_has_utc_times_and_seconds():
     json.dumps(data)  # plain JSON
     loaded = data["pipelines"][2]
     assert loaded["ledger"]["last_committed"]["committed_at"] == "2026-11-22T08:00:00+00:00"
-    assert loaded["lag"] == {"seconds": 185.0, "ids": None, "held_back": True, "error": None}
+    assert loaded["lag"] == {"seconds": 185.0, "ids": None, "held_back": True, "error": None, "snapshot_held_s": None,
+                             "snapshot_limit_s": None}
     assert [(a["staged"], a["staged_directly"]) for a in loaded["ledger"]["unfinished"]] == [(1234567, False),
                                                                                             (2000000, True)]
     assert data["sources"][0]["oldest_open_xact"]["age"] == 180.0
@@ -532,3 +533,13 @@ def test_a_waiting_re_snapshot_is_on_the_capture_line_in_amber_until_a_handoff_c
     assert "re-snapshot" not in status_lines(report(answered))[0]
     assert answered.connector_ok is False and answered.is_bad()
     assert "class=warn" not in render_html(report(answered)).split("<table id=streams>")[1]
+
+
+def test_an_extracts_held_snapshot_is_said_against_its_limit():
+    """Issue 52: while an extract holds its snapshot of the source (vacuum waits for it), the page says so."""
+    from tidemark.status.model import Lag
+
+    assert Lag(seconds=3.0).snapshot_text() == ""
+    said = Lag(seconds=3.0, snapshot_held_s=75.0, snapshot_limit_s=3600.0).snapshot_text()
+    assert said == ("extract reading in one snapshot of the source, held 1m 15s of max_snapshot_hold 1h 00m "
+                    "(vacuum waits for it)")
