@@ -359,7 +359,9 @@ def _events(settings: Settings, api, published: int) -> bool:
             key, value = entry_events(cur, [max(source)])[0]
     finally:
         src.close()
-    good = json.dumps({**json.loads(value), "entry_id": 10**15}).encode()
+    # stamped now: after the last batch's watermark (the catch-up run covers every entry the writers made)
+    now = query(WAREHOUSE_DB, "SELECT to_json(clock_timestamp())::text")[0][0].strip('"')
+    good = json.dumps({**json.loads(value), "entry_id": 10**15, "created_at": now}).encode()
     producer = Producer(producer_config(settings.kafka_bootstrap))
     producer.produce(EVENTS_TOPIC, value=bad, key=b"1")
     producer.produce(EVENTS_TOPIC, value=good, key=key)
