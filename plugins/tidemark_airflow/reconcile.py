@@ -15,7 +15,8 @@ from tidemark_airflow.hooks import pg_connect
 
 NEXT_MISMATCH = ("open the report, find why the target differs from the source (a manual edit, a source row "
                  "updated without moving its cursor), fix it, then run this DAG again with batch_id={batch} "
-                 "(the evidence keeps both verdicts)")
+                 "(the evidence keeps both verdicts); to load the source's rows again instead, run it with "
+                 "{which} and repair=true (a repair batch re-loads exactly the differing keys)")
 
 
 NEXT_UNREACHABLE = ("set the cursor of those source rows to now() (any time after the committed watermark): the "
@@ -57,10 +58,22 @@ def failure(line: str, verdict, batch_id: str | None, pipeline: str | None = Non
     if deleted:
         which = f"batch_id={batch_id}" if batch_id else "scope=full"
         rest = len(verdict.differences) - len(deleted)
-        others = (f"; for the other {rest} row(s): " + NEXT_MISMATCH.format(batch=batch_id or "''")) if rest else ""
+        others = (f"; for the other {rest} row(s): " + NEXT_MISMATCH.format(batch=batch_id or "''", which=which)
+                  if rest else "")
         dag = f"tidemark_reconcile_{pipeline}" if pipeline else "the reconciliation DAG"
         return f"{line}. Next: " + NEXT_SOURCE_DELETES.format(n=len(deleted), dag=dag, which=which) + others
-    return f"{line}. Next: " + NEXT_MISMATCH.format(batch=batch_id or "''")
+    which = f"batch_id={batch_id}" if batch_id else "scope=full"
+    return f"{line}{differing(verdict)}. Next: " + NEXT_MISMATCH.format(batch=batch_id or "''", which=which)
+
+
+def differing(verdict, shown: int = 5) -> str:
+    """The first differing keys and what differs in each, for the failure line (the report lists all)."""
+    if not verdict.differences:
+        return ""
+    keys = [f"{' '.join(map(str, d.key))} ({', '.join(d.columns) + ' changed' if d.kind == 'changed' else d.kind})"
+            for d in verdict.differences[:shown]]
+    more = len(verdict.differences) - shown
+    return f"; differing key(s): {'; '.join(keys)}" + (f" and {more} more in the report" if more > 0 else "")
 
 
 def batch_from_events(context: dict[str, Any]) -> str | None:

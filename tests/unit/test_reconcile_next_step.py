@@ -72,3 +72,15 @@ def test_a_starved_key_is_named_with_how_often_it_changed_and_the_next_step():
     verdict = Verdict([Check("row_count", "", "0", "0", None, True), *checks], [], 0, 0, moved_keys=1)
     text = failure("t batch b: 1 of 2 checks failed (starved_key)", verdict, "b")
     assert "id 7 left out of all 3" in text and text.endswith(NEXT_STARVED)
+
+
+def test_a_mismatch_line_names_up_to_five_differing_keys_and_the_repair_form_values():
+    """Issue 53 item 6: the reconciliation's failure line named neither the differing key nor the repair."""
+    verdict = _verdict("hash_total")
+    verdict.differences = [Difference((k,), "changed", {}, {}, ["amount"]) for k in range(1, 8)]
+    text = failure("t batch b: 7 rows differ", verdict, "b")
+    assert "differing key(s): 1 (amount changed); 2 (amount changed)" in text and "5 (amount changed) and 2 more" in text
+    assert "6 (amount changed)" not in text
+    assert "run it with batch_id=b and repair=true" in text
+    full = failure("t batch (full table): 1 rows differ", _with_deletions("missing"), None)
+    assert "differing key(s): 0 (missing)" in full and "scope=full and repair=true" in full
