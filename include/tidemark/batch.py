@@ -39,8 +39,7 @@ class Plan:
     @property
     def read_window(self) -> Window:
         """What the extract reads (``ledger.LedgerBatch.records_window``, the one rule)."""
-        return ledger.LedgerBatch(self.batch_id, "", self.window, handoff=self.handoff,
-                                  reads_above=self.reads_above).records_window
+        return ledger.records_window(self.window, handoff=self.handoff, reads_above=self.reads_above)
 
     def to_xcom(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "window": self.window.to_json(), "reused": self.reused,

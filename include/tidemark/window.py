@@ -260,7 +260,11 @@ class SourceClock:
         return "; ".join(parts)
 
 
-SOURCE_CLOCK_SQL = """
+# What an extract's sessions on the source are named (``tidemark-extract-<pipeline>``): the plan leaves its
+# reads out of the open-transaction clamp, the status page finds its held snapshot by it.
+EXTRACT_APPLICATION = "tidemark-extract-"
+
+SOURCE_CLOCK_SQL = f"""
 SELECT clock_timestamp(),
        (SELECT row_to_json(a) FROM (
           SELECT pid, usename, application_name, host(client_addr) AS client_addr, state, xact_start
@@ -268,7 +272,7 @@ SELECT clock_timestamp(),
            WHERE datname = current_database() AND backend_type = 'client backend'
              AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
              -- a Tidemark extract's reads (named by it, never writing: no transaction id) commit no rows
-             AND NOT (application_name LIKE 'tidemark-extract-%%' AND backend_xid IS NULL)
+             AND NOT (application_name LIKE '{EXTRACT_APPLICATION}%%' AND backend_xid IS NULL)
            ORDER BY xact_start LIMIT 1) a),
        (SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND backend_type = 'client backend' AND state IS NULL),

@@ -26,7 +26,7 @@ from tidemark.progress import Steps, Ticker, summary_line
 from tidemark.spark.entry import (JSON_OPTIONS, JobError, TransientJobError, connect, connect_params, jdbc_url,
                                   password, session, side_queries)
 from tidemark.spec import PipelineSpec, load_spec, quote
-from tidemark.window import Window, split_predicates
+from tidemark.window import EXTRACT_APPLICATION, Window, split_predicates
 
 FETCH_SIZE = "20000"  # rows per round trip of each parallel read
 
@@ -47,7 +47,7 @@ class Extract:
     @property
     def application(self) -> str:
         """The extract's sessions on the source, as pg_stat_activity names them (its Spark app's name)."""
-        return f"tidemark-extract-{self.spec.name}"
+        return f"{EXTRACT_APPLICATION}{self.spec.name}"
 
 
 def run(args: Namespace) -> int:
@@ -72,7 +72,7 @@ def reading_in_snapshot(x: Extract) -> Iterator[None]:
     if not x.args.handoff:
         with snapshot.exported(params) as s:
             x.snapshot, x.taken = s.name, s
-            print(f"{x.tag}: reading in one snapshot of the source, taken at {s.taken_at} ({s.xmin}), held at most "
+            print(f"{x.tag}: reading in one snapshot of the source, taken at {s.taken_at} ({s.seen}), held at most "
                   f"max_snapshot_hold {spec.max_snapshot_hold}", flush=True)
             yield
         return
@@ -288,7 +288,7 @@ def report_totals(x: Extract, counted, before: dict[int, int], after: dict[int, 
                if x.handoff is not None else None)
     rows = sum(t["rows"] for t in report.values())
     out = {"totals": report, "rows": rows, "handoff": handoff,
-           "snapshot": {"taken_at": x.taken.taken_at, "snapshot": x.taken.xmin} if x.taken is not None else None}
+           "snapshot": {"taken_at": x.taken.taken_at, "snapshot": x.taken.seen} if x.taken is not None else None}
     if loads is not None:
         out["loads"] = loads
     else:

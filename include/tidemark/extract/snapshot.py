@@ -36,7 +36,7 @@ class SnapshotError(Terminal):
 @dataclass(frozen=True)
 class Snapshot:
     name: str  # for ``SET TRANSACTION SNAPSHOT``
-    xmin: str  # the snapshot as ``pg_current_snapshot()`` prints it (xmin:xmax:xip), for the log and the ledger
+    seen: str  # which transactions it sees, as ``pg_current_snapshot()`` prints it (xmin:xmax:xip), for the log
     taken_at: str  # the source's clock when it was taken (ISO)
 
 
@@ -73,8 +73,8 @@ def exported(params: dict[str, Any]) -> Iterator[Snapshot]:
         conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
         with conn.cursor() as cur:
             cur.execute("SELECT pg_export_snapshot(), pg_current_snapshot()::text, clock_timestamp()")
-            name, xmin, at = cur.fetchone()
-        yield Snapshot(name, xmin, at.isoformat())
+            name, seen, at = cur.fetchone()
+        yield Snapshot(name, seen, at.isoformat())
     finally:
         conn.close()  # read only: nothing to commit
 

@@ -23,7 +23,7 @@ from tidemark.ledger.schema import CONTROL_SCHEMA_LOCK, ensure_control_schema  #
 from tidemark.ledger.batches import (  # noqa: F401
     AlreadyCommitted, LedgerBatch, RepairDeletion, batch_id_for, column_fills,
     committed_watermark, consumer_for, planned_batch, record_column_fills, record_plan, record_repair_plan,
-    latest_schema_columns, record_schema, register_schema, repair, repair_deletes, repair_deletions, safe_id_high,
+    latest_schema_columns, record_schema, register_schema, records_window, repair, repair_deletes, repair_deletions, safe_id_high,
 )
 from tidemark.ledger.lifecycle import (  # noqa: F401
     AttemptStatus, FINAL, MOVES, abort_unfinished, attempt_finished_at, attempt_state, attempt_status,

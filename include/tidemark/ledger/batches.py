@@ -58,7 +58,12 @@ class LedgerBatch:
         upsert pipeline's scheduled batch: the snapshot's newer versions of hot rows land now, the
         watermark still moves only to the window's end). The one rule for the extract's read, the
         sink's record checks in either format, and the reconciliation's comparison."""
-        return self.window.opened_above() if self.handoff or self.reads_above else self.window
+        return records_window(self.window, handoff=self.handoff, reads_above=self.reads_above)
+
+
+def records_window(window: Window, *, handoff: bool, reads_above: bool) -> Window:
+    """``LedgerBatch.records_window`` for a window and its two marks."""
+    return window.opened_above() if handoff or reads_above else window
 
 
 _BATCH_COLUMNS = ("pipeline, state, window_lo, window_hi, backfill, attempt, schema_version, repair_keys, repair_of, "

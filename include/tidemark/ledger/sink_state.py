@@ -7,7 +7,7 @@ from typing import Any
 
 from tidemark.avro import Format, columns_from_json
 from tidemark.control import PartitionTotals
-from tidemark.ledger.batches import LedgerBatch, committed_watermark, consumer_for
+from tidemark.ledger.batches import committed_watermark, consumer_for, records_window
 from tidemark.ledger.streams import heartbeat
 from tidemark.window import Bound, Window
 
@@ -89,7 +89,7 @@ def open_windows(cur, pipeline: str) -> dict[tuple[str, int], Window]:
 def _records_window(lo, hi, backfill: bool, handoff: bool, reads_above: bool) -> Window:
     """Where an attempt's records' cursors must lie (``LedgerBatch.records_window``)."""
     window = Window(Bound.from_json(lo), Bound.from_json(hi), backfill)
-    return LedgerBatch("", "", window, handoff=handoff, reads_above=reads_above).records_window
+    return records_window(window, handoff=handoff, reads_above=reads_above)
 
 
 def open_formats(cur, pipeline: str) -> dict[tuple[str, int], Format]:

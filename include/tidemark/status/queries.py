@@ -11,7 +11,7 @@ from tidemark.cdc.connect import ConnectError
 from tidemark.cdc.source import Slot
 from tidemark.stage import STAGE_SCHEMA, rows_inserted, stage_table
 from tidemark.spec import PipelineSpec
-from tidemark.window import read_source_clock
+from tidemark.window import EXTRACT_APPLICATION, read_source_clock
 from tidemark.status.model import APPLICATION_NAME, Attempt, CaptureStatus, CommittedBatch, FAILED, FAILURE_WINDOW, Lag, PipelineLedger, PreparedXact, SourceSession, SourceStatus, StageTable, StreamStatus, UNFINISHED, Watermark
 
 def read_only_session(conn) -> None:
@@ -158,9 +158,6 @@ def source_status(cur, conn_id: str) -> SourceStatus:
                              clock.oldest_open_xact, clock.now - clock.oldest_open_xact) if h else None)
     prepared = PreparedXact(p["gid"], clock.prepared_at, p["owner"], p.get("count", 1)) if p else None
     return SourceStatus(conn_id, clock.now, session, prepared, clock=clock, extract_snapshots=extract_snapshots(cur))
-
-
-EXTRACT_APPLICATION = "tidemark-extract-"  # an extract's sessions on the source (tidemark.extract.job)
 
 
 def extract_snapshots(cur) -> dict[str, float]:
