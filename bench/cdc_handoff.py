@@ -54,7 +54,7 @@ from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import Pipeline, until
-from tidemark_workshop.stack.cdcrun import SourceWriters, grant, make_cdc_pipeline, remove_capture, source_endpoint
+from tidemark_workshop.stack.cdcrun import SourceWriters, captured, grant, make_cdc_pipeline, remove_capture, source_endpoint
 from tidemark_workshop.stack.spark import submit_command
 
 
@@ -114,7 +114,7 @@ def _peer_spec(pipe: Pipeline, tmp: Path):
 
 def _debezium_snapshot(settings: Settings, spec, rows: int) -> float:
     client = ConnectClient(settings.connect_url)
-    config = {**connector_config(spec, source_endpoint(settings)), "snapshot.mode": "initial"}
+    config = {**connector_config(captured(spec), source_endpoint(settings)), "snapshot.mode": "initial"}
     started = time.monotonic()
     client.put_config(connector_name(spec), config)
 
@@ -148,7 +148,7 @@ def _handoff(settings: Settings, pipe: Pipeline, launcher: LocalLauncher, rows: 
                   f"made {writers.counts}", flush=True)
             source = pipe.src()
             try:
-                line, failure = supervise_capture(spec, wh, source, ConnectClient(settings.connect_url),
+                line, failure = supervise_capture(captured(spec), wh, source, ConnectClient(settings.connect_url),
                                                   source_endpoint(settings), Policy(trigger_interval=timedelta(seconds=1)),
                                                   datetime.now(timezone.utc))
             finally:

@@ -70,6 +70,7 @@ CDC_RECORDS_PER_TRIGGER = 20_000
 CDC_TRIGGER = timedelta(milliseconds=500)
 CDC_RECORDS_PER_TASK = 5_000
 CDC_TOPICS = "tidemark.cdc."  # every CDC pipeline's change events (tidemark.cdc.<name>.<schema>.<table>)
+CDC_GROUP_TOPICS = "tidemark.cdcgroup."  # a capture group's (tidemark.cdcgroup.<group>.<schema>.<table>)
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a pipeline's name: in topics, tables, paths
 
 
@@ -146,11 +147,18 @@ class CdcSpec(BaseModel):
     with an exported snapshot and loads the table in it, and the connector streams from that slot
     once the batch commits (a CDC pipeline loads with ``write_mode: upsert``). A slot keeps WAL on the
     source while nobody reads it: past ``retained_wal_warning`` bytes the supervisor warns, past
-    ``retained_wal_limit`` it fails."""
+    ``retained_wal_limit`` it fails.
+
+    ``group``: pipelines naming the same capture group are captured together (``tidemark.cdc.groups``):
+    one publication, slot and connector for all their tables (``tidemark_group_<group>``), and one
+    standing sink, the group's first pipeline by name, applies each source transaction across all
+    their real-time tables in one warehouse transaction: a reader of the group's serving views never
+    sees part of a source transaction. Tables not in one group share no such moment."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     target_table: TableName
     serving_view: TableName
+    group: Annotated[str | None, Field(pattern=r"^[a-z][a-z0-9_]{0,47}$")] = None
     retained_wal_warning: Bytes = Field(default="1GiB", validate_default=True)
     retained_wal_limit: Bytes = Field(default="3GiB", validate_default=True)
     # Debezium's heartbeat: a quiet table's slot still moves on, so it holds no WAL of other tables
@@ -332,13 +340,14 @@ class PipelineSpec(BaseModel):
             raise ValueError("stream and cdc: one real-time input per pipeline (events an application publishes, or "
                              "the source table's own changes); keep one")
         if self.stream is not None:
-            if self.stream.topic in (self.topic, DEAD_LETTER_TOPIC) or self.stream.topic.startswith(CDC_TOPICS):
+            if self.stream.topic in (self.topic, DEAD_LETTER_TOPIC) or self.stream.topic.startswith((CDC_TOPICS, CDC_GROUP_TOPICS)):
                 raise ValueError(f"stream.topic: {self.stream.topic} is Tidemark's own topic, not an events topic")
             self._realtime("stream", self.stream.target_table, self.stream.serving_view)
         if self.cdc is not None:
             if len(self.cdc_slot) > 63:
                 raise ValueError(f"cdc: the replication slot {self.cdc_slot} would be longer than PostgreSQL's 63 "
                                  "characters; shorten the pipeline's name")
+
             if self.write_mode != "upsert":
                 # the handoff batch reads every row of its snapshot, also those above its window, which the
                 # next batch reads again: only an upsert makes that second read change nothing
@@ -403,13 +412,16 @@ class PipelineSpec(BaseModel):
 
     @property
     def cdc_slot(self) -> str:
-        """The logical replication slot and the publication of a CDC pipeline (one name for both)."""
-        return f"tidemark_{self.name}"
+        """The logical replication slot and the publication of a CDC pipeline (one name for both), shared
+        by its capture group's pipelines."""
+        group = self.cdc.group if self.cdc is not None else None
+        return f"tidemark_group_{group}" if group else f"tidemark_{self.name}"
 
     @property
     def cdc_topic_prefix(self) -> str:
         """Debezium's topic.prefix: its change events go to ``<prefix>.<schema>.<table>``."""
-        return f"{CDC_TOPICS}{self.name}"
+        group = self.cdc.group if self.cdc is not None else None
+        return f"{CDC_GROUP_TOPICS}{group}" if group else f"{CDC_TOPICS}{self.name}"
 
     @property
     def cdc_topic(self) -> str:
@@ -418,16 +430,18 @@ class PipelineSpec(BaseModel):
 
     @property
     def cdc_transaction_topic(self) -> str:
-        """Debezium's BEGIN and END of each source transaction (with its event count)."""
+        """Debezium's BEGIN and END of each source transaction (with its event count), one topic for a
+        capture group."""
         return f"{self.cdc_topic_prefix}.transaction"
 
     @property
     def realtime_topics(self) -> dict[str, int]:
         """The real-time input's topics and partition counts: the stream's events topic, or Debezium's
-        change events and transaction boundaries (one partition each: their order is the log's)."""
+        change events and transaction boundaries (one partition each: their order is the log's). None
+        for a capture group's member: the group's lead reads them all (``tidemark.cdc.groups``)."""
         if self.stream is not None:
             return {self.stream.topic: self.stream.partitions}
-        if self.cdc is not None:
+        if self.cdc is not None and self.cdc.group is None:
             return {self.cdc_topic: 1, self.cdc_transaction_topic: 1}
         return {}
 
@@ -492,4 +506,41 @@ def load_specs(directory: Path) -> tuple[list[tuple[Path, PipelineSpec]], list[S
             others = ", ".join(str(o) for o in paths if o != path)
             errors.append(SpecError(f"{path}: field 'target_table': {target} is also written by {others}; "
                                     "one pipeline per target table"))
+    refused = _group_errors(specs)
+    errors += [e for _, e in refused]
+    clashing |= {p for p, _ in refused}
     return [(p, s) for p, s in specs if p not in clashing], errors
+
+
+def _group_errors(specs: list[tuple[Path, PipelineSpec]]) -> list[tuple[Path, SpecError]]:
+    """What makes a capture group impossible (``cdc.group``), per refused file: a member reading another
+    source database than the group's first (one slot reads one database), a second member capturing
+    one table (Debezium writes one topic per table), and every member of a group whose slot is
+    another pipeline's."""
+    errors: list[tuple[Path, SpecError]] = []
+    own_slots = {s.cdc_slot: p for p, s in specs if s.cdc is not None and s.cdc.group is None}
+    by_group: dict[str, list[tuple[Path, PipelineSpec]]] = {}
+    for path, spec in specs:
+        if spec.cdc is not None and spec.cdc.group is not None:
+            by_group.setdefault(spec.cdc.group, []).append((path, spec))
+    for group, members in by_group.items():
+        first_path, first = members[0]
+        names = ", ".join(s.name for _, s in members)
+        for path, spec in members[1:]:
+            if spec.source_conn_id != first.source_conn_id:
+                errors.append((path, SpecError(
+                    f"{path}: field 'cdc.group': group {group} ({names}) reads one source database through one slot, "
+                    f"but this pipeline reads {spec.source_conn_id} and {first.name} ({first_path}) reads "
+                    f"{first.source_conn_id}")))
+        tables: dict[str, Path] = {}
+        for path, spec in members:
+            table = spec.table if "." in spec.table else f"public.{spec.table}"
+            if table in tables:
+                errors.append((path, SpecError(f"{path}: field 'table': {table} is captured twice in group {group} "
+                                               f"(also by {tables[table]}); one pipeline per table in a group")))
+            tables.setdefault(table, path)
+        if first.cdc_slot in own_slots:
+            errors += [(path, SpecError(f"{path}: field 'cdc.group': group {group}'s slot {first.cdc_slot} is the slot "
+                                        f"of the pipeline in {own_slots[first.cdc_slot]}; name the group otherwise"))
+                       for path, _ in members]
+    return errors

@@ -114,11 +114,13 @@ def supervise() -> list[str]:
 
 
 def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
-    """Each CDC pipeline's connector and slot (``tidemark.streams.capture``); the failures, one line each."""
+    """Each capture's connector and slot (a CDC pipeline's, or a capture group's: ``tidemark.streams.capture``);
+    the failures, one line each."""
     if not specs:
         return []
     from datetime import datetime, timezone
 
+    from tidemark.cdc.groups import captures
     from tidemark.streams.capture import supervise_capture
     from tidemark.config import CONN_CDC
     from tidemark.streams.cycle import policy_for
@@ -126,13 +128,13 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
 
     client, endpoint = capture()
     failures = []
-    for spec in specs:
+    for each in captures(specs):
         source = pg_connect(CONN_CDC, application_name="tidemark-supervisor")
         try:
-            line, failure = supervise_capture(spec, warehouse, source, client, endpoint, policy_for(spec),
+            line, failure = supervise_capture(each, warehouse, source, client, endpoint, policy_for(each.lead),
                                               datetime.now(timezone.utc))
-        except Exception as exc:  # one pipeline's capture must not hide the others'
-            line, failure = f"pipeline={spec.name} capture: {exc}", f"pipeline {spec.name}: capture: {exc}"
+        except Exception as exc:  # one capture must not hide the others'
+            line, failure = f"capture={each.name} capture: {exc}", f"{each.describe()}: capture: {exc}"
         finally:
             source.close()
         log.log(logging.ERROR if failure else logging.INFO, "%s", line)

@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tidemark.cdc.connector import connector_name
+from tidemark.cdc.groups import capture_of
 from tidemark.cdc.source import CaptureNotReady, check_capture
 from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, read_slot, remove_capture, start_connector
 
@@ -61,14 +62,14 @@ def test_debezium_captures_inserts_updates_and_deletes_with_their_source_transac
     try:
         with cdc, cdc.cursor() as cur:  # the replication role cannot read the table until the owner grants it
             with pytest.raises(CaptureNotReady) as missing:
-                check_capture(cur, spec, role)
+                check_capture(cur, capture_of(spec, [spec]), role)
         text = str(missing.value)
         assert f"publication {spec.cdc_slot} does not exist: CREATE PUBLICATION \"{spec.cdc_slot}\"" in text
         assert f"role {role} may not read {spec.table}: GRANT USAGE ON SCHEMA" in text and "Next: have" in text
         assert "would carry only its key, not the row it deleted: ALTER TABLE \"public\"" in text
         grant(settings, spec)  # what the DBA runs, once per pipeline
         with cdc, cdc.cursor() as cur:
-            check_capture(cur, spec, role)
+            check_capture(cur, capture_of(spec, [spec]), role)
     finally:
         cdc.close()
 

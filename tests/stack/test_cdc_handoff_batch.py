@@ -33,7 +33,7 @@ from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
 from tidemark_workshop.stack.batchrun import until
-from tidemark_workshop.stack.cdcrun import (SourceWriters, grant, make_cdc_pipeline, read_slot, remove_capture,
+from tidemark_workshop.stack.cdcrun import (SourceWriters, captured, grant, make_cdc_pipeline, read_slot, remove_capture,
                                             source_endpoint)
 from tidemark_workshop.stack.spark import submit_command
 
@@ -56,7 +56,7 @@ def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_write
     def capture_cycle() -> tuple[str, str | None]:
         source = psycopg2.connect(settings.dsn(settings.source_db))
         try:
-            return supervise_capture(spec, wh, source, client, endpoint, policy, datetime.now(timezone.utc))
+            return supervise_capture(captured(spec), wh, source, client, endpoint, policy, datetime.now(timezone.utc))
         finally:
             source.close()
 

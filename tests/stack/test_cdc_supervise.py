@@ -29,7 +29,7 @@ from tidemark.config import CONN_CDC
 from tidemark.kafka_io import end_offsets
 from tidemark.streams.policy import Policy
 from tidemark_workshop.stack.batchrun import query, until
-from tidemark_workshop.stack.cdcrun import (drop_slot, grant, make_cdc_pipeline, remove_capture, source_endpoint,
+from tidemark_workshop.stack.cdcrun import (captured, drop_slot, grant, make_cdc_pipeline, remove_capture, source_endpoint,
                                             write_secret)
 
 POLICY = Policy(trigger_interval=timedelta(seconds=1), restart_budget=1, backoff=timedelta(seconds=1),
@@ -57,7 +57,7 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
     def cycle() -> tuple[str, str | None]:
         source = psycopg2.connect(settings.dsn(settings.source_db))
         try:
-            return supervise_capture(spec, wh, source, client, endpoint, POLICY, datetime.now(timezone.utc))
+            return supervise_capture(captured(spec), wh, source, client, endpoint, POLICY, datetime.now(timezone.utc))
         finally:
             source.close()
 

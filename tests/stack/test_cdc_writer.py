@@ -27,7 +27,7 @@ from tidemark.cdc.tables import widen_columns
 from tidemark.sink.report import MicroBatchReport
 from tidemark.streams.cycle import prepare_stream_tables
 from tidemark_workshop.settings import Settings
-from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, signature
+from tidemark_workshop.stack.cdcrun import captured, make_cdc_pipeline, signature
 
 FIELDS = [{"type": "int64", "field": "id"}, {"type": "string", "field": "amount"},
           {"type": "string", "field": "currency"},
@@ -75,7 +75,7 @@ def writer(settings, tmp_path):
     prepare_stream_tables(pipe.spec, wh, pipe.src)
     consumer = f"it-writer-{uuid.uuid4().hex[:8]}"
     try:
-        yield pipe, ChangeWriter(pipe.spec, consumer, Verifier(settings.control_keyring())), wh, consumer
+        yield pipe, ChangeWriter(captured(pipe.spec), consumer, Verifier(settings.control_keyring())), wh, consumer
     finally:
         with wh, wh.cursor() as cur:
             for table in ("cdc_pending", "cdc_transactions", "cdc_positions"):

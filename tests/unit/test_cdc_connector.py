@@ -6,6 +6,7 @@ import pytest
 
 from tidemark.cdc.connect import ConnectorState, TaskState
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
+from tidemark.cdc.groups import capture_of, captures
 from tidemark.cdc.signing import SigningKey
 from tidemark.spec import PipelineSpec
 
@@ -19,7 +20,7 @@ SOURCE = SourceEndpoint("db.internal", 5432, "core", "tidemark_cdc", "tidemark_c
 
 def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_secret():
     spec = PipelineSpec.model_validate(SPEC)
-    config = connector_config(spec, SOURCE)
+    config = connector_config(capture_of(spec, [spec]), SOURCE)
     assert connector_name(spec) == "tidemark-cdc-ledger"
     assert config["slot.name"] == config["publication.name"] == "tidemark_ledger"
     assert config["publication.autocreate.mode"] == "disabled"  # the DBA's publication, least privilege
@@ -38,12 +39,38 @@ def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_sec
 def test_no_connector_without_cdc_and_no_path_tricks_in_the_secret_reference():
     spec = PipelineSpec.model_validate({k: v for k, v in SPEC.items() if k not in ("cdc", "sink")})
     with pytest.raises(ValueError, match="pipeline ledger has no cdc section"):
-        connector_config(spec, SOURCE)
+        connector_config(capture_of(spec, [spec]), SOURCE)
+    alone = capture_of(PipelineSpec.model_validate(SPEC), [])
     with pytest.raises(ValueError, match="secret file name '../etc/passwd'"):
-        connector_config(PipelineSpec.model_validate(SPEC), SourceEndpoint("h", 1, "d", "u", "../etc/passwd", "/s", SIGNING))
+        connector_config(alone, SourceEndpoint("h", 1, "d", "u", "../etc/passwd", "/s", SIGNING))
     with pytest.raises(ValueError, match="secret file name '../k'"):
-        connector_config(PipelineSpec.model_validate(SPEC), SourceEndpoint("h", 1, "d", "u", "p", "/s",
-                                                                            SigningKey("k", "../k")))
+        connector_config(alone, SourceEndpoint("h", 1, "d", "u", "p", "/s", SigningKey("k", "../k")))
+
+
+def member(name: str, table: str, group: str | None = "bank", heartbeat: str = "PT10S") -> PipelineSpec:
+    return PipelineSpec.model_validate({**SPEC, "name": name, "table": table, "target_table": f"dw.{name}",
+                                        "cdc": {"target_table": f"rt.{name}", "serving_view": f"serving.{name}",
+                                                "group": group, "heartbeat": heartbeat}})
+
+
+def test_a_capture_group_has_one_slot_connector_and_transaction_topic_for_all_its_tables():
+    entries, balances = member("ledger", "core.ledger_entries"), member("balances", "core.balances", heartbeat="PT2S")
+    alone = member("fx", "core.fx_rates", group=None)
+    group, single = captures([entries, alone, balances])
+    assert [m.name for m in group.members] == ["balances", "ledger"] and group.lead.name == "balances"
+    assert group.slot == entries.cdc_slot == balances.cdc_slot == "tidemark_group_bank"
+    assert group.connector == connector_name(entries) == "tidemark-cdc-group-bank"
+    assert entries.cdc_topic == "tidemark.cdcgroup.bank.core.ledger_entries"
+    assert group.topics == {"tidemark.cdcgroup.bank.core.balances": 1, "tidemark.cdcgroup.bank.core.ledger_entries": 1,
+                            "tidemark.cdcgroup.bank.transaction": 1}
+    assert group.realtime_topics(balances) == group.topics and group.realtime_topics(entries) == {}
+    assert group.member_for(entries.cdc_topic) == entries and group.member_for(alone.cdc_topic) is None
+    assert group.consumer == "capture-group.bank" and single.consumer == "batch-sink.fx"
+    config = connector_config(group, SOURCE)
+    assert config["table.include.list"] == r"core\.balances,core\.ledger_entries"
+    assert config["slot.name"] == "tidemark_group_bank" and config["topic.prefix"] == "tidemark.cdcgroup.bank"
+    assert config["heartbeat.interval.ms"] == "2000"  # the most frequent member's
+    assert single.realtime_topics(alone) == {alone.cdc_topic: 1, alone.cdc_transaction_topic: 1} == single.topics
 
 
 def test_a_connector_runs_only_when_it_and_every_task_run_and_a_failed_task_gives_its_own_error_line():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ import psycopg2.errors
 from psycopg2.extras import Json, execute_values
 
 from tidemark.cdc.changes import Change, Shape, boundary, change, lsn_text
+from tidemark.cdc.groups import Capture
 from tidemark.cdc.schemas import Schemas
 from tidemark.cdc.signing import Verifier
 from tidemark.cdc.tables import add_columns, realtime_shapes, widen_columns
@@ -45,64 +47,65 @@ TABLE_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.Pr
 
 
 class ChangeWriter:
-    def __init__(self, spec: PipelineSpec, consumer: str, verifier: Verifier):
-        assert spec.cdc is not None
-        self.spec, self.cdc, self.consumer = spec, spec.cdc, consumer
+    """The change events of one capture (a pipeline's table, or a capture group's tables: every member's
+    change topic, one transaction topic) applied to its members' real-time tables."""
+
+    def __init__(self, capture: Capture, consumer: str, verifier: Verifier):
+        self.capture, self.consumer = capture, consumer
+        self.spec = capture.lead  # the pipeline whose sink applies them: its name leads each log line
         self.verifier = verifier  # a record the Connect worker did not sign changes nothing
-        self.data_topic, self.tx_topic = spec.cdc_topic, spec.cdc_transaction_topic
-        self._shapes: dict[str, Shape | None] | None = None
+        self.tx_topic = capture.transaction_topic
+        self.members = {m.cdc_topic: m for m in capture.members}
+        self._shapes: dict[str, dict[str, Shape | None]] = {}  # per change topic
         self.schemas = Schemas()  # each change record's 4 KB schema parsed once per table version
 
     def rules(self, cur) -> None:
-        """At start: the real-time table exists (else ``LookupError``). Change events are checked
-        here, at the driver, not on the executors: there are no executor rules."""
-        self.columns(cur)
+        """At start: every member's real-time table exists (else ``LookupError``). Change events are
+        checked here, at the driver, not on the executors: there are no executor rules."""
+        for member in self.capture.members:
+            self.shapes(cur, member)
         return None
 
-    def columns(self, cur) -> list[str]:
-        return list(self.shapes(cur))
-
-    def shapes(self, cur) -> dict[str, Shape | None]:
-        if self._shapes is None:
-            shapes = realtime_shapes(cur, self.spec)
+    def shapes(self, cur, spec: PipelineSpec) -> dict[str, Shape | None]:
+        if spec.cdc_topic not in self._shapes:
+            shapes = realtime_shapes(cur, spec)
             if not shapes:
-                raise LookupError(f"pipeline {self.spec.name}: the real-time table {self.cdc.target_table} does not "
-                                  "exist")
-            self._shapes = shapes
-        return self._shapes
+                raise LookupError(f"pipeline {spec.name}: the real-time table {spec.cdc.target_table} does not exist")
+            self._shapes[spec.cdc_topic] = shapes
+        return self._shapes[spec.cdc_topic]
 
-    def _add_columns(self, cur, added: dict[str, Shape], txid: int) -> None:
+    def _add_columns(self, cur, spec: PipelineSpec, added: dict[str, Shape], txid: int) -> None:
         """The source gained columns: the real-time table gets them before the change that carries them.
         ``ValueError`` (the event refused, its transaction a dead letter) where it cannot: a pipeline
         whose batch target never gains columns (protocol version 1, JSON: the serving view would
         lose the value at the next nightly commit), or a column PostgreSQL refuses."""
-        if self.spec.record_format != "avro":
+        if spec.record_format != "avro":
             raise ValueError(f"new column(s) {', '.join(added)} at the source: a pipeline with record_format: json "
                              "never adds columns to its batch target, so they are not added to the real-time table "
-                             f"either. Next: add them to {self.spec.target_table} and {self.cdc.target_table} by hand "
+                             f"either. Next: add them to {spec.target_table} and {spec.cdc.target_table} by hand "
                              "(or move the pipeline to record_format: avro)")
-        _ddl(cur, lambda: add_columns(cur, self.spec, added),
+        _ddl(cur, lambda: add_columns(cur, spec, added),
              f"new column(s) {', '.join(f'{c} {t}' for c, t in added.items())}")
         log.warning("pipeline=%s the source's table %s gained column(s) %s (first carried by source transaction %s): "
                     "added to the real-time table %s and shown by %s before that change applies; the batch target "
-                    "gains them with its next batch", self.spec.name, self.spec.table,
-                    ", ".join(f"{c} {t}" for c, t in added.items()), txid, self.cdc.target_table, self.cdc.serving_view)
-        self._shapes = None
+                    "gains them with its next batch", spec.name, spec.table,
+                    ", ".join(f"{c} {t}" for c, t in added.items()), txid, spec.cdc.target_table, spec.cdc.serving_view)
+        self._shapes.pop(spec.cdc_topic, None)
 
-    def _widen_columns(self, cur, widened: dict[str, Shape], txid: int) -> None:
+    def _widen_columns(self, cur, spec: PipelineSpec, widened: dict[str, Shape], txid: int) -> None:
         """The source widened columns (``changes.widens``): the real-time table takes the wider types
         before the change that carries them, the serving view made again around it. ``ValueError`` (the
         event refused, its transaction a dead letter) where the warehouse refuses, naming why (another
         view on the table, say)."""
         types = {c: t.ddl() for c, t in widened.items()}
-        _ddl(cur, lambda: widen_columns(cur, self.spec, self.cdc.target_table, types),
+        _ddl(cur, lambda: widen_columns(cur, spec, spec.cdc.target_table, types),
              f"column(s) {', '.join(f'{c} {t}' for c, t in widened.items())} widened at the source,")
         log.warning("pipeline=%s the source's table %s widened column(s) %s (first carried by source transaction %s): "
                     "widened in the real-time table %s before that change applies (%s made again, its grants kept); "
-                    "the batch target takes them with its next batch", self.spec.name, self.spec.table,
-                    ", ".join(f"{c} to {t}" for c, t in widened.items()), txid, self.cdc.target_table,
-                    self.cdc.serving_view)
-        self._shapes = None
+                    "the batch target takes them with its next batch", spec.name, spec.table,
+                    ", ".join(f"{c} to {t}" for c, t in widened.items()), txid, spec.cdc.target_table,
+                    spec.cdc.serving_view)
+        self._shapes.pop(spec.cdc_topic, None)
 
     # --- one micro-batch ---------------------------------------------------------------------
     def apply(self, cur, records, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
@@ -122,14 +125,20 @@ class ChangeWriter:
                     reject(where, f"transaction boundary rejected: {exc}")
                     continue
                 if edge.status == "END":
-                    ends.setdefault(edge.txid, (self.consumer, edge.txid, edge.commit_lsn, edge.event_count))
+                    ends.setdefault(edge.txid, (self.consumer, edge.txid, edge.commit_lsn, edge.event_count,
+                                                Json(edge.collections) if edge.collections is not None else None))
+                continue
+            member = self.members.get(rec["topic"])
+            if member is None:
+                reject(where, f"change record rejected: topic {rec['topic']} is not a change topic of "
+                              f"{self.capture.describe()}")
                 continue
             try:
-                event = change(rec["value"], self.shapes(cur), self.schemas.read(rec["value"]))
+                event = change(rec["value"], self.shapes(cur, member), self.schemas.read(rec["value"]))
                 if event.added:
-                    self._add_columns(cur, dict(event.added), event.txid)
+                    self._add_columns(cur, member, dict(event.added), event.txid)
                 if event.widened:
-                    self._widen_columns(cur, dict(event.widened), event.txid)
+                    self._widen_columns(cur, member, dict(event.widened), event.txid)
             except ValueError as exc:
                 place = _place(rec["value"])
                 if place is None:  # belongs to no transaction we can name: a dead letter now
@@ -159,7 +168,8 @@ class ChangeWriter:
             report.duplicates += len(pending) - len(kept)  # the same event again, still waiting: a redelivery
         if ends:
             execute_values(cur, """INSERT INTO tidemark_control.cdc_transactions (consumer, txid, commit_lsn,
-                                       event_count) VALUES %s ON CONFLICT DO NOTHING""", list(ends.values()))
+                                       event_count, collections) VALUES %s ON CONFLICT DO NOTHING""",
+                           list(ends.values()))
         self._resolve(cur, fence, micro_batch, report, reject)
 
     def _position(self, cur) -> int:
@@ -169,6 +179,33 @@ class ChangeWriter:
         row = cur.fetchone()
         return row[0] if row else -1
 
+    def _waiting(self, cur, txids: list[int]) -> dict[int, tuple[set[int], bool, int | None, Counter]]:
+        """What waits in ``cdc_pending`` of ``txids``: per transaction its events' orders, whether one is
+        unreadable, the latest source commit time, and its events per change topic."""
+        cur.execute("""SELECT txid, topic, array_agg(total_order), bool_or(op = 'x'), max(source_ms)
+                         FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s)
+                        GROUP BY txid, topic""", (self.consumer, txids))
+        waiting: dict[int, tuple[set[int], bool, int | None, Counter]] = {}
+        for txid, topic, orders, bad, ms in cur.fetchall():
+            seen, was_bad, latest, topics = waiting.get(txid, (set(), False, None, Counter()))
+            topics[topic] += len(orders)
+            waiting[txid] = (seen | set(orders), was_bad or bad, max(filter(None, (latest, ms)), default=None), topics)
+        return waiting
+
+    def _uneven(self, collections: dict[str, int] | None, topics: Counter) -> str | None:
+        """Why a transaction's events per table differ from its END's count of them (None: they agree, or
+        END gave no counts): the capture applies a transaction whole across its tables or not at all."""
+        if collections is None:
+            return None
+        for table, expected in sorted(collections.items()):
+            member = next((m for m in self.capture.members if _qualified(m.table) == table), None)
+            if member is None:
+                return (f"END counts {expected} change event(s) of {table}, a table {self.capture.describe()} does "
+                        "not capture")
+            if topics[member.cdc_topic] != expected:
+                return f"{topics[member.cdc_topic]} change event(s) of {table} arrived, END counts {expected}"
+        return None
+
     def _apply_direct(self, cur, ends: dict[int, tuple], arrived: dict[int, dict[int, tuple[dict, Change]]],
                       spoiled: set[int], applied: int, fence: int, micro_batch: int | None, report) -> list[int]:
         """The transactions whose END has come (in this micro-batch or waiting from one before) and whose
@@ -176,31 +213,30 @@ class ChangeWriter:
         order up to the first that is not complete, applied without this micro-batch's events waiting
         in ``cdc_pending``. Their txids (redelivered ones too); or none, and then they wait like the
         rest (where the table refuses them: the waiting path finds which one and dead-letters only it)."""
-        cur.execute("SELECT consumer, txid, commit_lsn, event_count FROM tidemark_control.cdc_transactions "
-                    "WHERE consumer = %s", (self.consumer,))
+        cur.execute("SELECT consumer, txid, commit_lsn, event_count, collections "
+                    "FROM tidemark_control.cdc_transactions WHERE consumer = %s", (self.consumer,))
         stored = {row[1]: row for row in cur.fetchall()}  # ENDs that came before all their events did
         candidates = {**ends, **stored}
         if not candidates:
             return []
-        cur.execute("""SELECT txid, array_agg(total_order), bool_or(op = 'x'), max(source_ms)
-                         FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s) GROUP BY txid""",
-                    (self.consumer, list(candidates)))
-        waiting = {txid: (set(orders), bad, ms) for txid, orders, bad, ms in cur.fetchall()}
+        waiting = self._waiting(cur, list(candidates))
         whole, again, changes, duplicates, times = [], [], [], 0, []
-        for _, txid, lsn, count in sorted(candidates.values(), key=lambda end: end[2]):
+        for _, txid, lsn, count, collections in sorted(candidates.values(), key=lambda end: end[2]):
             events = arrived.get(txid, {})
-            earlier, bad, ms = waiting.get(txid, (set(), False, None))
-            fresh = {order: e for order, (_, e) in events.items() if order not in earlier}
+            earlier, bad, ms, topics = waiting.get(txid, (set(), False, None, Counter()))
+            fresh = {order: (rec, e) for order, (rec, e) in events.items() if order not in earlier}
             if txid in spoiled or bad or len(earlier) + len(fresh) != count:
                 break
             if lsn <= applied:  # delivered again after the position moved past it
                 again.append(txid)
                 duplicates += len(events) + len(earlier)
                 continue
+            if self._uneven(_plain(collections), topics + Counter(rec["topic"] for rec, _ in fresh.values())):
+                break  # the waiting path dead-letters it whole, with the reason
             whole.append((txid, lsn, count))
             duplicates += len(events) - len(fresh)  # an event again while its first copy waits
-            changes += [(txid, lsn, e.order, e.op, e.row) for e in fresh.values()]
-            times += [ms, *(e.source_ms for e in fresh.values())]
+            changes += [(txid, lsn, e.order, e.op, e.row, rec["topic"]) for rec, e in fresh.values()]
+            times += [ms, *(e.source_ms for _, e in fresh.values())]
         if whole and self._apply_transactions(cur, whole, fence, micro_batch, changes) is not None:
             return []  # refused: they wait, and the waiting path applies them one at a time
         if again:
@@ -229,23 +265,27 @@ class ChangeWriter:
         """Apply every waiting transaction that is complete, in commit order, up to the first that is not."""
         applied = self._position(cur)
         self._drop_passed(cur, applied, report)
-        cur.execute("""SELECT t.txid, t.commit_lsn, t.event_count, count(p.txid), count(p.txid) FILTER (WHERE p.op = 'x')
+        cur.execute("""SELECT t.txid, t.commit_lsn, t.event_count, count(p.txid), count(p.txid) FILTER (WHERE p.op = 'x'),
+                              t.collections
                          FROM tidemark_control.cdc_transactions t
                          LEFT JOIN tidemark_control.cdc_pending p ON p.consumer = t.consumer AND p.txid = t.txid
-                        WHERE t.consumer = %s GROUP BY 1, 2, 3 ORDER BY t.commit_lsn""", (self.consumer,))
+                        WHERE t.consumer = %s GROUP BY 1, 2, 3, 6 ORDER BY t.commit_lsn""", (self.consumer,))
         txs = cur.fetchall()
+        waiting = self._waiting(cur, [tx[0] for tx in txs]) if any(tx[5] for tx in txs) else {}
         ready: list[tuple[int, int, int]] = []  # (txid, commit lsn, changes): to apply, in commit order
         resolved: list[int] = []  # applied, dead-lettered or redelivered: they wait no longer
         again = 0
-        for i, (txid, lsn, count, got, bad) in enumerate(txs):
+        for i, (txid, lsn, count, got, bad, collections) in enumerate(txs):
+            uneven = None
             if lsn <= applied:  # delivered again after the position moved past it
                 again += got
-            elif got < count and not any(g >= c for _, _, c, g, _ in txs[i + 1:]):
+            elif got < count and not any(tx[3] >= tx[2] for tx in txs[i + 1:]):
                 break  # the rest may still come; transactions apply in commit order
-            elif got != count or bad:
+            elif got != count or bad or (uneven := self._uneven(_plain(collections),
+                                                                 waiting.get(txid, (0, 0, 0, Counter()))[3])):
                 why = (f"only {got} of its {count} change events arrived before a later transaction's did"
                        if got < count else f"{bad} of its change events cannot be applied" if bad else
-                       f"{got} change events arrived for an END that counts {count}")
+                       f"{got} change events arrived for an END that counts {count}" if got != count else uneven)
                 self._dead_letter(cur, txid, f"{self._tag(txid, lsn, count)} not applied: {why}", reject)
             else:
                 ready.append((txid, lsn, got))
@@ -303,56 +343,67 @@ class ChangeWriter:
             if refused is None:
                 report.events += tx[2]
             else:
-                self._dead_letter(cur, tx[0], f"{self._tag(*tx)} not applied: the real-time table "
-                                  f"{self.cdc.target_table} refused it: {refused}", reject)
+                tables = ", ".join(m.cdc.target_table for m in self.capture.members)
+                self._dead_letter(cur, tx[0], f"{self._tag(*tx)} not applied: the real-time table"
+                                  f"{'s' if len(self.capture.members) > 1 else ''} {tables} refused it: {refused}",
+                                  reject)
 
     def _apply_transactions(self, cur, txs: list[tuple[int, int, int]], fence: int, micro_batch: int | None,
                             changes: list[tuple] | None = None) -> str | None:
-        """Write complete transactions ``(txid, commit lsn, changes)``: per key its last version. Their
-        changes as they wait in ``cdc_pending``, and ``changes`` ``(txid, commit lsn, total_order, op,
-        row)`` besides. None, or PostgreSQL's refusal (then nothing of them is written)."""
-        table, names, pk = quote(self.cdc.target_table), self.columns(cur), [quote(c) for c in self.spec.primary_key]
-        cols = ", ".join(quote(c) for c in names)
-        sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*map(quote, names), "_tm_txid", "_tm_lsn", "_tm_deleted",
-                                                          "_tm_fence", "_tm_micro_batch"))
+        """Write complete transactions ``(txid, commit lsn, changes)`` to every member's real-time table in
+        one savepoint: per key its last version. Their changes as they wait in ``cdc_pending``, and
+        ``changes`` ``(txid, commit lsn, total_order, op, row, topic)`` besides. None, or PostgreSQL's
+        refusal (then nothing of them is written, in any table)."""
         params = {"txids": [t for t, *_ in txs], "lsns": [lsn for _, lsn, _ in txs], "fence": fence,
-                  "mb": micro_batch, "consumer": self.consumer, "pipeline": self.spec.name}
-        source = """SELECT p.txid, x.commit_lsn, p.total_order, p.op, p.row_values
+                  "mb": micro_batch, "consumer": self.consumer}
+        source = """SELECT p.txid, x.commit_lsn, p.total_order, p.op, p.row_values, p.topic
                       FROM tidemark_control.cdc_pending p
                       JOIN unnest(%(txids)s::bigint[], %(lsns)s::bigint[]) AS x(txid, commit_lsn) ON x.txid = p.txid
                      WHERE p.consumer = %(consumer)s"""
-        if changes is not None:  # one parameter, however many: a JSON array of [txid, commit lsn, order, op, row]
+        if changes is not None:  # one parameter, however many: a JSON array of [txid, commit lsn, order, op, row, topic]
             params["changes"] = Json(changes)
             source += """ UNION ALL
-                    SELECT (c ->> 0)::bigint, (c ->> 1)::bigint, (c ->> 2)::integer, c ->> 3, c -> 4
+                    SELECT (c ->> 0)::bigint, (c ->> 1)::bigint, (c ->> 2)::integer, c ->> 3, c -> 4, c ->> 5
                       FROM jsonb_array_elements(%(changes)s::jsonb) c"""
         cur.execute("SAVEPOINT cdc_transaction")
         try:
-            cur.execute(
-                f"""INSERT INTO {table} ({cols}, _tm_txid, _tm_lsn, _tm_deleted, _tm_fence, _tm_micro_batch)
-                    SELECT DISTINCT ON ({', '.join(f'r.{c}' for c in pk)})
-                           {', '.join(f'r.{quote(c)}' for c in names)}, p.txid, p.commit_lsn, p.op = 'd',
-                           %(fence)s, %(mb)s
-                      FROM ({source}) p
-                     CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, p.row_values) r
-                     ORDER BY {', '.join(f'r.{c}' for c in pk)}, p.commit_lsn DESC, p.total_order DESC
-                    ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp()
-                     WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""", params)
-            key = ", ".join(f"p.row_values ->> {literal(c)}" for c in self.spec.primary_key)
-            cur.execute(f"""INSERT INTO tidemark_control.cdc_deletions (pipeline, key, old_values, txid, commit_lsn)
-                            SELECT %(pipeline)s, jsonb_build_array({key}), p.row_values, p.txid, p.commit_lsn
-                              FROM ({source}) p
-                             WHERE p.op = 'd' ORDER BY p.commit_lsn, p.total_order""", params)
-            if cur.rowcount:
-                log.warning("pipeline=%s source transaction(s) %s (commits %s..%s) deleted %s key(s) at the source: "
-                            "hidden from %s, each kept with its old values in tidemark_control.cdc_deletions",
-                            self.spec.name, _span(params["txids"]), lsn_text(txs[0][1]), lsn_text(txs[-1][1]),
-                            cur.rowcount, self.cdc.serving_view)
+            for member in self.capture.members:
+                self._write_member(cur, member, source, params, txs)
         except TABLE_REFUSED as exc:
             cur.execute("ROLLBACK TO SAVEPOINT cdc_transaction")
             return " ".join(str(exc).split())
         cur.execute("RELEASE SAVEPOINT cdc_transaction")
         return None
+
+    def _write_member(self, cur, spec: PipelineSpec, source: str, params: dict[str, Any],
+                      txs: list[tuple[int, int, int]]) -> None:
+        """One member's part of the transactions: its changes upserted, its deletions audited."""
+        table, names, pk = quote(spec.cdc.target_table), list(self.shapes(cur, spec)), [quote(c) for c in spec.primary_key]
+        cols = ", ".join(quote(c) for c in names)
+        sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*map(quote, names), "_tm_txid", "_tm_lsn", "_tm_deleted",
+                                                          "_tm_fence", "_tm_micro_batch"))
+        params = {**params, "topic": spec.cdc_topic, "pipeline": spec.name}
+        mine = f"SELECT * FROM ({source}) s WHERE s.topic = %(topic)s"
+        cur.execute(
+            f"""INSERT INTO {table} ({cols}, _tm_txid, _tm_lsn, _tm_deleted, _tm_fence, _tm_micro_batch)
+                SELECT DISTINCT ON ({', '.join(f'r.{c}' for c in pk)})
+                       {', '.join(f'r.{quote(c)}' for c in names)}, p.txid, p.commit_lsn, p.op = 'd',
+                       %(fence)s, %(mb)s
+                  FROM ({mine}) p
+                 CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, p.row_values) r
+                 ORDER BY {', '.join(f'r.{c}' for c in pk)}, p.commit_lsn DESC, p.total_order DESC
+                ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp()
+                 WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""", params)
+        key = ", ".join(f"p.row_values ->> {literal(c)}" for c in spec.primary_key)
+        cur.execute(f"""INSERT INTO tidemark_control.cdc_deletions (pipeline, key, old_values, txid, commit_lsn)
+                        SELECT %(pipeline)s, jsonb_build_array({key}), p.row_values, p.txid, p.commit_lsn
+                          FROM ({mine}) p
+                         WHERE p.op = 'd' ORDER BY p.commit_lsn, p.total_order""", params)
+        if cur.rowcount:
+            log.warning("pipeline=%s source transaction(s) %s (commits %s..%s) deleted %s key(s) at the source: "
+                        "hidden from %s, each kept with its old values in tidemark_control.cdc_deletions",
+                        spec.name, _span(params["txids"]), lsn_text(txs[0][1]), lsn_text(txs[-1][1]),
+                        cur.rowcount, spec.cdc.serving_view)
 
     def _dead_letter(self, cur, txid: int, reason: str, reject: Reject) -> None:
         cur.execute("""SELECT topic, partition, "offset", record_key, raw, op, row_values ->> 'reason'
@@ -373,6 +424,16 @@ def _ddl(cur, change: Callable[[], None], what: str) -> None:
         cur.execute("ROLLBACK TO SAVEPOINT cdc_ddl")
         raise ValueError(f"{what} refused by the warehouse: {' '.join(str(exc).split())}") from None
     cur.execute("RELEASE SAVEPOINT cdc_ddl")
+
+
+def _qualified(table: str) -> str:
+    """A table's name as Debezium's END names it (``schema.table``)."""
+    return table if "." in table else f"public.{table}"
+
+
+def _plain(collections: Any) -> dict[str, int] | None:
+    """END's per-table counts, as stored (``Json``) or read back (a dict)."""
+    return getattr(collections, "adapted", collections)
 
 
 def _span(txids: list[int]) -> str:

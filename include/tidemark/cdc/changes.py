@@ -147,6 +147,7 @@ class Boundary:
     txid: int
     commit_lsn: int
     event_count: int | None  # END only
+    collections: dict[str, int] | None = None  # END only: events per table (``schema.table``), when Debezium says
 
 
 def _payload(value: bytes | str | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -176,12 +177,32 @@ def boundary(value: bytes | str | None) -> Boundary:
     if status not in ("BEGIN", "END"):
         raise ValueError(f"transaction status is {status!r}, not BEGIN or END")
     txid, _, lsn = str(payload.get("id", "")).partition(":")
-    count = None
+    count = collections = None
     if status == "END":
         count = _int(payload.get("event_count"), "END's event_count")
         if count < 0:
             raise ValueError(f"END's event_count is {count}")
-    return Boundary(status, _int(txid, "the transaction id's txId"), _int(lsn, "the transaction id's LSN"), count)
+        collections = _collections(payload.get("data_collections"), count)
+    return Boundary(status, _int(txid, "the transaction id's txId"), _int(lsn, "the transaction id's LSN"), count,
+                    collections)
+
+
+def _collections(value: Any, count: int) -> dict[str, int] | None:
+    """END's ``data_collections`` (``[{"data_collection": "public.t", "event_count": 2}, ...]``) as table ->
+    events; None when END has none. Counts that do not add up to END's own are refused."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"END's data_collections is {value!r}, not a list")
+    found: dict[str, int] = {}
+    for item in value:
+        name = item.get("data_collection") if isinstance(item, dict) else None
+        if not isinstance(name, str) or name in found:
+            raise ValueError(f"END's data_collections holds {item!r}: not one table's event count")
+        found[name] = _int(item.get("event_count"), f"END's event_count of {name}")
+    if sum(found.values()) != count:
+        raise ValueError(f"END's data_collections count {sum(found.values())} events, its event_count {count}")
+    return found
 
 
 def change(value: bytes | str | None, table: dict[str, Shape | None],

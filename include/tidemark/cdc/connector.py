@@ -13,9 +13,13 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidemark.cdc.signing import CONVERTER, SigningKey
 from tidemark.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from tidemark.cdc.groups import Capture
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 SECRETS_PROVIDER = "dir"  # the worker's config.providers name for its secrets directory
@@ -37,17 +41,18 @@ class SourceEndpoint:
 
 
 def connector_name(spec: PipelineSpec) -> str:
-    return f"tidemark-cdc-{spec.name}"
+    """The connector of ``spec``'s capture (its group's, when it is in one)."""
+    group = spec.cdc.group if spec.cdc is not None else None
+    return f"tidemark-cdc-group-{group}" if group else f"tidemark-cdc-{spec.name}"
 
 
-def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_factor: int = 1) -> dict[str, str]:
+def connector_config(capture: Capture, source: SourceEndpoint, *, replication_factor: int = 1) -> dict[str, str]:
     """Every setting Tidemark relies on, spelled out (Debezium's defaults may move between versions)."""
-    if spec.cdc is None:
-        raise ValueError(f"pipeline {spec.name} has no cdc section")
+    spec = capture.lead
     for name in (source.secret_file, source.signing.secret_file):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise ValueError(f"secret file name {name!r}: letters, digits, '.', '_', '-' only")
-    schema, table = spec.table.split(".") if "." in spec.table else ("public", spec.table)
+    tables = ",".join(re.escape(m.table if "." in m.table else f"public.{m.table}") for m in capture.members)
     return {
         "connector.class": CONNECTOR_CLASS,
         "tasks.max": "1",  # one slot is read by one task: the log's order is the apply order
@@ -67,18 +72,18 @@ def connector_config(spec: PipelineSpec, source: SourceEndpoint, *, replication_
         "slot.name": spec.cdc_slot,
         "publication.name": spec.cdc_slot,
         "publication.autocreate.mode": "disabled",  # the DBA's publication (tidemark.cdc.source), never ours
-        "table.include.list": re.escape(f"{schema}.{table}"),  # a regular expression to Debezium
+        "table.include.list": tables,  # regular expressions to Debezium: exactly the capture's tables
         "snapshot.mode": "no_data",  # Tidemark's own batch loads the existing rows (the handoff)
-        # BEGIN/END of each source transaction, with its event count: the sink applies a transaction whole
+        # BEGIN/END of each source transaction, with its event count per table: the sink applies it whole
         "provide.transaction.metadata": "true",
         "decimal.handling.mode": "string",  # exact: a NUMERIC never passes through a double
         # each field names its source type (NUMERIC 18 2, VARCHAR 20): a column added at the source is added
-        # to the real-time table with it, and a retyped one is refused (the connector reads one table)
+        # to the real-time table with it, and a retyped one is refused
         "column.propagate.source.type": ".*",
         "time.precision.mode": "adaptive_time_microseconds",
         "interval.handling.mode": "string",
         "tombstones.on.delete": "false",  # a delete is one event (op d, with the row before it)
-        "heartbeat.interval.ms": str(int(spec.cdc.heartbeat.total_seconds() * 1000)),
+        "heartbeat.interval.ms": str(int(min(m.cdc.heartbeat for m in capture.members).total_seconds() * 1000)),
         # throughput and latency: larger batches from the slot to Kafka (Debezium's 2,048 kept the capture
         # under 4,000 changes/s here), and a 100 ms wait when the queue is empty (its 500 ms: latency)
         "max.batch.size": "8192",

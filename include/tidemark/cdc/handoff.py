@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,39 @@ def exported_snapshot(params: dict[str, Any], slot: str, publication: str, *,
         if replication is not None:
             replication.close()
         admin.close()
+
+
+@contextmanager
+def member_handoff(params: dict[str, Any], slot: str, publication: str,
+                   snapshot_after: Callable[[], ContextManager[Any]]) -> Iterator[Handoff]:
+    """The handoff of a capture group's member (``tidemark.cdc.groups``): the group's slot is made once,
+    by the first member's handoff, with its exported snapshot as a pipeline's own (``exported_snapshot``;
+    made again when lost). A later member's handoff leaves the slot as it is and reads in a snapshot
+    taken after it (``snapshot_after``: a context giving the snapshot's ``name`` and ``wal`` position):
+    every change committed after that snapshot is in the slot's stream, every one before it in the
+    snapshot, and one in both lands twice, the newest cursor winning (an idempotent upsert). The
+    members' handoffs take turns to look at the slot (a session advisory lock on the source), so two
+    running at once never make it twice."""
+    import psycopg2
+
+    turn = psycopg2.connect(**params)
+    turn.autocommit = True
+    try:
+        with turn.cursor() as cur:
+            cur.execute("SET lock_timeout = '15min'")  # a slot's creation waits for the transactions running then
+            cur.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"tidemark handoff {slot}",))
+            held = slot_named(cur, slot)
+        with ExitStack() as stack:
+            if held is None or held.wal_status == "lost":
+                handoff = stack.enter_context(exported_snapshot(params, slot, publication,
+                                                                replace_stale=held is not None))
+            else:
+                taken = stack.enter_context(snapshot_after())
+                handoff = Handoff(slot, taken.wal, taken.name)
+            turn.close()  # the slot exists now: the next member's handoff may look
+            yield handoff
+    finally:
+        turn.close()
 
 
 def _check_way_clear(cur, slot: str, publication: str, replace_stale: bool) -> None:

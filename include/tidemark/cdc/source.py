@@ -1,8 +1,8 @@
 """The source side of change data capture, with least privilege.
 
-Tidemark never holds the source's owner rights: a DBA runs ``grant_sql`` once per pipeline (the
-publication of the one table, SELECT on it for the replication role) and once per source
-(the role itself). ``check_capture`` says what is missing, with the statements to run, before a
+Tidemark never holds the source's owner rights: a DBA runs ``grant_sql`` once per capture (the
+publication of its tables: one pipeline's, or a capture group's; SELECT on them for the replication
+role) and once per source (the role itself). ``check_capture`` says what is missing, with the statements to run, before a
 connector is created; ``slot`` reads how much WAL the pipeline's slot holds on the source.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tidemark.cdc.groups import Capture
 from tidemark.spec import PipelineSpec, quote
 
 
@@ -26,22 +27,22 @@ def role_sql(role: str) -> str:
     return f"CREATE ROLE {quote(role)} LOGIN REPLICATION;  -- then: \\password {role}"
 
 
-def grant_sql(spec: PipelineSpec, role: str) -> list[str]:
-    """Once per pipeline, by the table's owner: deletes that carry their whole row, the publication,
-    and the role's right to read the table (Debezium reads its schema, and a re-snapshot its rows)."""
-    schema, _ = _table(spec)
+def grant_sql(capture: Capture, role: str) -> list[str]:
+    """Once per capture, by the tables' owner: deletes that carry their whole row, the publication of
+    every table it captures, and the role's right to read them (Debezium reads their schema)."""
+    tables = [m.table for m in capture.members]
     return [
         # a DELETE then carries the row it deleted: kept, audited, in tidemark_control.cdc_deletions
-        f"ALTER TABLE {quote(spec.table)} REPLICA IDENTITY FULL",
-        f"CREATE PUBLICATION {quote(spec.cdc_slot)} FOR TABLE {quote(spec.table)}",
-        f"GRANT USAGE ON SCHEMA {quote(schema)} TO {quote(role)}",
-        f"GRANT SELECT ON {quote(spec.table)} TO {quote(role)}",
+        *(f"ALTER TABLE {quote(t)} REPLICA IDENTITY FULL" for t in tables),
+        f"CREATE PUBLICATION {quote(capture.slot)} FOR TABLE {', '.join(quote(t) for t in tables)}",
+        *(f"GRANT USAGE ON SCHEMA {quote(s)} TO {quote(role)}" for s in dict.fromkeys(_table(m)[0]
+                                                                                     for m in capture.members)),
+        *(f"GRANT SELECT ON {quote(t)} TO {quote(role)}" for t in tables),
     ]
 
 
-def check_capture(cur, spec: PipelineSpec, role: str) -> None:
+def check_capture(cur, capture: Capture, role: str) -> None:
     """Raise ``CaptureNotReady`` naming each missing piece and the statements that supply it."""
-    schema, table = _table(spec)
     missing: list[str] = []
     cur.execute("SELECT current_setting('wal_level')")
     if cur.fetchone()[0] != "logical":
@@ -52,28 +53,46 @@ def check_capture(cur, spec: PipelineSpec, role: str) -> None:
         missing.append(f"role {role} does not exist: {role_sql(role)}")
     elif not row[0]:
         missing.append(f"role {role} lacks REPLICATION: ALTER ROLE {quote(role)} REPLICATION")
-    cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-                (spec.cdc_slot, schema, table))
-    identity, publish, *grants = grant_sql(spec, role)
+    publication = capture.slot
+    cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
     if cur.fetchone() is None:
-        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (spec.cdc_slot,))
-        missing.append(f"publication {spec.cdc_slot} " + (
-            f"does not hold {spec.table}: ALTER PUBLICATION {quote(spec.cdc_slot)} ADD TABLE {quote(spec.table)}"
-            if cur.fetchone() else f"does not exist: {publish}"))
+        missing.append(f"publication {publication} does not exist: "
+                       + next(g for g in grant_sql(capture, role) if g.startswith("CREATE PUBLICATION")))
+        published = True  # the statement given covers every table
+    else:
+        published = False
+    for spec in capture.members:
+        missing += _table_missing(cur, spec, publication, role, check_published=not published)
+    if missing:
+        raise CaptureNotReady(f"{capture.describe()}: the source is not set up for capture: " + "; ".join(missing)
+                              + ". Next: have the tables' owner run those statements on the source, then run the "
+                              "supervisor again")
+
+
+def _table_missing(cur, spec: PipelineSpec, publication: str, role: str, *, check_published: bool) -> list[str]:
+    """What one captured table lacks: its place in the publication, its full replica identity, the role's SELECT."""
+    schema, table = _table(spec)
+    missing: list[str] = []
+    if check_published:
+        cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+                    (publication, schema, table))
+        if cur.fetchone() is None:
+            missing.append(f"publication {publication} does not hold {spec.table}: ALTER PUBLICATION "
+                           f"{quote(publication)} ADD TABLE {quote(spec.table)}")
     cur.execute("SELECT relreplident FROM pg_class WHERE oid = to_regclass(%s)", (quote(spec.table),))
     found = cur.fetchone()
     if found is None:
-        missing.append(f"table {spec.table} does not exist")
-    elif found[0] != "f":
-        missing.append(f"a DELETE on {spec.table} would carry only its key, not the row it deleted: {identity}")
-    if row is not None and found is not None:
-        cur.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", (role, f"{quote(spec.table)}"))
+        return [*missing, f"table {spec.table} does not exist"]
+    if found[0] != "f":
+        missing.append(f"a DELETE on {spec.table} would carry only its key, not the row it deleted: "
+                       f"ALTER TABLE {quote(spec.table)} REPLICA IDENTITY FULL")
+    cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+    if cur.fetchone() is not None:
+        cur.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", (role, quote(spec.table)))
         if not cur.fetchone()[0]:
-            missing.append(f"role {role} may not read {spec.table}: {'; '.join(grants)}")
-    if missing:
-        raise CaptureNotReady(f"pipeline {spec.name}: the source is not set up for capture: " + "; ".join(missing)
-                              + ". Next: have the table's owner run those statements on the source, then run the "
-                              "supervisor again")
+            missing.append(f"role {role} may not read {spec.table}: GRANT USAGE ON SCHEMA {quote(schema)} TO "
+                           f"{quote(role)}; GRANT SELECT ON {quote(spec.table)} TO {quote(role)}")
+    return missing
 
 
 @dataclass(frozen=True)
@@ -83,10 +102,6 @@ class Slot:
     wal_status: str  # reserved, extended, unreserved, lost (lost: the WAL it needed is gone: re-snapshot)
     retained_bytes: int  # WAL the source keeps for it
     confirmed_flush_lsn: str | None
-
-
-def slot(cur, spec: PipelineSpec) -> Slot | None:
-    return slot_named(cur, spec.cdc_slot)
 
 
 def slot_named(cur, name: str) -> Slot | None:

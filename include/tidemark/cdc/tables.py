@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tidemark import catalog
 from tidemark.cdc.changes import Shape, shape_of_column
-from tidemark.ledger import consumer_for
+from tidemark.cdc.groups import capture_consumer
 from tidemark.columns import target_columns
 from tidemark.spec import PipelineSpec, quote
 
@@ -106,7 +106,7 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
                        AS batch_watermark) w,
                (SELECT (SELECT to_timestamp(source_ms / 1000.0) FROM tidemark_control.cdc_positions
                          WHERE consumer = %(consumer)s) AS stream_watermark) s""",
-                {"pipeline": spec.name, "consumer": consumer_for(spec.name)})
+                {"pipeline": spec.name, "consumer": capture_consumer(spec)})
 
 
 def _view_columns(cur, view: str) -> list[str]:

@@ -78,6 +78,14 @@ def reading_in_snapshot(x: Extract) -> Iterator[None]:
         return
     if spec.cdc is None or x.args.repair_keys is not None:
         raise JobError(f"{x.tag}: --handoff is for a CDC pipeline's batch (spec section cdc:), never a repair")
+    if spec.cdc.group is not None:  # the group's slot is made once, by its first member's handoff
+        with cdc_handoff.member_handoff(params, spec.cdc_slot, spec.cdc_slot,
+                                        lambda: snapshot.exported(params, wal=True)) as h:
+            x.handoff, x.snapshot, x.window = h, h.snapshot, x.window.opened_above()
+            print(f"{x.tag}: CDC handoff of a member of capture group {spec.cdc.group}: slot {h.slot}, snapshot "
+                  f"{h.snapshot} at {h.consistent_point}; reading {x.window} in it", flush=True)
+            yield
+        return
     # the ledger planned a handoff: no committed one exists, so a slot left by a killed attempt is stale
     with cdc_handoff.exported_snapshot(params, spec.cdc_slot, spec.cdc_slot, replace_stale=True) as h:
         x.handoff, x.snapshot, x.window = h, h.snapshot, x.window.opened_above()

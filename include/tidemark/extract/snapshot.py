@@ -38,6 +38,8 @@ class Snapshot:
     name: str  # for ``SET TRANSACTION SNAPSHOT``
     seen: str  # which transactions it sees, as ``pg_current_snapshot()`` prints it (xmin:xmax:xip), for the log
     taken_at: str  # the source's clock when it was taken (ISO)
+    # the source's WAL insert position just after it was taken (asked for): every commit it sees lies before
+    wal: str | None = None
 
 
 def snapshot_init(snapshot: str) -> str:
@@ -58,10 +60,11 @@ def import_snapshot(cur, snapshot: str) -> None:
 
 
 @contextmanager
-def exported(params: dict[str, Any]) -> Iterator[Snapshot]:
+def exported(params: dict[str, Any], *, wal: bool = False) -> Iterator[Snapshot]:
     """A snapshot of the source, held for the ``with`` block by a read-only transaction of its own
     (``params``: psycopg2 connection parameters). Idle in that transaction while the read runs: no
-    server timeout may end it (the watchdog bounds it instead)."""
+    server timeout may end it (the watchdog bounds it instead). ``wal``: with the WAL position (a
+    primary's only)."""
     import psycopg2
 
     conn = psycopg2.connect(**params)
@@ -72,9 +75,10 @@ def exported(params: dict[str, Any]) -> Iterator[Snapshot]:
         conn.autocommit = False
         conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_export_snapshot(), pg_current_snapshot()::text, clock_timestamp()")
-            name, seen, at = cur.fetchone()
-        yield Snapshot(name, seen, at.isoformat())
+            cur.execute("SELECT pg_export_snapshot(), pg_current_snapshot()::text, clock_timestamp()"
+                        + (", pg_current_wal_insert_lsn()::text" if wal else ""))
+            name, seen, at, *lsn = cur.fetchone()
+        yield Snapshot(name, seen, at.isoformat(), *lsn)
     finally:
         conn.close()  # read only: nothing to commit
 

@@ -17,6 +17,7 @@ from tidemark import faults, ledger
 from tidemark.control import ControlMessage, Keyring
 from tidemark.dead_letters import DeadLetterOutbox
 from tidemark.cdc.apply import ChangeWriter
+from tidemark.cdc.groups import Capture
 from tidemark.cdc.signing import Verifier
 from tidemark.events import EventWriter
 from tidemark.progress import Steps
@@ -37,12 +38,15 @@ class BatchSink(Intake, Commit):
     """The sink of one pipeline: ``apply`` one micro-batch at a time, under the pipeline's fence."""
 
     def __init__(self, conn, spec: PipelineSpec, *, keyring: Keyring,
-                 dead_letters: DeadLetterOutbox | None = None):
+                 dead_letters: DeadLetterOutbox | None = None, capture: Capture | None = None):
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
         self.keyring = keyring  # a control message counts only when one of its keys signed it
         self.topic = spec.topic
-        self.topics = [spec.topic, *spec.realtime_topics]
+        # a CDC pipeline's capture: its own, or its group's, whose lead alone applies the change events
+        self.capture = capture if capture is not None or spec.cdc is None else Capture(spec.name, (spec,))
+        self.realtime_topics = self.capture.realtime_topics(spec) if self.capture else spec.realtime_topics
+        self.topics = [spec.topic, *self.realtime_topics]
         # One consumer per pipeline per warehouse database: a second sink of the pipeline in this
         # database is the same consumer, takes the fence, and the first can no longer commit.
         self.consumer = ledger.consumer_for(spec.name)
@@ -52,7 +56,8 @@ class BatchSink(Intake, Commit):
         self.stages = StageArea(spec)
         # the real-time input: an application's events, or the source table's own changes
         self.events = (EventWriter(spec, self.consumer) if spec.stream else
-                       ChangeWriter(spec, self.consumer, Verifier(keyring)) if spec.cdc else None)
+                       ChangeWriter(self.capture, self.capture.consumer, Verifier(keyring)) if self.realtime_topics
+                       else None)
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self, lease: Any = None) -> int:
@@ -72,7 +77,7 @@ class BatchSink(Intake, Commit):
     def starting_offsets(self) -> dict[str, dict[int, int]]:
         """Per topic read (the pipeline's, and its stream's), the next offset per partition as
         committed with the data (-2 = earliest: never read)."""
-        counts = {self.spec.topic: self.spec.partitions, **self.spec.realtime_topics}
+        counts = {self.spec.topic: self.spec.partitions, **self.realtime_topics}
         with self.conn, self.conn.cursor() as cur:
             stored = {t: ledger.stored_offsets(cur, self.consumer, t) for t in counts}
         return {t: {p: stored[t].get(p, -2) for p in range(n)} for t, n in counts.items()}

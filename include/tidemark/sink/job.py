@@ -16,6 +16,7 @@ import socket
 import tempfile
 import time
 from argparse import Namespace
+from pathlib import Path
 
 from tidemark import avro
 from tidemark.cdc import signing
@@ -86,18 +87,25 @@ CHECKPOINT_CONF = {"spark.sql.streaming.checkpointFileManagerClass":
 def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> BatchSink:
     """The sink over ``conn``, its control schema, real-time target and topics in place."""
     from tidemark.catalog import ensure_stream_target
+    from tidemark.cdc.groups import load_capture
     from tidemark.cdc.tables import ensure_cdc_target
 
+    # a capture group's lead applies every member's changes: their real-time tables and topics too
+    capture = load_capture(spec, Path(args.spec).parent) if spec.cdc is not None else None
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
         if spec.stream is not None or spec.cdc is not None:
             try:  # the sink may start before the first event: the topics too (refused if their partitions differ)
-                ensure_stream_target(cur, spec) if spec.stream is not None else ensure_cdc_target(cur, spec)
-                for topic, partitions in spec.realtime_topics.items():
+                if spec.stream is not None:
+                    ensure_stream_target(cur, spec)
+                else:
+                    for member in capture.members if capture.lead.name == spec.name else (spec,):
+                        ensure_cdc_target(cur, member)
+                for topic, partitions in (capture.realtime_topics(spec) if capture else spec.realtime_topics).items():
                     ensure_topic(args.bootstrap, topic, partitions)
             except (LookupError, ValueError) as exc:
                 raise JobError(f"pipeline {spec.name}: {'stream' if spec.stream else 'cdc'}: {exc}") from None
-    sink = BatchSink(conn, spec, keyring=keyring,
+    sink = BatchSink(conn, spec, keyring=keyring, capture=capture,
                      dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic, consumer_for(spec.name)))
     try:
         sink.check_stream()

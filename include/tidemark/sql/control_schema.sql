@@ -343,6 +343,8 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_transactions (
     event_count  integer NOT NULL,
     PRIMARY KEY (consumer, txid)
 );
+-- END's events per table (schema.table -> count): a capture group's transaction applies whole across its tables
+ALTER TABLE tidemark_control.cdc_transactions ADD COLUMN IF NOT EXISTS collections jsonb;
 -- The last source transaction applied, per consumer: one at or before it is a redelivery (a no-op).
 CREATE TABLE IF NOT EXISTS tidemark_control.cdc_positions (
     consumer     text PRIMARY KEY,

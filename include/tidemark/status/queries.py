@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from tidemark import catalog, ledger
 from tidemark.cdc.changes import lsn_text
 from tidemark.cdc.connect import ConnectError
+from tidemark.cdc.groups import capture_consumer
 from tidemark.cdc.source import Slot
 from tidemark.stage import STAGE_SCHEMA, rows_inserted, stage_table
 from tidemark.spec import PipelineSpec
@@ -70,7 +71,7 @@ def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
         return CaptureStatus(slot=spec.cdc_slot)
     handoff = ledger.committed_handoff(cur, spec.name)
     cur.execute("SELECT commit_lsn, source_ms FROM tidemark_control.cdc_positions WHERE consumer = %s",
-                (ledger.consumer_for(spec.name),))
+                (capture_consumer(spec),))
     row = cur.fetchone()
     applied, source_ms = row if row else (None, None)
     return CaptureStatus(

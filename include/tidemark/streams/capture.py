@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient, ConnectorState
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
-from tidemark.cdc.source import CaptureNotReady, Slot, check_capture, slot
+from tidemark.cdc.groups import Capture
+from tidemark.cdc.source import CaptureNotReady, Slot, check_capture, slot_named
 from tidemark.progress import byte_size
 from tidemark.spec import PipelineSpec
 from tidemark.streams.policy import Policy
@@ -71,17 +72,19 @@ def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: 
     return ConnectorDecision("none", "running")
 
 
-def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, endpoint: SourceEndpoint,
+def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpoint: SourceEndpoint,
                       policy: Policy, now: datetime) -> tuple[str, str | None]:
-    """One look at the pipeline's capture: act, and return its log line and, when a person must act,
-    the failure line (the supervisor's task fails with it)."""
+    """One look at a capture (a pipeline's, or a capture group's, whose lead pipeline's stream state
+    stands for the group): act, and return its log line and, when a person must act, the failure line
+    (the supervisor's task fails with it)."""
+    spec = capture.lead
     name, connector = spec.name, connector_name(spec)
     with source, source.cursor() as cur:
         try:
-            check_capture(cur, spec, endpoint.user)
+            check_capture(cur, capture, endpoint.user)
         except CaptureNotReady as exc:
-            return f"pipeline={name} capture: not set up", str(exc)
-        held = slot(cur, spec)
+            return f"{_who(capture)} capture: not set up", str(exc)
+        held = slot_named(cur, capture.slot)
     with wh, wh.cursor() as cur:
         desired = ledger.stream_state(cur, name).desired
         restarts = ledger.restarts_since(cur, name, policy.budget_window, kind="connector_restart")
@@ -92,13 +95,15 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
                        RETURNING inactive_since""",
                     {"p": name, "unread": held is not None and not held.active, "now": now})
         inactive_since = cur.fetchone()[0]
-        handoff = ledger.committed_handoff(cur, name)
-        asked = ledger.resnapshot_asked(cur, name)
+        # a group streams once any member's handoff made its slot; the other members' handoffs read their
+        # tables in a snapshot taken after the slot (tidemark.cdc.handoff), never making it again
+        handoff = next(filter(None, (ledger.committed_handoff(cur, m.name) for m in capture.members)), None)
+        asked = None if capture.grouped else ledger.resnapshot_asked(cur, name)
     state = client.state(connector)
     if asked is not None:  # the slot still holds WAL while it waits: its warning and limit stand
-        slot_text, slot_failure = _slot(spec, held, state)
+        slot_text, slot_failure = _slot(capture, held, state)
         return f"{_resnapshot(spec, asked, state, client, wh)}; {slot_text}", slot_failure
-    wanted = connector_config(spec, endpoint)
+    wanted = connector_config(capture, endpoint)
     stored = client.config(connector) if state.state != "MISSING" else None
     differs = stored is not None and any(stored.get(k) != v for k, v in wanted.items())
     # unread since it was last restarted, if that is later: a restarted task gets the whole window
@@ -111,18 +116,27 @@ def supervise_capture(spec: PipelineSpec, wh, source, client: ConnectClient, end
             client.stop(connector)
             with wh, wh.cursor() as cur:
                 ledger.record_stream_event(cur, name, "connector_stop", "supervisor", "its slot is gone")
-        return (f"pipeline={name} connector={connector} state={state.state} capture: its slot {spec.cdc_slot} is gone",
-                f"pipeline {name}: the replication slot {spec.cdc_slot} that its handoff batch {handoff.batch_id} "
+        return (f"{_who(capture)} connector={connector} state={state.state} capture: its slot {capture.slot} is gone",
+                f"{capture.describe()}: the replication slot {capture.slot} that its handoff batch {handoff.batch_id} "
                 f"created at {handoff.consistent_point} is gone from the source, and with it every change since: "
-                "nothing is streamed (its connector is kept stopped). Next: run the pipeline's batch DAG: with no "
-                "slot, its next batch is a new handoff (a snapshot of the table and a new slot); this cycle then "
-                "starts the connector on it")
-    failure = _act(spec, decision, state, client, wanted, wh)
-    slot_text, slot_failure = _slot(spec, held, state)
+                "nothing is streamed (its connector is kept stopped). Next: "
+                + ("run the batch DAG of each of its pipelines: with no slot, each one's next batch is a new handoff "
+                   "(the first makes the slot again)" if capture.grouped else
+                   "run the pipeline's batch DAG: with no slot, its next batch is a new handoff (a snapshot of the "
+                   "table and a new slot)")
+                + "; this cycle then starts the connector on it")
+    failure = _act(capture, decision, state, client, wanted, wh)
+    slot_text, slot_failure = _slot(capture, held, state)
     tasks = ",".join(f"{t.id}:{t.state}" for t in state.tasks) or "-"
-    line = (f"pipeline={name} connector={connector} state={state.state} tasks={tasks} desired={desired} "
+    line = (f"{_who(capture)} connector={connector} state={state.state} tasks={tasks} desired={desired} "
             f"action={decision.action}: {decision.reason}; {slot_text}")
     return line, failure or slot_failure
+
+
+def _who(capture: Capture) -> str:
+    """How a capture's log line starts: its pipeline, or its group and the pipeline whose state it follows."""
+    return (f"group={capture.name} pipeline={capture.lead.name} members={','.join(m.name for m in capture.members)}"
+            if capture.grouped else f"pipeline={capture.name}")
 
 
 def _resnapshot(spec: PipelineSpec, asked: ledger.ResnapshotRequest, state: ConnectorState, client: ConnectClient,
@@ -144,9 +158,9 @@ def _resnapshot(spec: PipelineSpec, asked: ledger.ResnapshotRequest, state: Conn
             "watermark read in its snapshot); this cycle then resumes the connector on it")
 
 
-def _act(spec: PipelineSpec, decision: ConnectorDecision, state: ConnectorState, client: ConnectClient,
+def _act(capture: Capture, decision: ConnectorDecision, state: ConnectorState, client: ConnectClient,
          wanted: dict[str, str], wh) -> str | None:
-    name, connector = spec.name, connector_name(spec)
+    name, connector = capture.lead.name, capture.connector
     if decision.action == "create":
         # The slot says where the stream goes on, never offsets Connect kept from an earlier connector of
         # this name (a pipeline stopped for good and made again, a new handoff after a lost slot): those
@@ -172,7 +186,7 @@ def _act(spec: PipelineSpec, decision: ConnectorDecision, state: ConnectorState,
                   or ([state.trace.splitlines()[0]] if state.trace else [])
                   or ["its task looks RUNNING while Connect retries it (no trace in Connect's status); the task's "
                       "errors are in the Connect worker's log"])
-        return (f"pipeline {name}: its connector {connector} is crash-looping ({decision.reason}): last error: "
+        return (f"{capture.describe()}: its connector {connector} is crash-looping ({decision.reason}): last error: "
                 f"{errors[0][:500]}. Next: fix the cause, then run the DAG tidemark_stream_control with "
                 f"pipeline={name} action=clear")
     if decision.action not in ("none", "wait"):
@@ -181,28 +195,29 @@ def _act(spec: PipelineSpec, decision: ConnectorDecision, state: ConnectorState,
     return None
 
 
-def _slot(spec: PipelineSpec, held: Slot | None, state: ConnectorState) -> tuple[str, str | None]:
+def _slot(capture: Capture, held: Slot | None, state: ConnectorState) -> tuple[str, str | None]:
     """The slot's part of the line, and a failure when the WAL it keeps is past the limit or lost."""
+    spec, who = capture.lead, capture.describe()
     cdc = spec.cdc
     assert cdc is not None
     if held is None:
         created = "its handoff batch creates it" if state.state in ("MISSING", "UNASSIGNED") else "missing"
-        return f"slot={spec.cdc_slot} ({created})", None
+        return f"slot={capture.slot} ({created})", None
     text = (f"slot={held.name} active={held.active} wal_status={held.wal_status} "
             f"retained_wal={byte_size(held.retained_bytes)} confirmed_flush={held.confirmed_flush_lsn}")
     if held.wal_status == "lost":
-        return text, (f"pipeline {spec.name}: its replication slot {held.name} is lost (the source removed WAL it "
+        return text, (f"{who}: its replication slot {held.name} is lost (the source removed WAL it "
                       "still needed, past max_slot_wal_keep_size): changes since its last position are gone from the "
                       "stream. Next: run the pipeline's batch DAG: with its slot lost, its next batch is a new handoff "
                       "(the slot made again with a snapshot), and this cycle resumes the connector on it")
     if held.retained_bytes > cdc.retained_wal_limit:
-        return text, (f"pipeline {spec.name}: slot {held.name} keeps {byte_size(held.retained_bytes)} of WAL on the "
+        return text, (f"{who}: slot {held.name} keeps {byte_size(held.retained_bytes)} of WAL on the "
                       f"source, past cdc.retained_wal_limit {byte_size(cdc.retained_wal_limit)}: the source's disk fills "
-                      "while it is not read. Next: resume the pipeline (tidemark_stream_control action=resume) or "
+                      f"while it is not read. Next: resume the pipeline (tidemark_stream_control pipeline={spec.name} action=resume) or "
                       "fix its connector; to stop capturing for good, drop the slot")
     if held.retained_bytes > cdc.retained_wal_warning:
-        log.warning("pipeline=%s slot %s keeps %s of WAL on the source, past cdc.retained_wal_warning %s%s",
-                    spec.name, held.name, byte_size(held.retained_bytes), byte_size(cdc.retained_wal_warning),
+        log.warning("%s: slot %s keeps %s of WAL on the source, past cdc.retained_wal_warning %s%s",
+                    who, held.name, byte_size(held.retained_bytes), byte_size(cdc.retained_wal_warning),
                     "" if held.active else " (nobody reads it)")
         text += " WARNING past retained_wal_warning"
     return text, None

@@ -12,11 +12,13 @@ from tidemark.streams.policy import records_behind
 log = logging.getLogger(__name__)
 
 
-def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0) -> dict[int | str, int] | None:
+def sink_lag(spec: PipelineSpec, wh, bootstrap: str, *, timeout_s: float = 3.0,
+             realtime: dict[str, int] | None = None) -> dict[int | str, int] | None:
     """Records per partition beyond the offsets the pipeline's sink committed in the warehouse: on
-    its topic (keys: partitions), and on its stream's events topic if it has one (keys:
-    ``<topic>/<partition>``). None when the broker cannot tell now (no topic yet, or it is away)."""
-    topics = [(spec.topic, True), *((t, False) for t in spec.realtime_topics)]
+    its topic (keys: partitions), and on its real-time topics (keys: ``<topic>/<partition>``): its
+    stream's, its own CDC topics, or ``realtime`` (a capture group's lead reads the group's). None
+    when the broker cannot tell now (no topic yet, or it is away)."""
+    topics = [(spec.topic, True), *((t, False) for t in (spec.realtime_topics if realtime is None else realtime))]
     lag: dict[int | str, int] = {}
     for topic, transactional in topics:
         try:

@@ -15,7 +15,8 @@ from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
 from tidemark.cdc.connector import write_secret as write_secret_file
 from tidemark.cdc.signing import sign, signing_key
-from tidemark.cdc.source import grant_sql, slot, slot_named
+from tidemark.cdc.groups import Capture, capture_of
+from tidemark.cdc.source import grant_sql, slot_named
 from tidemark.config import CONN_CDC
 from tidemark.spec import PipelineSpec
 from tidemark_workshop.settings import Settings
@@ -35,12 +36,17 @@ def make_cdc_pipeline(settings: Settings, tmp_path: Path, trigger: str | None = 
                               "heartbeat": "PT1S"}, transport=transport, record_format=record_format)
 
 
-def grant(settings: Settings, spec: PipelineSpec) -> None:
-    """What the table's owner runs once per pipeline (tidemark.cdc.source.grant_sql)."""
+def captured(what: PipelineSpec | Capture) -> Capture:
+    """A capture group as it is, a pipeline as captured alone."""
+    return what if isinstance(what, Capture) else capture_of(what, [what])
+
+
+def grant(settings: Settings, what: PipelineSpec | Capture) -> None:
+    """What the tables' owner runs once per capture (tidemark.cdc.source.grant_sql)."""
     owner = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with owner, owner.cursor() as cur:
-            for statement in grant_sql(spec, settings.cdc_user):
+            for statement in grant_sql(captured(what), settings.cdc_user):
                 cur.execute(statement)
     finally:
         owner.close()
@@ -71,7 +77,7 @@ def read_slot(settings: Settings, spec: PipelineSpec):
     conn = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with conn, conn.cursor() as cur:
-            return slot(cur, spec)
+            return slot_named(cur, spec.cdc_slot)
     finally:
         conn.close()
 
@@ -87,10 +93,11 @@ def drop_slot(settings: Settings, spec: PipelineSpec) -> None:
         owner.close()
 
 
-def start_connector(settings: Settings, spec: PipelineSpec) -> ConnectClient:
-    """Create the pipeline's connector and wait until its task runs and reads its slot."""
-    client = ConnectClient(settings.connect_url)
-    client.put_config(connector_name(spec), connector_config(spec, source_endpoint(settings)))
+def start_connector(settings: Settings, what: PipelineSpec | Capture) -> ConnectClient:
+    """Create the capture's connector and wait until its task runs and reads its slot."""
+    client, capture = ConnectClient(settings.connect_url), captured(what)
+    spec = capture.lead
+    client.put_config(connector_name(spec), connector_config(capture, source_endpoint(settings)))
     until("the connector and its task running", lambda: client.state(connector_name(spec)).running, timeout=120)
     until("Debezium reading its slot", lambda: (s := read_slot(settings, spec)) is not None and s.active, timeout=120)
     return client
