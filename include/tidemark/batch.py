@@ -237,6 +237,8 @@ def record_extract(spec: PipelineSpec, warehouse_conn, batch: Plan, attempt: int
             ledger.add_loads(wh, batch.batch_id, attempt, loads)
         if handoff is not None:
             ledger.record_handoff(wh, spec.name, batch.batch_id, attempt, handoff["slot"], handoff["consistent_point"])
+        elif (report.get("snapshot") or {}).get("wal"):  # a capture group member's: it commits after the stream
+            ledger.record_snapshot_wal(wh, batch.batch_id, attempt, report["snapshot"]["wal"])
     return sum(t.rows for t in totals.values())
 
 

@@ -62,12 +62,17 @@ def test_a_capture_group_has_one_slot_connector_and_transaction_topic_for_all_it
     assert group.connector == connector_name(entries) == "tidemark-cdc-group-bank"
     assert entries.cdc_topic == "tidemark.cdcgroup.bank.core.ledger_entries"
     assert group.topics == {"tidemark.cdcgroup.bank.core.balances": 1, "tidemark.cdcgroup.bank.core.ledger_entries": 1,
-                            "tidemark.cdcgroup.bank.transaction": 1}
+                            "tidemark.cdcgroup.bank.core.tidemark_heartbeat": 1, "tidemark.cdcgroup.bank.transaction": 1}
     assert group.realtime_topics(balances) == group.topics and group.realtime_topics(entries) == {}
     assert group.member_for(entries.cdc_topic) == entries and group.member_for(alone.cdc_topic) is None
     assert group.consumer == "capture-group.bank" and single.consumer == "batch-sink.fx"
     config = connector_config(group, SOURCE)
-    assert config["table.include.list"] == r"core\.balances,core\.ledger_entries"
+    # the group's heartbeat row: a source transaction in its stream at every heartbeat, however quiet its tables
+    assert config["table.include.list"] == r"core\.balances,core\.ledger_entries,core\.tidemark_heartbeat"
+    assert config["heartbeat.action.query"] == ('INSERT INTO "core"."tidemark_heartbeat" (capture, beat_at) VALUES '
+                                                "('bank', now()) ON CONFLICT (capture) DO UPDATE SET beat_at = "
+                                                "EXCLUDED.beat_at")
+    assert "heartbeat.action.query" not in connector_config(single, SOURCE)
     assert config["slot.name"] == "tidemark_group_bank" and config["topic.prefix"] == "tidemark.cdcgroup.bank"
     assert config["heartbeat.interval.ms"] == "2000"  # the most frequent member's
     assert single.realtime_topics(alone) == {alone.cdc_topic: 1, alone.cdc_transaction_topic: 1} == single.topics

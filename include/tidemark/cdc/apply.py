@@ -43,6 +43,7 @@ from tidemark.window import literal
 
 log = logging.getLogger(__name__)
 Reject = Callable[[dict[str, Any], str], None]
+HEARTBEAT_SHAPES: dict[str, Shape | None] = {"capture": None, "beat_at": None}  # a group's heartbeat row
 TABLE_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded)
 
 
@@ -129,12 +130,14 @@ class ChangeWriter:
                                                 Json(edge.collections) if edge.collections is not None else None))
                 continue
             member = self.members.get(rec["topic"])
-            if member is None:
+            beat = rec["topic"] == self.capture.heartbeat_topic  # counted in its transaction, written nowhere
+            if member is None and not beat:
                 reject(where, f"change record rejected: topic {rec['topic']} is not a change topic of "
                               f"{self.capture.describe()}")
                 continue
             try:
-                event = change(rec["value"], self.shapes(cur, member), self.schemas.read(rec["value"]))
+                shapes = HEARTBEAT_SHAPES if beat else self.shapes(cur, member)
+                event = change(rec["value"], shapes, self.schemas.read(rec["value"]))
                 if event.added:
                     self._add_columns(cur, member, dict(event.added), event.txid)
                 if event.widened:
@@ -192,18 +195,32 @@ class ChangeWriter:
             waiting[txid] = (seen | set(orders), was_bad or bad, max(filter(None, (latest, ms)), default=None), topics)
         return waiting
 
+    def _overtaken(self, cur, txs: list[tuple], i: int, collections: dict[str, int] | None, topics: Counter) -> bool:
+        """Whether the missing events of ``txs[i]`` (incomplete) can no longer come: a later transaction's
+        event has arrived on a topic it misses events on (each change topic is in commit order). One topic
+        (a pipeline captured alone, or END without per-table counts): a later transaction is complete."""
+        _, lsn, count, got, *_ = txs[i]
+        if collections is None or not self.capture.grouped:
+            return any(tx[3] >= tx[2] for tx in txs[i + 1:])
+        captured = self.capture.tables
+        missing = [captured[t] for t, n in collections.items() if t in captured and topics[captured[t]] < n]
+        cur.execute("""SELECT EXISTS (SELECT 1 FROM tidemark_control.cdc_pending
+                                       WHERE consumer = %s AND topic = ANY(%s) AND after_commit >= %s)""",
+                    (self.consumer, missing, lsn))
+        return cur.fetchone()[0]
+
     def _uneven(self, collections: dict[str, int] | None, topics: Counter) -> str | None:
         """Why a transaction's events per table differ from its END's count of them (None: they agree, or
         END gave no counts): the capture applies a transaction whole across its tables or not at all."""
         if collections is None:
             return None
+        captured = self.capture.tables
         for table, expected in sorted(collections.items()):
-            member = next((m for m in self.capture.members if _qualified(m.table) == table), None)
-            if member is None:
+            if table not in captured:
                 return (f"END counts {expected} change event(s) of {table}, a table {self.capture.describe()} does "
                         "not capture")
-            if topics[member.cdc_topic] != expected:
-                return f"{topics[member.cdc_topic]} change event(s) of {table} arrived, END counts {expected}"
+            if topics[captured[table]] != expected:
+                return f"{topics[captured[table]]} change event(s) of {table} arrived, END counts {expected}"
         return None
 
     def _apply_direct(self, cur, ends: dict[int, tuple], arrived: dict[int, dict[int, tuple[dict, Change]]],
@@ -271,7 +288,7 @@ class ChangeWriter:
                          LEFT JOIN tidemark_control.cdc_pending p ON p.consumer = t.consumer AND p.txid = t.txid
                         WHERE t.consumer = %s GROUP BY 1, 2, 3, 6 ORDER BY t.commit_lsn""", (self.consumer,))
         txs = cur.fetchall()
-        waiting = self._waiting(cur, [tx[0] for tx in txs]) if any(tx[5] for tx in txs) else {}
+        waiting = self._waiting(cur, [tx[0] for tx in txs]) if any(tx[5] for tx in txs) else {}  # per topic
         ready: list[tuple[int, int, int]] = []  # (txid, commit lsn, changes): to apply, in commit order
         resolved: list[int] = []  # applied, dead-lettered or redelivered: they wait no longer
         again = 0
@@ -279,7 +296,8 @@ class ChangeWriter:
             uneven = None
             if lsn <= applied:  # delivered again after the position moved past it
                 again += got
-            elif got < count and not any(tx[3] >= tx[2] for tx in txs[i + 1:]):
+            elif got < count and not self._overtaken(cur, txs, i, _plain(collections),
+                                                     waiting.get(txid, (0, 0, 0, Counter()))[3]):
                 break  # the rest may still come; transactions apply in commit order
             elif got != count or bad or (uneven := self._uneven(_plain(collections),
                                                                  waiting.get(txid, (0, 0, 0, Counter()))[3])):
@@ -424,11 +442,6 @@ def _ddl(cur, change: Callable[[], None], what: str) -> None:
         cur.execute("ROLLBACK TO SAVEPOINT cdc_ddl")
         raise ValueError(f"{what} refused by the warehouse: {' '.join(str(exc).split())}") from None
     cur.execute("RELEASE SAVEPOINT cdc_ddl")
-
-
-def _qualified(table: str) -> str:
-    """A table's name as Debezium's END names it (``schema.table``)."""
-    return table if "." in table else f"public.{table}"
 
 
 def _plain(collections: Any) -> dict[str, int] | None:

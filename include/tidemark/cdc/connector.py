@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidemark.cdc.signing import CONVERTER, SigningKey
-from tidemark.spec import PipelineSpec
+from tidemark.spec import PipelineSpec, quote
 
 if TYPE_CHECKING:
     from tidemark.cdc.groups import Capture
@@ -52,8 +52,14 @@ def connector_config(capture: Capture, source: SourceEndpoint, *, replication_fa
     for name in (source.secret_file, source.signing.secret_file):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise ValueError(f"secret file name {name!r}: letters, digits, '.', '_', '-' only")
-    tables = ",".join(re.escape(m.table if "." in m.table else f"public.{m.table}") for m in capture.members)
-    return {
+    tables = ",".join(re.escape(t) for t in capture.tables)
+    heartbeat = {} if capture.heartbeat_table is None else {
+        # a source transaction at every heartbeat, in the group's stream: its position moves on while its tables
+        # are quiet (a member's batch commits once the stream has passed its snapshot)
+        "heartbeat.action.query": f"INSERT INTO {quote(capture.heartbeat_table)} (capture, beat_at) VALUES "
+                                  f"('{capture.name}', now()) ON CONFLICT (capture) DO UPDATE SET beat_at = "
+                                  "EXCLUDED.beat_at"}
+    return {**heartbeat,
         "connector.class": CONNECTOR_CLASS,
         "tasks.max": "1",  # one slot is read by one task: the log's order is the apply order
         "plugin.name": "pgoutput",  # PostgreSQL's own logical decoding output, no server extension

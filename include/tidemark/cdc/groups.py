@@ -24,6 +24,14 @@ from tidemark.ledger import consumer_for
 from tidemark.spec import PipelineSpec, load_specs
 
 
+HEARTBEAT_TABLE = "tidemark_heartbeat"
+
+
+def _qualified(table: str) -> str:
+    """A table's name as Debezium names it (``schema.table``)."""
+    return table if "." in table else f"public.{table}"
+
+
 @dataclass(frozen=True)
 class Capture:
     name: str  # the group's name, or the pipeline's when it is captured alone
@@ -55,9 +63,30 @@ class Capture:
         return self.lead.cdc_transaction_topic
 
     @property
+    def heartbeat_table(self) -> str | None:
+        """A group's heartbeat on the source (``schema.tidemark_heartbeat``, in its lead's schema): Debezium
+        writes the group's row at every heartbeat (``heartbeat.action.query``), a source transaction in the
+        group's stream, so the group's applied position passes every member batch's snapshot even while
+        its tables are quiet (``tidemark.sink.commit``). None for a pipeline captured alone."""
+        if not self.grouped:
+            return None
+        return f"{_qualified(self.lead.table).split('.')[0]}.{HEARTBEAT_TABLE}"
+
+    @property
+    def heartbeat_topic(self) -> str | None:
+        return f"{self.lead.cdc_topic_prefix}.{self.heartbeat_table}" if self.heartbeat_table else None
+
+    @property
     def topics(self) -> dict[str, int]:
         """Every topic the lead's sink reads for the capture (one partition each: the log's order)."""
-        return {**{m.cdc_topic: 1 for m in self.members}, self.transaction_topic: 1}
+        heartbeat = {self.heartbeat_topic: 1} if self.heartbeat_topic else {}
+        return {**{m.cdc_topic: 1 for m in self.members}, **heartbeat, self.transaction_topic: 1}
+
+    @property
+    def tables(self) -> dict[str, str]:
+        """Each captured table (``schema.table``, as END's counts name it) and its change topic."""
+        found = {_qualified(m.table): m.cdc_topic for m in self.members}
+        return {**found, self.heartbeat_table: self.heartbeat_topic} if self.heartbeat_table else found
 
     def member_for(self, topic: str) -> PipelineSpec | None:
         return next((m for m in self.members if m.cdc_topic == topic), None)

@@ -31,10 +31,15 @@ def grant_sql(capture: Capture, role: str) -> list[str]:
     """Once per capture, by the tables' owner: deletes that carry their whole row, the publication of
     every table it captures, and the role's right to read them (Debezium reads their schema)."""
     tables = [m.table for m in capture.members]
+    beat = capture.heartbeat_table
+    heartbeat = [] if beat is None else [  # Debezium writes the group's row at each heartbeat (tidemark.cdc.groups)
+        f"CREATE TABLE IF NOT EXISTS {quote(beat)} (capture text PRIMARY KEY, beat_at timestamptz NOT NULL)",
+        f"GRANT SELECT, INSERT, UPDATE ON {quote(beat)} TO {quote(role)}"]
     return [
+        *heartbeat,
         # a DELETE then carries the row it deleted: kept, audited, in tidemark_control.cdc_deletions
         *(f"ALTER TABLE {quote(t)} REPLICA IDENTITY FULL" for t in tables),
-        f"CREATE PUBLICATION {quote(capture.slot)} FOR TABLE {', '.join(quote(t) for t in tables)}",
+        f"CREATE PUBLICATION {quote(capture.slot)} FOR TABLE {', '.join(quote(t) for t in [*tables, *([beat] if beat else [])])}",
         *(f"GRANT USAGE ON SCHEMA {quote(s)} TO {quote(role)}" for s in dict.fromkeys(_table(m)[0]
                                                                                      for m in capture.members)),
         *(f"GRANT SELECT ON {quote(t)} TO {quote(role)}" for t in tables),
@@ -62,36 +67,44 @@ def check_capture(cur, capture: Capture, role: str) -> None:
     else:
         published = False
     for spec in capture.members:
-        missing += _table_missing(cur, spec, publication, role, check_published=not published)
+        missing += _table_missing(cur, spec.table, publication, role, check_published=not published)
+    if capture.heartbeat_table is not None:
+        missing += _table_missing(cur, capture.heartbeat_table, publication, role, check_published=not published,
+                                  heartbeat=True)
     if missing:
         raise CaptureNotReady(f"{capture.describe()}: the source is not set up for capture: " + "; ".join(missing)
                               + ". Next: have the tables' owner run those statements on the source, then run the "
                               "supervisor again")
 
 
-def _table_missing(cur, spec: PipelineSpec, publication: str, role: str, *, check_published: bool) -> list[str]:
-    """What one captured table lacks: its place in the publication, its full replica identity, the role's SELECT."""
-    schema, table = _table(spec)
+def _table_missing(cur, name: str, publication: str, role: str, *, check_published: bool,
+                   heartbeat: bool = False) -> list[str]:
+    """What one captured table lacks: its place in the publication, its full replica identity (a group's
+    heartbeat: never deleted from), the role's SELECT (the heartbeat's: INSERT and UPDATE too)."""
+    schema, table = name.split(".") if "." in name else ("public", name)
     missing: list[str] = []
     if check_published:
         cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
                     (publication, schema, table))
         if cur.fetchone() is None:
-            missing.append(f"publication {publication} does not hold {spec.table}: ALTER PUBLICATION "
-                           f"{quote(publication)} ADD TABLE {quote(spec.table)}")
-    cur.execute("SELECT relreplident FROM pg_class WHERE oid = to_regclass(%s)", (quote(spec.table),))
+            missing.append(f"publication {publication} does not hold {name}: ALTER PUBLICATION "
+                           f"{quote(publication)} ADD TABLE {quote(name)}")
+    cur.execute("SELECT relreplident FROM pg_class WHERE oid = to_regclass(%s)", (quote(name),))
     found = cur.fetchone()
     if found is None:
-        return [*missing, f"table {spec.table} does not exist"]
-    if found[0] != "f":
-        missing.append(f"a DELETE on {spec.table} would carry only its key, not the row it deleted: "
-                       f"ALTER TABLE {quote(spec.table)} REPLICA IDENTITY FULL")
+        return [*missing, f"table {name} does not exist" + (
+            f": CREATE TABLE {quote(name)} (capture text PRIMARY KEY, beat_at timestamptz NOT NULL)" if heartbeat else "")]
+    if found[0] != "f" and not heartbeat:
+        missing.append(f"a DELETE on {name} would carry only its key, not the row it deleted: "
+                       f"ALTER TABLE {quote(name)} REPLICA IDENTITY FULL")
     cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
     if cur.fetchone() is not None:
-        cur.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", (role, quote(spec.table)))
+        rights = "SELECT, INSERT, UPDATE" if heartbeat else "SELECT"
+        cur.execute("SELECT bool_and(has_table_privilege(%s, %s, r)) FROM unnest(%s::text[]) r",
+                    (role, quote(name), rights.split(", ")))
         if not cur.fetchone()[0]:
-            missing.append(f"role {role} may not read {spec.table}: GRANT USAGE ON SCHEMA {quote(schema)} TO "
-                           f"{quote(role)}; GRANT SELECT ON {quote(spec.table)} TO {quote(role)}")
+            missing.append(f"role {role} may not {'write' if heartbeat else 'read'} {name}: GRANT USAGE ON SCHEMA "
+                           f"{quote(schema)} TO {quote(role)}; GRANT {rights} ON {quote(name)} TO {quote(role)}")
     return missing
 
 

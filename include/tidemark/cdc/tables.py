@@ -15,6 +15,7 @@ from tidemark.cdc.changes import Shape, shape_of_column
 from tidemark.cdc.groups import capture_consumer
 from tidemark.columns import target_columns
 from tidemark.spec import PipelineSpec, quote
+from tidemark.window import literal
 
 CDC_COLUMNS = ("_tm_txid", "_tm_lsn", "_tm_deleted", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")
 
@@ -80,16 +81,17 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
 
     batch, live, cursor = quote(spec.target_table), quote(cdc.target_table), quote(spec.cursor.column)
     same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
+    ready = f" AND {group_ready(cdc.group)}" if cdc.group else ""
 
     def make() -> None:
         cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
             SELECT {side("b", batch_cols)} FROM {batch} b
              WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key}
-                                 AND (r.{cursor} > b.{cursor} OR (r._tm_deleted AND r.{cursor} >= b.{cursor})))
+                                 AND (r.{cursor} > b.{cursor} OR (r._tm_deleted AND r.{cursor} >= b.{cursor}))){ready}
             UNION ALL
             SELECT {side("r", live_cols)} FROM {live} r
              WHERE NOT r._tm_deleted
-               AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
+               AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor}){ready}""")
 
     if again and names[:len(shown := _view_columns(cur, view))] != shown:
         # a column in a new place: a view cannot be replaced with its columns moved; its grants are given back
@@ -107,6 +109,20 @@ def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> 
                (SELECT (SELECT to_timestamp(source_ms / 1000.0) FROM tidemark_control.cdc_positions
                          WHERE consumer = %(consumer)s) AS stream_watermark) s""",
                 {"pipeline": spec.name, "consumer": capture_consumer(spec)})
+
+
+def group_ready(group: str) -> str:
+    """The condition under which a capture group's serving views show rows: every member (as its lead's
+    sink registered them, ``ledger.register_group``) has a committed handoff. Until then each shows none:
+    one member's rows beside another's missing ones would be a state the source never had. Read in the
+    reader's own snapshot, with the rows: the views appear together, at one moment of the group's stream
+    (a member's batch commits only once the stream has passed its snapshot)."""
+    return f"""EXISTS (SELECT 1 FROM tidemark_control.capture_groups g WHERE g.name = {literal(group)}
+                  AND NOT EXISTS (SELECT 1 FROM unnest(g.members) m(pipeline) WHERE NOT EXISTS (
+                      SELECT 1 FROM tidemark_control.cdc_handoffs h
+                        JOIN tidemark_control.batches hb ON hb.batch_id = h.batch_id
+                                                        AND hb.committed_attempt = h.attempt
+                       WHERE h.pipeline = m.pipeline AND hb.state = 'committed')))"""
 
 
 def _view_columns(cur, view: str) -> list[str]:

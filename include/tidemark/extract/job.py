@@ -69,8 +69,8 @@ def reading_in_snapshot(x: Extract) -> Iterator[None]:
     so the watermark, stay as planned either way."""
     spec = x.spec
     params = connect_params(x.args.database, x.args.user, x.secret, application=x.application)
-    if not x.args.handoff:
-        with snapshot.exported(params) as s:
+    if not x.args.handoff:  # a capture group member's batch commits once the group's stream passed its snapshot
+        with snapshot.exported(params, wal=spec.cdc is not None and spec.cdc.group is not None) as s:
             x.snapshot, x.taken = s.name, s
             print(f"{x.tag}: reading in one snapshot of the source, taken at {s.taken_at} ({s.seen}), held at most "
                   f"max_snapshot_hold {spec.max_snapshot_hold}", flush=True)
@@ -296,7 +296,8 @@ def report_totals(x: Extract, counted, before: dict[int, int], after: dict[int, 
                if x.handoff is not None else None)
     rows = sum(t["rows"] for t in report.values())
     out = {"totals": report, "rows": rows, "handoff": handoff,
-           "snapshot": {"taken_at": x.taken.taken_at, "snapshot": x.taken.seen} if x.taken is not None else None}
+           "snapshot": {"taken_at": x.taken.taken_at, "snapshot": x.taken.seen, "wal": x.taken.wal}
+           if x.taken is not None else None}
     if loads is not None:
         out["loads"] = loads
     else:

@@ -26,6 +26,49 @@ def record_handoff(cur, pipeline: str, batch_id: str, attempt: int, slot: str, c
                 (batch_id, attempt, pipeline, slot, consistent_point))
 
 
+def record_snapshot_wal(cur, batch_id: str, attempt: int, wal: str) -> None:
+    """The WAL position just after a capture group member's extract took its snapshot (its report's)."""
+    cur.execute("UPDATE tidemark_control.batch_attempts SET snapshot_wal = %s::pg_lsn WHERE batch_id = %s AND attempt = %s",
+                (wal, batch_id, attempt))
+
+
+def snapshot_wal(cur, batch_id: str, attempt: int) -> int | None:
+    """Where a capture group member's attempt read the source, as a WAL position: its handoff's, or its
+    snapshot's (None: not recorded, a batch of a pipeline in no group)."""
+    cur.execute("""SELECT coalesce(h.consistent_point, a.snapshot_wal) - '0/0'::pg_lsn
+                     FROM tidemark_control.batch_attempts a
+                     LEFT JOIN tidemark_control.cdc_handoffs h ON h.batch_id = a.batch_id AND h.attempt = a.attempt
+                    WHERE a.batch_id = %s AND a.attempt = %s""", (batch_id, attempt))
+    row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def stream_position(cur, consumer: str) -> int:
+    """The commit position a capture's stream has applied (-1: none yet)."""
+    cur.execute("SELECT commit_lsn FROM tidemark_control.cdc_positions WHERE consumer = %s", (consumer,))
+    row = cur.fetchone()
+    return row[0] if row else -1
+
+
+def sealed_with_every_end(cur, pipeline: str, partitions: int) -> list[tuple[str, int]]:
+    """The pipeline's sealed attempts whose END came on every partition: complete, not yet committed
+    (a capture group member's waits for the group's stream to pass its snapshot)."""
+    cur.execute("""SELECT a.batch_id, a.attempt FROM tidemark_control.batch_attempts a
+                     JOIN tidemark_control.batches b ON b.batch_id = a.batch_id
+                    WHERE b.pipeline = %s AND a.state = 'sealed'
+                      AND (SELECT count(*) FROM tidemark_control.batch_ends e
+                            WHERE e.batch_id = a.batch_id AND e.attempt = a.attempt) = %s
+                    ORDER BY a.sealed_at""", (pipeline, partitions))
+    return [(batch_id, attempt) for batch_id, attempt in cur.fetchall()]
+
+
+def register_group(cur, name: str, members: list[str]) -> None:
+    """A capture group's members as its lead sees them (its serving views wait for every one's handoff)."""
+    cur.execute("""INSERT INTO tidemark_control.capture_groups (name, members) VALUES (%s, %s)
+                   ON CONFLICT (name) DO UPDATE SET members = EXCLUDED.members, updated_at = clock_timestamp()
+                   WHERE capture_groups.members IS DISTINCT FROM EXCLUDED.members""", (name, members))
+
+
 def committed_handoff(cur, pipeline: str) -> HandoffPosition | None:
     """The pipeline's handoff: the latest committed handoff batch's position (None: none committed)."""
     cur.execute("""SELECT h.batch_id, h.attempt, h.slot, h.consistent_point::text

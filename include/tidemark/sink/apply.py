@@ -187,6 +187,10 @@ class BatchSink(Intake, Commit):
         for rec, msg in ends:
             if self._end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
                 complete.append((msg.batch_id, msg.attempt))
+        if self.events is not None and self.capture is not None and self.capture.grouped:
+            # a capture group's lead: its own batches that waited for the stream may commit now
+            complete += [a for a in ledger.sealed_with_every_end(cur, self.spec.name, self.spec.partitions)
+                         if a not in complete]
         for batch_id, attempt in complete:
             with report.steps.step("apply"):
                 self._verify_and_apply(cur, batch_id, attempt, report)

@@ -12,6 +12,7 @@ import psycopg2.errors
 
 from tidemark import catalog, ledger
 from tidemark.avro import sql_type, widens
+from tidemark.cdc.changes import lsn_text
 from tidemark.cdc.tables import ensure_cdc_serving_view
 from tidemark.cdc.tables import widen_columns as widen_cdc_columns
 from tidemark.control import ControlMessage
@@ -25,6 +26,7 @@ from tidemark.stage import HASH, OFFSET, PARTITION, STAGE_SCHEMA
 from tidemark.totals import staged_mismatch
 
 log = logging.getLogger("tidemark.sink")
+GROUP_WAIT_S = 300.0  # how long a capture group member's batch waits for the group's stream to pass its snapshot
 
 
 
@@ -72,7 +74,7 @@ class Commit:
         log.error("pipeline=%s %s", self.spec.name, message)
 
     def _verify_and_apply(self, cur, batch_id: str, attempt: int, report: MicroBatchReport) -> None:
-        if not self._sealed(cur, batch_id, attempt):
+        if not self._sealed(cur, batch_id, attempt) or self._ahead_of_stream(cur, batch_id, attempt):
             return
         verified = self._verify(cur, batch_id, attempt, report)
         if verified is None:
@@ -98,6 +100,34 @@ class Commit:
             f"-> {window.hi}" if moved else "unchanged (backfill, repair or older window)",
             f"; {compacted}" if compacted is not None else "",
         )
+
+    def _ahead_of_stream(self, cur, batch_id: str, attempt: int) -> bool:
+        """Whether a capture group member's attempt must wait: it commits once the group's stream has applied
+        every source transaction its snapshot saw, so that its rows never show its table ahead of the
+        group's others (``tidemark.cdc.groups``). The lead, whose own micro-batches move the stream, tries
+        again with the next one; another member waits here, and past ``GROUP_WAIT_S`` fails its micro-batch
+        (nothing committed: the END is read again when the sink starts again)."""
+        if self.capture is None or not self.capture.grouped:
+            return False
+        wal = ledger.snapshot_wal(cur, batch_id, attempt)
+        if wal is None:
+            return False  # no snapshot position (a repair's keys, or planned before the pipeline joined the group)
+        lead = self.capture.lead.name == self.spec.name
+        deadline = time.monotonic() + (0 if lead else GROUP_WAIT_S)
+        while (position := ledger.stream_position(cur, self.capture.consumer)) < wal:
+            where = (f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: capture group "
+                     f"{self.capture.name}'s stream has applied up to {lsn_text(position) if position >= 0 else 'nothing'}, "
+                     f"short of this attempt's snapshot at {lsn_text(wal)}")
+            if lead:
+                log.info("%s: it waits (committed with a micro-batch once the stream has passed it)", where)
+                return True
+            if time.monotonic() > deadline:
+                raise SinkError(f"{where} after {GROUP_WAIT_S:.0f} s: nothing of it applied. Next: see why the group's "
+                                f"stream is behind (its lead pipeline {self.capture.lead.name}'s line in the "
+                                "tidemark_supervisor task's log, the status page); this sink reads the END again when it "
+                                "starts again")
+            time.sleep(1.0)
+        return False
 
     def _sealed(self, cur, batch_id: str, attempt: int) -> bool:
         """Whether the attempt is sealed, read under its lock; one no longer open loses its stage."""

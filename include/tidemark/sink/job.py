@@ -88,7 +88,7 @@ def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> Ba
     """The sink over ``conn``, its control schema, real-time target and topics in place."""
     from tidemark.catalog import ensure_stream_target
     from tidemark.cdc.groups import load_capture
-    from tidemark.cdc.tables import ensure_cdc_target
+    from tidemark.cdc.tables import ensure_cdc_serving_view, ensure_cdc_target
 
     # a capture group's lead applies every member's changes: their real-time tables and topics too
     capture = load_capture(spec, Path(args.spec).parent) if spec.cdc is not None else None
@@ -98,9 +98,15 @@ def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> Ba
             try:  # the sink may start before the first event: the topics too (refused if their partitions differ)
                 if spec.stream is not None:
                     ensure_stream_target(cur, spec)
-                else:
-                    for member in capture.members if capture.lead.name == spec.name else (spec,):
+                elif capture.lead.name == spec.name:  # the lead applies every member's changes
+                    for member in capture.members:
                         ensure_cdc_target(cur, member)
+                    if capture.grouped:  # the views show rows once every member's handoff has committed
+                        ledger.register_group(cur, capture.name, [m.name for m in capture.members])
+                        for member in capture.members:
+                            ensure_cdc_serving_view(cur, member, again=True)
+                else:
+                    ensure_cdc_target(cur, spec)
                 for topic, partitions in (capture.realtime_topics(spec) if capture else spec.realtime_topics).items():
                     ensure_topic(args.bootstrap, topic, partitions)
             except (LookupError, ValueError) as exc:

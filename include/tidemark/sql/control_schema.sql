@@ -405,6 +405,16 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_handoffs (
     PRIMARY KEY (batch_id, attempt),
     FOREIGN KEY (batch_id, attempt) REFERENCES tidemark_control.batch_attempts
 );
+-- A capture group's member batch attempt: the source's WAL position just after its snapshot (every commit
+-- it saw lies before it); it commits once the group's stream has applied past it (tidemark.cdc.groups).
+ALTER TABLE tidemark_control.batch_attempts ADD COLUMN IF NOT EXISTS snapshot_wal pg_lsn;
+-- A capture group's members, as its lead's sink last saw them: its serving views show rows once every
+-- member's handoff has committed (tidemark.cdc.tables).
+CREATE TABLE IF NOT EXISTS tidemark_control.capture_groups (
+    name        text PRIMARY KEY,
+    members     text[] NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 -- The nightly batch corrects the speed layer of a CDC pipeline (tidemark/cdc/compact.py), in its commit:
 -- a deletion the change stream learned reaches the batch target, each row it deletes kept here
 -- (append-only); a real-time version the batch holds with other values at the same cursor is drift.
