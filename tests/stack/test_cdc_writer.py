@@ -42,6 +42,7 @@ class Source:
     def __init__(self, spec):
         self.data, self.tx = spec.cdc_topic, spec.cdc_transaction_topic
         self.txid, self.lsn = 5000, 1 << 32
+        self.last_end = None  # the commit before the next transaction (Debezium's source.sequence)
 
     def transaction(self, *changes: tuple[str, int, str]) -> tuple[list[dict], dict]:
         """(op, id, amount) each: the change events, and the END."""
@@ -51,11 +52,13 @@ class Source:
             self.lsn += 100
             row = {"id": key, "amount": amount, "currency": "EUR", "updated_at": "2026-11-26T01:02:03Z"}
             payload = {"op": op, "before": row if op == "d" else None, "after": None if op == "d" else row,
-                       "source": {"txId": self.txid, "lsn": self.lsn, "ts_ms": 1795658635089},
+                       "source": {"txId": self.txid, "lsn": self.lsn, "ts_ms": 1795658635089,
+                                  "sequence": json.dumps([self.last_end and str(self.last_end), str(self.lsn)])},
                        "transaction": {"id": f"{self.txid}:{self.lsn}", "total_order": order}}
             events.append(_record(self.data, {"schema": SCHEMA, "payload": payload}))
         self.lsn += 100
         end = {"status": "END", "id": f"{self.txid}:{self.lsn}", "event_count": len(changes)}
+        self.last_end = self.lsn
         return events, _record(self.tx, {"schema": {}, "payload": end})
 
 
@@ -78,7 +81,7 @@ def writer(settings, tmp_path):
         yield pipe, ChangeWriter(captured(pipe.spec), consumer, Verifier(settings.control_keyring())), wh, consumer
     finally:
         with wh, wh.cursor() as cur:
-            for table in ("cdc_pending", "cdc_transactions", "cdc_positions"):
+            for table in ("cdc_pending", "cdc_transactions", "cdc_positions", "cdc_resolved"):
                 cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer,))
         wh.close()
 
@@ -165,6 +168,19 @@ def test_transactions_apply_in_commit_order_whole_once_however_the_topics_delive
     assert ["no tidemark.signature header" in rejected[0], "does not match" in rejected[1],
             "does not match" in rejected[2], "not-ours" in rejected[3] and key_id in rejected[3]] == [True] * 4
     assert state()[0][-1] == (9, "9.90", False) and state()[1:] == ((0, 0), source.txid)
+
+    # a genuine event produced again alone, after its transaction applied: a duplicate, waiting for nothing
+    report, rejected = _micro_batch(changes, wh, t8[:1], 9)
+    assert (report.events, report.duplicates, rejected) == (0, 1, []) and state()[1:] == ((0, 0), source.txid)
+    # a transaction whose END never comes (lost, or refused as forged) while a later one applies: its events
+    # are dead letters with the reason, never counted as duplicates
+    lost, _ = source.transaction(("c", 10, "10.00"))
+    later, end_later = source.transaction(("c", 11, "11.00"))
+    report, rejected = _micro_batch(changes, wh, [*lost, *later, end_later], 10)
+    assert (report.events, report.duplicates) == (1, 0) and len(rejected) == 1, rejected
+    assert "its END never arrived" in rejected[0], rejected
+    rows, waiting, position = state()
+    assert 10 not in [r[0] for r in rows] and 11 in [r[0] for r in rows] and waiting == (0, 0)
 
 
 def test_a_widened_column_keeps_the_serving_view_and_its_grants_and_another_view_on_the_table_refuses_it(writer):

@@ -261,6 +261,7 @@ class ChangeWriter:
                      "skipped", self.spec.name, sum(len(arrived.get(t, {})) for t in again), lsn_text(applied))
         done = [txid for txid, *_ in whole] + again
         if done:
+            self._resolved(cur, done)
             report.duplicates += duplicates
             report.events += sum(count for *_, count in whole)
             for table, kept in (("cdc_pending", waiting), ("cdc_transactions", stored)):
@@ -281,7 +282,7 @@ class ChangeWriter:
     def _resolve(self, cur, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
         """Apply every waiting transaction that is complete, in commit order, up to the first that is not."""
         applied = self._position(cur)
-        self._drop_passed(cur, applied, report)
+        self._drop_passed(cur, applied, report, reject)
         cur.execute("""SELECT t.txid, t.commit_lsn, t.event_count, count(p.txid), count(p.txid) FILTER (WHERE p.op = 'x'),
                               t.collections
                          FROM tidemark_control.cdc_transactions t
@@ -319,26 +320,49 @@ class ChangeWriter:
                         (self.consumer, resolved))
             self._move_position(cur, last_lsn, last_txid, cur.fetchone()[0])
         if resolved:
+            self._resolved(cur, resolved)
             cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s)",
                         (self.consumer, resolved))
             cur.execute("DELETE FROM tidemark_control.cdc_transactions WHERE consumer = %s AND txid = ANY(%s)",
                         (self.consumer, resolved))
 
-    def _drop_passed(self, cur, applied: int, report) -> None:
-        """Changes waiting with no END whose transaction is done (the applied position is past the commit
-        streamed before it, ``changes.after_commit``): a genuine record produced again, alone. Dropped and
-        counted as duplicates, never waiting for ever."""
-        cur.execute("""DELETE FROM tidemark_control.cdc_pending p
+    def _resolved(self, cur, txids: list[int]) -> None:
+        """Remember for an hour the transactions that wait no longer (``_drop_passed`` tells a redelivery by them)."""
+        execute_values(cur, "INSERT INTO tidemark_control.cdc_resolved (consumer, txid) VALUES %s ON CONFLICT DO NOTHING",
+                       [(self.consumer, t) for t in txids])
+        cur.execute("DELETE FROM tidemark_control.cdc_resolved WHERE consumer = %s "
+                    "AND resolved_at < clock_timestamp() - interval '1 hour'", (self.consumer,))
+
+    def _drop_passed(self, cur, applied: int, report, reject: Reject) -> None:
+        """Changes waiting with no END whose place the stream has passed (the applied position is past the
+        commit streamed before them, ``changes.after_commit``): never waiting for ever. Of a transaction
+        resolved within the hour, a genuine record produced again: dropped, counted as duplicates. Of any
+        other, its END never came (lost, or refused as forged) while later transactions applied: dead
+        letters, with the reason, never counted as duplicates."""
+        cur.execute("""SELECT DISTINCT p.txid, EXISTS (SELECT 1 FROM tidemark_control.cdc_resolved r
+                                                         WHERE r.consumer = p.consumer AND r.txid = p.txid)
+                         FROM tidemark_control.cdc_pending p
                         WHERE p.consumer = %(c)s AND p.after_commit < %(applied)s
                           AND NOT EXISTS (SELECT 1 FROM tidemark_control.cdc_transactions t
-                                           WHERE t.consumer = p.consumer AND t.txid = p.txid)
-                    RETURNING p.txid""", {"c": self.consumer, "applied": applied})
-        dropped = [txid for txid, in cur.fetchall()]
-        if dropped:
-            report.duplicates += len(dropped)
-            log.info("pipeline=%s %s change(s) of source transaction(s) %s arrived again alone, after the position "
-                     "applied (%s) had passed them: redeliveries, dropped and counted as duplicates", self.spec.name,
-                     len(dropped), _span(sorted(set(dropped))), lsn_text(applied))
+                                           WHERE t.consumer = p.consumer AND t.txid = p.txid)""",
+                    {"c": self.consumer, "applied": applied})
+        passed = cur.fetchall()
+        for txid in sorted(t for t, known in passed if not known):
+            self._dead_letter(cur, txid, f"pipeline={self.spec.name} source transaction {txid} not applied: the stream "
+                              f"applied later transactions (up to {lsn_text(applied)}) and its END never arrived (lost, "
+                              "or refused as a dead letter itself): its change events cannot be known to be all of it",
+                              reject)
+        if passed:
+            cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s) RETURNING "
+                        "txid IN (SELECT txid FROM tidemark_control.cdc_resolved WHERE consumer = %s)",
+                        (self.consumer, [t for t, _ in passed], self.consumer))
+            again = sum(1 for known, in cur.fetchall() if known)
+            report.duplicates += again
+            if again:
+                log.info("pipeline=%s %s change(s) of source transaction(s) %s arrived again alone, after the position "
+                         "applied (%s) had passed them: redeliveries, dropped and counted as duplicates",
+                         self.spec.name, again, _span(sorted(t for t, known in passed if known)), lsn_text(applied))
+            self._resolved(cur, [t for t, _ in passed])
 
     def _tag(self, txid: int, lsn: int, count: int) -> str:
         return f"pipeline={self.spec.name} source transaction {txid} (commit {lsn_text(lsn)}, {count} change(s))"

@@ -345,6 +345,16 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_transactions (
 );
 -- END's events per table (schema.table -> count): a capture group's transaction applies whole across its tables
 ALTER TABLE tidemark_control.cdc_transactions ADD COLUMN IF NOT EXISTS collections jsonb;
+-- The source transactions a consumer resolved (applied, dead-lettered or skipped as redelivered) in the last
+-- hour: a change event arriving alone after the stream passed its transaction is a redelivery only if its
+-- transaction is here; otherwise its END never came (lost, or refused as forged) and it is a dead letter.
+CREATE TABLE IF NOT EXISTS tidemark_control.cdc_resolved (
+    consumer     text NOT NULL,
+    txid         bigint NOT NULL,
+    resolved_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (consumer, txid)
+);
+CREATE INDEX IF NOT EXISTS cdc_resolved_at ON tidemark_control.cdc_resolved (consumer, resolved_at);
 -- The last source transaction applied, per consumer: one at or before it is a redelivery (a no-op).
 CREATE TABLE IF NOT EXISTS tidemark_control.cdc_positions (
     consumer     text PRIMARY KEY,
