@@ -31,6 +31,7 @@ from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.groups import capture_of
 from tidemark.spark import jobs
 from tidemark.spec import load_spec
+from tidemark.status import collect, load_pipelines, status_lines
 from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark.streams.launch import LocalLauncher
@@ -118,6 +119,15 @@ def _members(settings, tmp_path, schema: str) -> dict[str, Pipeline]:
     return pipes
 
 
+def status_line(pipe: Pipeline) -> str:
+    wh = pipe.wh()
+    try:
+        report = collect(load_pipelines(pipe.path.parent), wh, lambda conn_id: pipe.src())
+    finally:
+        wh.close()
+    return next(x for x in status_lines(report) if x.startswith(f"{pipe.spec.name}:"))
+
+
 def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transaction(settings, tmp_path, bootstrap):
     schema = f"tpcb_{uuid.uuid4().hex[:8]}"
     _source(settings, schema)
@@ -162,6 +172,10 @@ def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transactio
         until("the lead's handoff committed by its standing sink",
               lambda: lead.state(plan.batch_id, attempt) == "committed", timeout=240)
         assert reader.polls and all(p[3] == 0 for p in reader.polls), "no view may show a row before every handoff"
+        members = ", ".join(p.spec.name for p in sorted(pipes.values(), key=lambda p: p.spec.name))
+        line = status_line(pipes["t"])  # make status, on a member's row: its group, and why its view is empty
+        assert (f"capture: capture group {schema} (members {members}; one transaction whole across them): its serving "
+                "views show NO row until every member's handoff has committed" in line), line
         # the others read their tables in snapshots taken after the slot; each waits for the stream to pass it
         for key in ("t", "b"):
             member_plan, member_attempt = pipes[key].run(f"handoff-{key}")
@@ -170,6 +184,7 @@ def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transactio
                 assert ledger.snapshot_wal(cur, member_plan.batch_id, member_attempt) <= ledger.stream_position(
                     cur, capture.consumer)
         until("every view showing its rows", lambda: reader.polls[-1][3] == 100_000 + 10 + 1, timeout=120)
+        assert "its serving views show rows (every member's handoff committed)" in status_line(pipes["b"])
         time.sleep(20)  # the stream goes on under pgbench
         bench.terminate()
         bench.communicate(timeout=60)

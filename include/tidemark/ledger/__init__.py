@@ -40,7 +40,7 @@ from tidemark.ledger.streams import (  # noqa: F401
 )
 from tidemark.ledger.sink_state import (  # noqa: F401
     LeaseHeld, MICRO_BATCHES_KEPT, acquire_fence, add_loads, add_staged, advance_event_times,
-    advance_watermark, current_fence, data_rejects, end_lease, ends, forget_pipeline, forget_staged,
+    advance_watermark, current_fence, data_rejects, end_lease, ends, forget_capture, forget_pipeline, forget_staged,
     mark_published, micro_batch_committed, open_formats, open_windows, pending_reject_summary, pending_rejects,
     record_end, record_micro_batch, record_rejects, staged, store_offset, stored_offsets,
 )

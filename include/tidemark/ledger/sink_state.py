@@ -300,6 +300,15 @@ def forget_pipeline(cur, pipeline: str) -> None:
         cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer_for(pipeline),))
 
 
+def forget_capture(cur, consumer: str, group: str | None = None) -> None:
+    """Remove a capture's stream position, waiting changes and transactions (and its group's members):
+    for a demo that starts afresh, as ``forget_pipeline``."""
+    for table in ("cdc_pending", "cdc_transactions", "cdc_positions"):
+        cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s", (consumer,))
+    if group is not None:
+        cur.execute("DELETE FROM tidemark_control.capture_groups WHERE name = %s", (group,))
+
+
 def advance_event_times(cur, consumer: str, topic: str, newest: dict[int, Any]) -> None:
     """Per partition, the newest event time applied so far (never moves back)."""
     for partition, event_time in newest.items():

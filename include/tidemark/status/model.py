@@ -245,6 +245,9 @@ class CaptureStatus:
     connector_ok: bool | None = None  # False: failed, missing after the handoff, or Connect unreachable
     # a re-snapshot a person asked for that no committed handoff has answered yet (ledger.resnapshot_asked)
     resnapshot: ResnapshotRequest | None = None
+    group: str | None = None  # the capture group the pipeline is captured with (tidemark.cdc.groups)
+    members: tuple[str, ...] = ()  # the group's members as its lead's sink registered them
+    group_shown: bool | None = None  # the group's serving views show rows (every member's handoff committed)
 
     def text(self) -> str:
         """The whole capture: a waiting re-snapshot first (it explains a stopped connector and an unread
@@ -285,7 +288,16 @@ class CaptureStatus:
             slot = (f"slot {self.slot} {'read' if self.slot_active else 'UNREAD'}, wal_status {self.wal_status}, "
                     f"retains {byte_size(self.retained_bytes or 0)}")
         connector = f"connector {self.connector}; " if self.connector else ""
-        return f"{connector}{handoff}; {applied}; {slot}"
+        return f"{self.group_text()}{connector}{handoff}; {applied}; {slot}"
+
+    def group_text(self) -> str:
+        """The group's part of the line: its members, and whether its views show rows yet."""
+        if self.group is None:
+            return ""
+        members = ", ".join(self.members) or "not registered yet (its lead's sink has not started)"
+        shown = ("its serving views show rows (every member's handoff committed)" if self.group_shown else
+                 "its serving views show NO row until every member's handoff has committed")
+        return f"capture group {self.group} (members {members}; one transaction whole across them): {shown}; "
 
 
 

@@ -9,6 +9,7 @@ from tidemark import catalog, ledger
 from tidemark.cdc.changes import lsn_text
 from tidemark.cdc.connect import ConnectError
 from tidemark.cdc.groups import capture_consumer
+from tidemark.cdc.tables import group_ready
 from tidemark.cdc.source import Slot
 from tidemark.stage import STAGE_SCHEMA, rows_inserted, stage_table
 from tidemark.spec import PipelineSpec
@@ -79,7 +80,21 @@ def capture_status(cur, spec: PipelineSpec) -> CaptureStatus:
         lsn_text(applied) if applied is not None else None,
         datetime.fromtimestamp(source_ms / 1000, timezone.utc) if source_ms is not None else None, spec.cdc_slot,
         # the supervisor's and the plan's own test of a waiting request, so the page says what they do
-        resnapshot=ledger.resnapshot_asked(cur, spec.name))
+        resnapshot=ledger.resnapshot_asked(cur, spec.name), **_group(cur, spec))
+
+
+def _group(cur, spec: PipelineSpec) -> dict:
+    """A capture group member's group: its members as registered, and whether its views show rows."""
+    group = spec.cdc.group if spec.cdc is not None else None
+    if group is None:
+        return {}
+    cur.execute("SELECT to_regclass('tidemark_control.capture_groups') IS NULL")
+    if cur.fetchone()[0]:  # an older control schema: this page never creates tables
+        return {"group": group}
+    cur.execute("SELECT members FROM tidemark_control.capture_groups WHERE name = %s", (group,))
+    row = cur.fetchone()
+    cur.execute(f"SELECT {group_ready(group)}")
+    return {"group": group, "members": tuple(row[0]) if row else (), "group_shown": cur.fetchone()[0]}
 
 
 def with_connector(capture: CaptureStatus, connect, name: str) -> CaptureStatus:
