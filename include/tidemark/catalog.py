@@ -236,10 +236,11 @@ def ensure_serving_view(cur, spec: PipelineSpec) -> None:
 
 
 def freshness(cur, spec: PipelineSpec) -> dict[str, Any] | None:
-    """The serving view's freshness row (None: the pipeline has no stream, or its view is not made yet)."""
-    if spec.stream is None:
+    """The serving view's freshness row (None: the pipeline has no real-time input, or its view is not made yet)."""
+    realtime = spec.stream or spec.cdc
+    if realtime is None:
         return None
-    view = f"{spec.stream.serving_view}_freshness"
+    view = f"{realtime.serving_view}_freshness"
     cur.execute("SELECT to_regclass(%s)", (quote(view),))
     if cur.fetchone()[0] is None:
         return None

@@ -226,7 +226,8 @@ def _start_afresh(settings: Settings) -> None:
 
     from tidemark_workshop import bank
     from tidemark.kafka_io import delete_topic
-    from tidemark.ledger import ensure_control_schema, forget_pipeline
+    from tidemark.cdc.groups import captures
+    from tidemark.ledger import ensure_control_schema, forget_capture, forget_pipeline
     from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
     from tidemark.spec import load_spec, quote
 
@@ -252,13 +253,13 @@ def _start_afresh(settings: Settings) -> None:
                     cur.execute(f"DROP TABLE IF EXISTS {quote(realtime.target_table)}")
                 if spec.stream is not None:
                     delete_topic(settings.kafka_bootstrap, spec.stream.topic)
-        for spec in specs:
-            if spec.cdc is not None:  # the connector, slot, publication and topics of an earlier demo
-                remove_capture(settings, spec)
+            for capture in captures(specs):  # the capture group's stream position and members
+                forget_capture(cur, capture.consumer, capture.name if capture.grouped else None)
+        for capture in captures(specs):  # the connector, slot, publication and topics of an earlier demo
+            remove_capture(settings, capture.lead)
         bank.reset(src)
-        for spec in specs:
-            if spec.cdc is not None:  # what the table's owner runs once: publication, grants
-                grant(settings, spec)
+        for capture in captures(specs):  # what the tables' owner runs once: publication, heartbeat, grants
+            grant(settings, capture)
     finally:
         src.close()
         wh.close()
@@ -449,12 +450,25 @@ def _changes(settings: Settings, api, closed_in_error: int) -> bool:
     except StackError as exc:
         print(f"  {exc}: MISMATCH (the supervisor's log: tidemark_supervisor; the worker's: make logs connect)")
         return False
-    source = query(settings.source_db, f"SELECT {columns} FROM {spec.table} ORDER BY account_id")
-    served = query(WAREHOUSE_DB, f"SELECT {columns} FROM {view} ORDER BY account_id")
-    differ = len(set(source) ^ set(served))
-    print(f"  {view}: {len(served)} rows against the source's {len(source)}, {differ} missing, stray or different: "
-          f"{'OK' if differ == 0 else 'MISMATCH'}")
-    return differ == 0
+    same = True
+    # the group's other member: every posting's balance, applied with the rest of its source transaction
+    balances = load_spec(REPO_ROOT / "include" / "pipelines" / "bank_daily_balances.yaml")
+    for member, member_columns, order in ((spec, columns, "account_id"), (
+            balances, "account_id, business_date, opening, movements, closing, currency", "account_id, business_date")):
+        member_view = member.cdc.serving_view
+        source = query(settings.source_db, f"SELECT {member_columns} FROM {member.table} ORDER BY {order}")
+        try:
+            api.wait_for(f"{member_view} equal to the source", lambda: set(query(
+                WAREHOUSE_DB, f"SELECT {member_columns} FROM {member_view}")) == set(source), timeout_s=120)
+        except StackError:
+            pass  # the count below says how far apart they are
+        served = query(WAREHOUSE_DB, f"SELECT {member_columns} FROM {member_view} ORDER BY {order}")
+        differ = len(set(source) ^ set(served))
+        ok = differ == 0 and len(source) > 0  # a proof over no row proves nothing
+        print(f"  {member_view}: {len(served)} rows against the source's {len(source)}, {differ} missing, stray or "
+              f"different (capture group {member.cdc.group}): {'OK' if ok else 'MISMATCH'}")
+        same = same and ok
+    return same
 
 
 def main() -> int:
