@@ -138,9 +138,9 @@ class ChangeWriter:
             try:
                 shapes = HEARTBEAT_SHAPES if beat else self.shapes(cur, member)
                 event = change(rec["value"], shapes, self.schemas.read(rec["value"]))
-                if event.added:
+                if event.added and not beat:  # a column of the heartbeat's own is nothing to add anywhere
                     self._add_columns(cur, member, dict(event.added), event.txid)
-                if event.widened:
+                if event.widened and not beat:
                     self._widen_columns(cur, member, dict(event.widened), event.txid)
             except ValueError as exc:
                 place = _place(rec["value"])

@@ -57,7 +57,7 @@ def drop_slot(cur, slot: str) -> bool:
 
 @contextmanager
 def exported_snapshot(params: dict[str, Any], slot: str, publication: str, *,
-                      replace_stale: bool = False) -> Iterator[Handoff]:
+                      replace_stale: bool = False, keep_on_failure: bool = False) -> Iterator[Handoff]:
     """Create ``slot`` with an exported snapshot and hold the snapshot for the ``with`` block.
 
     ``params``: psycopg2 connection parameters of a role with REPLICATION on the source database.
@@ -65,7 +65,8 @@ def exported_snapshot(params: dict[str, Any], slot: str, publication: str, *,
     published). A slot of that name that no one reads (within ``RELEASE_WAIT_S``) is dropped first
     when ``replace_stale`` (the ledger planned a handoff: none completed, an earlier attempt died
     holding the slot, or a person asked for a re-snapshot and the supervisor stopped the connector);
-    any other slot in the way refuses the handoff."""
+    any other slot in the way refuses the handoff. ``keep_on_failure``: a capture group's slot stays when
+    the handoff fails (another member's handoff may already read in a snapshot taken after it)."""
     import psycopg2
     import psycopg2.extras
 
@@ -89,8 +90,9 @@ def exported_snapshot(params: dict[str, Any], slot: str, publication: str, *,
         if replication is not None:
             replication.close()  # the slot is free once its creator is gone
             replication = None
-            with admin.cursor() as cur:
-                drop_slot(cur, slot)
+            if not keep_on_failure:
+                with admin.cursor() as cur:
+                    drop_slot(cur, slot)
         raise
     finally:
         if replication is not None:
@@ -121,7 +123,7 @@ def member_handoff(params: dict[str, Any], slot: str, publication: str,
         with ExitStack() as stack:
             if held is None or held.wal_status == "lost":
                 handoff = stack.enter_context(exported_snapshot(params, slot, publication,
-                                                                replace_stale=held is not None))
+                                                                replace_stale=held is not None, keep_on_failure=True))
             else:
                 taken = stack.enter_context(snapshot_after())
                 handoff = Handoff(slot, taken.wal, taken.name)

@@ -3,6 +3,8 @@ them committed (the pipeline's handoff position: its stream starts there)."""
 
 from __future__ import annotations
 
+import psycopg2.errors
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +45,24 @@ def snapshot_wal(cur, batch_id: str, attempt: int) -> int | None:
     return int(row[0]) if row and row[0] is not None else None
 
 
-def stream_position(cur, consumer: str) -> int:
-    """The commit position a capture's stream has applied (-1: none yet)."""
-    cur.execute("SELECT commit_lsn FROM tidemark_control.cdc_positions WHERE consumer = %s", (consumer,))
-    row = cur.fetchone()
+def stream_position(cur, consumer: str, *, hold: bool = False) -> int:
+    """The commit position a capture's stream has applied (-1: none yet). ``hold``: its row is kept
+    from the applier's next move (FOR SHARE) until the caller's transaction ends, waiting at most a
+    minute for the applier's micro-batch in flight (past it: -1, ask again)."""
+    if not hold:
+        cur.execute("SELECT commit_lsn FROM tidemark_control.cdc_positions WHERE consumer = %s", (consumer,))
+        row = cur.fetchone()
+        return row[0] if row else -1
+    cur.execute("SAVEPOINT stream_position")
+    try:
+        cur.execute("SET LOCAL lock_timeout = '60s'")
+        cur.execute("SELECT commit_lsn FROM tidemark_control.cdc_positions WHERE consumer = %s FOR SHARE", (consumer,))
+        row = cur.fetchone()
+    except psycopg2.errors.LockNotAvailable:
+        cur.execute("ROLLBACK TO SAVEPOINT stream_position")  # (the lock_timeout too)
+        return -1
+    cur.execute("SET LOCAL lock_timeout TO DEFAULT")
+    cur.execute("RELEASE SAVEPOINT stream_position")
     return row[0] if row else -1
 
 

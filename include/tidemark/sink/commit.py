@@ -114,7 +114,10 @@ class Commit:
             return False  # no snapshot position (a repair's keys, or planned before the pipeline joined the group)
         lead = self.capture.lead.name == self.spec.name
         deadline = time.monotonic() + (0 if lead else GROUP_WAIT_S)
-        while (position := ledger.stream_position(cur, self.capture.consumer)) < wal:
+        # once past it, the position's row is held (FOR SHARE) to the commit: the lead, which takes it FOR UPDATE
+        # before it writes a member's real-time table, waits while this commit compacts that table
+        while (position := ledger.stream_position(cur, self.capture.consumer)) < wal or ledger.stream_position(
+                cur, self.capture.consumer, hold=True) < wal:
             where = (f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: capture group "
                      f"{self.capture.name}'s stream has applied up to {lsn_text(position) if position >= 0 else 'nothing'}, "
                      f"short of this attempt's snapshot at {lsn_text(wal)}")

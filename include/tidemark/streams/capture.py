@@ -108,9 +108,10 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     differs = stored is not None and any(stored.get(k) != v for k, v in wanted.items())
     # unread since it was last restarted, if that is later: a restarted task gets the whole window
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
-    # a group's stream starts once its slot exists: its members' handoffs commit only after the stream has
-    # passed their snapshots (tidemark.sink.commit), the first one's included
-    streams = handoff is not None or (capture.grouped and held is not None)
+    # a group's stream starts once its slot exists and the handoff that made it has let go of it (Debezium
+    # cannot read a slot another session holds): its members' handoffs commit only after the stream has passed
+    # their snapshots (tidemark.sink.commit), the first one's included
+    streams = handoff is not None or (capture.grouped and held is not None and not held.active)
     decision = decide(desired, state, differs, restarts, now, policy,
                       now - unread_since if unread_since is not None else None, handed_off=streams)
     if held is None and handoff is not None and desired == "running":
