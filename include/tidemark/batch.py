@@ -82,7 +82,10 @@ def plan(
         handoff = spec.cdc is not None and (ledger.committed_handoff(wh, spec.name) is None
                                             or (held := slot_named(src, spec.cdc_slot)) is None
                                             or held.wal_status == "lost"
-                                            or ledger.resnapshot_asked(wh, spec.name) is not None)
+                                            or ledger.resnapshot_asked(wh, spec.name) is not None
+                                            # a capture group's slot made again since (by another member)
+                                            or (spec.cdc.group is not None
+                                                and ledger.slot_made_after_handoff(wh, spec.name, spec.cdc_slot)))
         if spec.max_batch_rows is not None and not handoff:
             types = {name: type_ for name, type_, _ in catalog.source_columns(src, spec.table)}
             window = cap_rows(src, spec, window, types)
@@ -236,7 +239,8 @@ def record_extract(spec: PipelineSpec, warehouse_conn, batch: Plan, attempt: int
         if loads:  # a direct extract's tasks staged these: only their rows count
             ledger.add_loads(wh, batch.batch_id, attempt, loads)
         if handoff is not None:
-            ledger.record_handoff(wh, spec.name, batch.batch_id, attempt, handoff["slot"], handoff["consistent_point"])
+            ledger.record_handoff(wh, spec.name, batch.batch_id, attempt, handoff["slot"], handoff["consistent_point"],
+                                  bool(handoff.get("made_slot", True)))
         elif (report.get("snapshot") or {}).get("wal"):  # a capture group member's: it commits after the stream
             ledger.record_snapshot_wal(wh, batch.batch_id, attempt, report["snapshot"]["wal"])
     return sum(t.rows for t in totals.values())

@@ -46,6 +46,7 @@ class Handoff:
     slot: str
     consistent_point: str  # the LSN the slot streams from, as PostgreSQL spells it (``0/16B3748``)
     snapshot: str  # the exported snapshot's name, for ``SET TRANSACTION SNAPSHOT``
+    made_slot: bool = True  # this handoff made the slot (a capture group's later members read after it)
 
 
 def drop_slot(cur, slot: str) -> bool:
@@ -126,7 +127,7 @@ def member_handoff(params: dict[str, Any], slot: str, publication: str,
                                                                 replace_stale=held is not None, keep_on_failure=True))
             else:
                 taken = stack.enter_context(snapshot_after())
-                handoff = Handoff(slot, taken.wal, taken.name)
+                handoff = Handoff(slot, taken.wal, taken.name, made_slot=False)
             turn.close()  # the slot exists now: the next member's handoff may look
             yield handoff
     finally:

@@ -292,8 +292,8 @@ def report_totals(x: Extract, counted, before: dict[int, int], after: dict[int, 
     spec = x.spec
     report = extract.report(counted, spec.partitions)
     extract.check_read_range(x.tag, x.window, counted)
-    handoff = ({"slot": x.handoff.slot, "consistent_point": x.handoff.consistent_point}
-               if x.handoff is not None else None)
+    handoff = ({"slot": x.handoff.slot, "consistent_point": x.handoff.consistent_point,
+                "made_slot": x.handoff.made_slot} if x.handoff is not None else None)
     rows = sum(t["rows"] for t in report.values())
     out = {"totals": report, "rows": rows, "handoff": handoff,
            "snapshot": {"taken_at": x.taken.taken_at, "snapshot": x.taken.seen, "wal": x.taken.wal}

@@ -19,13 +19,30 @@ class HandoffPosition:
     consistent_point: str  # as PostgreSQL spells an LSN (``0/16B3748``)
 
 
-def record_handoff(cur, pipeline: str, batch_id: str, attempt: int, slot: str, consistent_point: str) -> None:
+def record_handoff(cur, pipeline: str, batch_id: str, attempt: int, slot: str, consistent_point: str,
+                   made_slot: bool = True) -> None:
     """What the handoff batch's extract attempt reported (the orchestrator records it, as the totals)."""
-    cur.execute("""INSERT INTO tidemark_control.cdc_handoffs (batch_id, attempt, pipeline, slot, consistent_point)
-                   VALUES (%s, %s, %s, %s, %s::pg_lsn)
+    cur.execute("""INSERT INTO tidemark_control.cdc_handoffs (batch_id, attempt, pipeline, slot, consistent_point,
+                                                             made_slot)
+                   VALUES (%s, %s, %s, %s, %s::pg_lsn, %s)
                    ON CONFLICT (batch_id, attempt) DO UPDATE
-                   SET slot = EXCLUDED.slot, consistent_point = EXCLUDED.consistent_point""",
-                (batch_id, attempt, pipeline, slot, consistent_point))
+                   SET slot = EXCLUDED.slot, consistent_point = EXCLUDED.consistent_point,
+                       made_slot = EXCLUDED.made_slot""",
+                (batch_id, attempt, pipeline, slot, consistent_point, made_slot))
+
+
+def slot_made_after_handoff(cur, pipeline: str, slot: str) -> bool:
+    """Whether ``slot`` was made (by any handoff's extract) after ``pipeline``'s committed handoff was
+    read: a capture group's slot lost and made again by another member, whose stream misses what
+    happened to this member's table in between (this member hands off again)."""
+    cur.execute("""SELECT EXISTS (
+                     SELECT 1 FROM tidemark_control.cdc_handoffs made
+                      WHERE made.slot = %(slot)s AND made.made_slot AND made.recorded_at > (
+                            SELECT max(h.recorded_at) FROM tidemark_control.cdc_handoffs h
+                              JOIN tidemark_control.batches b ON b.batch_id = h.batch_id
+                                                             AND b.committed_attempt = h.attempt
+                             WHERE h.pipeline = %(p)s AND b.state = 'committed'))""", {"slot": slot, "p": pipeline})
+    return cur.fetchone()[0]
 
 
 def record_snapshot_wal(cur, batch_id: str, attempt: int, wal: str) -> None:

@@ -129,7 +129,8 @@ def take_over(sink: BatchSink, spec: PipelineSpec, args: Namespace) -> StandingC
             return None
         ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
         control = StandingControl(lambda: connect(args.database, args.user, password(args)), spec, sink.fence,
-                                  f"{socket.gethostname()}:{os.getpid()}", args.bootstrap)
+                                  f"{socket.gethostname()}:{os.getpid()}", args.bootstrap,
+                                  realtime=sink.realtime_topics)
         control.start()
         return control
     except LeaseHeld as exc:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from tidemark import catalog, ledger
+from tidemark.cdc.groups import captures
 from tidemark.streams.launch import Launcher
 from tidemark.spec import PipelineSpec
 from tidemark.streams.lag import sink_lag
@@ -47,9 +48,11 @@ class CycleReport:
 def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, bootstrap: str,
               command: Command, *, now: datetime | None = None) -> CycleReport:
     report = CycleReport()
+    # a capture group's lead reads the group's change topics, its other members none (tidemark.cdc.groups)
+    realtime = {m.name: c.realtime_topics(m) for c in captures(specs) for m in c.members}
     for spec in (s for s in specs if s.sink.mode == "standing"):
         line, decision = _supervise(spec, warehouse_conn, launcher, bootstrap, command,
-                                    now or datetime.now(timezone.utc), report)
+                                    now or datetime.now(timezone.utc), report, realtime.get(spec.name))
         report.decisions[spec.name] = decision
         report.lines.append(line)
         log.log(logging.ERROR if decision.action == "crash_loop" else logging.INFO, "%s", line)
@@ -57,10 +60,10 @@ def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, boo
 
 
 def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, command: Command,
-               now: datetime, report: CycleReport) -> tuple[str, Decision]:
+               now: datetime, report: CycleReport, realtime: dict[str, int] | None) -> tuple[str, Decision]:
     name, policy = spec.name, policy_for(spec)
     instance = launcher.status(name)
-    parts = sink_lag(spec, wh, bootstrap)
+    parts = sink_lag(spec, wh, bootstrap, realtime=realtime)
     lag = sum(parts.values()) if parts is not None else None
     with wh, wh.cursor() as cur:
         state = ledger.stream_state(cur, name)

@@ -26,9 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class StandingControl:
-    def __init__(self, connect: Callable[[], Any], spec: PipelineSpec, fence: int, holder: str, bootstrap: str):
+    def __init__(self, connect: Callable[[], Any], spec: PipelineSpec, fence: int, holder: str, bootstrap: str,
+                 realtime: dict[str, int] | None = None):
         self.connect = connect  # a new psycopg2 connection to the warehouse (this thread's own)
         self.spec = spec
+        self.realtime = realtime  # the real-time topics the sink reads (a capture group's lead: the group's)
         self.fence = fence
         self.holder = holder
         self.bootstrap = bootstrap  # the broker, for the lag
@@ -91,7 +93,8 @@ class StandingControl:
         started = time.monotonic()
         with self._db:
             conn = self._connection()
-            lag = sink_lag(self.spec, conn, self.bootstrap, timeout_s=2)  # None: the broker cannot tell now
+            # None: the broker cannot tell now
+            lag = sink_lag(self.spec, conn, self.bootstrap, timeout_s=2, realtime=self.realtime)
             with conn, conn.cursor() as cur:
                 ok = ledger.beat(cur, self.spec.name, self.fence, self.holder, self.started_at, records=records,
                                  lag=lag, offsets=offsets, batch_seconds=batch_seconds)
