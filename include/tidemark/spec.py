@@ -163,6 +163,9 @@ class CdcSpec(BaseModel):
     retained_wal_limit: Bytes = Field(default="3GiB", validate_default=True)
     # Debezium's heartbeat: a quiet table's slot still moves on, so it holds no WAL of other tables
     heartbeat: Annotated[timedelta, Field(ge=timedelta(seconds=1), le=timedelta(minutes=10))] = timedelta(seconds=10)
+    # what may wait in tidemark_control.cdc_pending (events of transactions not yet complete): past it, the oldest
+    # waiting transactions go to the dead-letter topic whole, with the reason, and the stream goes on
+    max_pending_events: Annotated[int, Field(ge=1)] = 1_000_000
 
     @model_validator(mode="after")
     def _limits(self) -> "CdcSpec":

@@ -214,3 +214,23 @@ def test_a_widened_column_keeps_the_serving_view_and_its_grants_and_another_view
         assert pipe.query_wh(f"SELECT id FROM {view}") == [(1,)]  # the transaction rolled back whole
     finally:
         pipe.query_wh(f"DROP VIEW {theirs}")
+
+
+def test_what_waits_in_cdc_pending_is_bounded_and_the_oldest_waiting_transaction_is_a_dead_letter(writer, settings):
+    """A transaction whose END (or the rest of its events) never comes must not make ``cdc_pending`` grow
+    without bound: past ``cdc.max_pending_events`` the oldest waiting transaction goes to the dead-letter
+    topic whole, with the reason, and the ones after it still apply."""
+    pipe, _, wh, consumer = writer
+    limited = pipe.with_fields(cdc={**json.loads(pipe.path.read_text())["cdc"], "max_pending_events": 3})
+    changes = ChangeWriter(captured(limited.spec), consumer, Verifier(settings.control_keyring()))
+    source = Source(limited.spec)
+    stuck, _ = source.transaction(("c", 1, "1.00"), ("c", 2, "2.00"))  # its END never comes
+    report, rejected = _micro_batch(changes, wh, stuck, 1)
+    assert rejected == [] and report.events == 0
+    after, end_after = source.transaction(("c", 3, "3.00"), ("c", 4, "4.00"))
+    report, rejected = _micro_batch(changes, wh, after, 2)  # 4 would wait: the oldest transaction goes
+    assert len(rejected) == 2 and all("past cdc.max_pending_events 3" in r for r in rejected), rejected
+    assert pipe.query_wh("SELECT count(*) FROM tidemark_control.cdc_pending WHERE consumer = %s", (consumer,)) == [(2,)]
+    report, rejected = _micro_batch(changes, wh, [end_after], 3)
+    assert (report.events, rejected) == (2, [])
+    assert [r[0] for r in pipe.query_wh(f"SELECT id FROM {limited.spec.cdc.target_table} ORDER BY id")] == [3, 4]

@@ -325,6 +325,38 @@ class ChangeWriter:
                         (self.consumer, resolved))
             cur.execute("DELETE FROM tidemark_control.cdc_transactions WHERE consumer = %s AND txid = ANY(%s)",
                         (self.consumer, resolved))
+        self._bound_pending(cur, reject)
+
+    def _bound_pending(self, cur, reject: Reject) -> None:
+        """``cdc_pending`` never grows without bound: past the lead's ``cdc.max_pending_events``, the oldest
+        waiting transactions (in the log's order) go to the dead-letter topic whole, each event with the
+        reason, until what waits is within the bound; the transactions after them go on."""
+        limit = self.spec.cdc.max_pending_events
+        cur.execute("SELECT txid, count(*) FROM tidemark_control.cdc_pending WHERE consumer = %s GROUP BY txid "
+                    "ORDER BY min(lsn), txid", (self.consumer,))
+        waiting = cur.fetchall()
+        over = sum(n for _, n in waiting) - limit
+        if over <= 0:
+            return
+        total, dropped = over + limit, []
+        for txid, n in waiting:
+            if over <= 0:
+                break
+            dropped.append(txid)
+            over -= n
+        for txid in dropped:
+            self._dead_letter(cur, txid, f"pipeline={self.spec.name} source transaction {txid} not applied: {total} "
+                              f"change events waited in tidemark_control.cdc_pending, past cdc.max_pending_events "
+                              f"{limit} (its END or the rest of its events did not come); the oldest waiting "
+                              "transactions go to the dead-letter topic whole so that the stream goes on", reject)
+        for table in ("cdc_pending", "cdc_transactions"):
+            cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s AND txid = ANY(%s)",
+                        (self.consumer, dropped))
+        self._resolved(cur, dropped)
+        log.error("pipeline=%s %s change events waited, past cdc.max_pending_events %s: %s oldest waiting source "
+                  "transaction(s) %s dead-lettered whole. Next: find why their END or events did not come (the "
+                  "transaction topic %s behind or lost?)", self.spec.name, total, limit, len(dropped),
+                  _span(dropped), self.tx_topic)
 
     def _resolved(self, cur, txids: list[int]) -> None:
         """Remember for an hour the transactions that wait no longer (``_drop_passed`` tells a redelivery by them)."""
