@@ -7,7 +7,10 @@ transaction across the three real-time tables at once. A reader polling the thre
 snapshot finds sum(accounts) = sum(tellers) = sum(branches) in every poll: while the members hand off
 one after another (the views show no row until every member's handoff has committed, and a member's
 batch commits only once the group's stream has passed its snapshot) and after, with pgbench running
-throughout. At a quiet point each view equals the source key by key.
+throughout. The branches table joins the running group of the other two: its handoff waits until the
+supervisor has restarted the group's connector with its table and the lead's sink with its topic, the
+views show no row meanwhile, and a reader never sees a state the source never had. At a quiet point each
+view equals the source key by key.
 
 Real PostgreSQL with logical decoding and its pgbench, real Spark extracts and sinks, a real Connect
 worker with Debezium.
@@ -29,6 +32,8 @@ import pytest
 from tidemark import ledger
 from tidemark.cdc.connect import ConnectClient
 from tidemark.cdc.groups import capture_of
+from tidemark.batch import GroupNotStreaming
+from tidemark.cdc.tables import ensure_cdc_serving_view
 from tidemark.spark import jobs
 from tidemark.spec import load_spec
 from tidemark.status import collect, load_pipelines, status_lines
@@ -47,19 +52,20 @@ TABLES = {"a": ("pgbench_accounts", "aid", "abalance"), "t": ("pgbench_tellers",
 
 
 class Reader(threading.Thread):
-    """Polls the three serving views in one statement (one snapshot): each poll's three sums and row counts."""
+    """Polls the three serving views in one statement (one snapshot): each poll's three sums, then its three
+    row counts."""
 
     def __init__(self, settings, views: dict[str, str]):
         super().__init__(daemon=True)
         self.settings, self.views = settings, views
-        self.polls: list[tuple[int, int, int, int]] = []  # (accounts, tellers, branches sums, rows seen)
+        self.polls: list[tuple[int, ...]] = []  # (accounts, tellers, branches sums, and their rows)
         self.stop, self.error = threading.Event(), None
 
     def run(self) -> None:
         conn = psycopg2.connect(self.settings.dsn(WAREHOUSE_DB))
         conn.autocommit = True
         sums = ", ".join(f"(SELECT coalesce(sum({TABLES[k][2]}), 0) FROM {v})" for k, v in self.views.items())
-        rows = " + ".join(f"(SELECT count(*) FROM {v})" for v in self.views.values())
+        rows = ", ".join(f"(SELECT count(*) FROM {v})" for v in self.views.values())
         try:
             with conn.cursor() as cur:
                 while not self.stop.is_set():
@@ -71,8 +77,13 @@ class Reader(threading.Thread):
         finally:
             conn.close()
 
-    def unequal(self) -> list[tuple[int, int, int, int]]:
-        return [p for p in self.polls if not p[0] == p[1] == p[2]]
+    def unequal(self) -> list[tuple[int, ...]]:
+        """Polls that saw a state the source never had: the views showing rows disagree (each TPC-B
+        transaction adds one amount to all three tables), or branches shown without the other two."""
+        return [p for p in self.polls if len({p[i] for i in range(3) if p[3 + i]}) > 1 or (p[5] and not p[3] * p[4])]
+
+    def rows(self) -> int:
+        return sum(self.polls[-1][3:]) if self.polls else 0
 
 
 def _pgbench(settings, schema: str, *args: str) -> subprocess.Popen:
@@ -103,20 +114,18 @@ def _source(settings, schema: str) -> None:
         conn.close()
 
 
-def _members(settings, tmp_path, schema: str) -> dict[str, Pipeline]:
-    """The three pipelines of group ``schema``, their specs side by side (the sinks read the group there)."""
-    pipes = {}
-    for key, (table, pk, _) in TABLES.items():
-        name = f"{schema}_{key}"
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(json.dumps({
-            "name": name, "table": f"{schema}.{table}", "primary_key": [pk], "record_format": "avro",
-            "cursor": {"kind": "timestamp", "column": "updated_at"}, "safe_lag": "PT0S",
-            "target_table": f"public.{name}_tgt", "partitions": 2, "sink": STANDING,
-            "cdc": {"target_table": f"public.{name}_rt", "serving_view": f"public.{name}_serving",
-                    "heartbeat": "PT1S", "group": schema}}))
-        pipes[key] = Pipeline(settings, load_spec(path), path)
-    return pipes
+def _member(settings, directory, schema: str, key: str) -> Pipeline:
+    """A pipeline of group ``schema``, its spec written in ``directory`` (the sinks read the group there)."""
+    table, pk, _ = TABLES[key]
+    name = f"{schema}_{key}"
+    path = directory / f"{name}.yaml"
+    path.write_text(json.dumps({
+        "name": name, "table": f"{schema}.{table}", "primary_key": [pk], "record_format": "avro",
+        "cursor": {"kind": "timestamp", "column": "updated_at"}, "safe_lag": "PT0S",
+        "target_table": f"public.{name}_tgt", "partitions": 2, "sink": STANDING,
+        "cdc": {"target_table": f"public.{name}_rt", "serving_view": f"public.{name}_serving",
+                "heartbeat": "PT1S", "group": schema}}))
+    return Pipeline(settings, load_spec(path), path)
 
 
 def status_line(pipe: Pipeline) -> str:
@@ -131,17 +140,20 @@ def status_line(pipe: Pipeline) -> str:
 def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transaction(settings, tmp_path, bootstrap):
     schema = f"tpcb_{uuid.uuid4().hex[:8]}"
     _source(settings, schema)
-    pipes = _members(settings, tmp_path, schema)
+    pipes = {key: _member(settings, tmp_path, schema, key) for key in ("a", "t")}
+    later = tmp_path / "later"  # branches joins the running group of accounts and tellers
+    later.mkdir()
+    joining = _member(settings, later, schema, "b")
     lead = pipes["a"]
     capture = capture_of(lead.spec, [p.spec for p in pipes.values()])
     assert capture.lead.name == lead.spec.name and capture.grouped
     launcher = LocalLauncher(tmp_path / "streams")
     client, endpoint = ConnectClient(settings.connect_url), source_endpoint(settings)
     wh = lead.wh()
-    reader = Reader(settings, {k: p.spec.cdc.serving_view for k, p in pipes.items()})
+    reader = Reader(settings, {k: p.spec.cdc.serving_view for k, p in [*pipes.items(), ("b", joining)]})
     bench = None
 
-    def capture_cycle() -> tuple[str, str | None]:
+    def capture_cycle(capture) -> tuple[str, str | None]:
         source = psycopg2.connect(settings.dsn(settings.source_db))
         try:
             return supervise_capture(capture, wh, source, client, endpoint,
@@ -150,15 +162,22 @@ def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transactio
         finally:
             source.close()
 
+    def sink_cycle(specs) -> str:  # the lead's sink only: the others' batches are loaded here (their desired: stopped)
+        return run_cycle(specs, wh, launcher, settings.kafka_bootstrap, lambda s: submit_command(
+            settings, jobs.SINK_JOB, lead.sink_args(available_now=False), secret=settings.pg_password)
+        ).decisions[lead.spec.name].action
+
     try:
         with wh, wh.cursor() as cur:
             ledger.ensure_control_schema(cur)
-        for pipe in pipes.values():
+            for key in ("t", "b"):
+                ledger.set_desired(cur, f"{schema}_{key}", "stopped", "test")
+        for pipe in [*pipes.values(), joining]:
             prepare_stream_tables(pipe.spec, wh, pipe.src)
-        grant(settings, capture)  # one publication of the three tables and the group's heartbeat
-        assert run_cycle([lead.spec], wh, launcher, settings.kafka_bootstrap, lambda s: submit_command(
-            settings, jobs.SINK_JOB, lead.sink_args(available_now=False), secret=settings.pg_password)
-        ).decisions[lead.spec.name].action == "start"
+        with wh, wh.cursor() as cur:  # for the reader: empty until branches has joined and handed off
+            ensure_cdc_serving_view(cur, joining.spec)
+        grant(settings, capture)  # one publication of the two tables and the group's heartbeat
+        assert sink_cycle([p.spec for p in pipes.values()]) == "start"
         reader.start()
         bench = _pgbench(settings, schema, "-c", "4", "-R", "100", "-T", "900", "-n")  # 100 TPC-B transactions a second
 
@@ -167,24 +186,50 @@ def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transactio
         assert plan.handoff
         attempt = lead.begin(plan)
         lead.end(plan, attempt, lead.extract(plan, attempt))
-        line, failure = capture_cycle()
+        line, failure = capture_cycle(capture)
         assert "action=create" in line and failure is None, line
         until("the lead's handoff committed by its standing sink",
               lambda: lead.state(plan.batch_id, attempt) == "committed", timeout=240)
-        assert reader.polls and all(p[3] == 0 for p in reader.polls), "no view may show a row before every handoff"
-        members = ", ".join(p.spec.name for p in sorted(pipes.values(), key=lambda p: p.spec.name))
+        assert reader.polls and reader.rows() == 0, "no view may show a row before every handoff"
         line = status_line(pipes["t"])  # make status, on a member's row: its group, and why its view is empty
-        assert (f"capture: capture group {schema} (members {members}; one transaction whole across them): its serving "
-                "views show NO row until every member's handoff has committed" in line), line
-        # the others read their tables in snapshots taken after the slot; each waits for the stream to pass it
-        for key in ("t", "b"):
-            member_plan, member_attempt = pipes[key].run(f"handoff-{key}")
-            assert member_plan.handoff
-            with wh, wh.cursor() as cur:
-                assert ledger.snapshot_wal(cur, member_plan.batch_id, member_attempt) <= ledger.stream_position(
-                    cur, capture.consumer)
-        until("every view showing its rows", lambda: reader.polls[-1][3] == 100_000 + 10 + 1, timeout=120)
+        assert (f"capture: capture group {schema} (members {schema}_a, {schema}_t; one transaction whole across "
+                "them): its serving views show NO row until every member's handoff has committed" in line), line
+        # tellers reads its table in a snapshot taken after the slot, and waits for the stream to pass it
+        member_plan, member_attempt = pipes["t"].run("handoff-t")
+        assert member_plan.handoff
+        with wh, wh.cursor() as cur:
+            assert ledger.snapshot_wal(cur, member_plan.batch_id, member_attempt) <= ledger.stream_position(
+                cur, capture.consumer)
+        until("both views showing their rows", lambda: reader.rows() == 100_000 + 10, timeout=120)
+
+        # branches joins: its spec beside the others'; its handoff waits until the connector captures its table
+        pipes["b"] = joining = _member(settings, tmp_path, schema, "b")
+        capture = capture_of(lead.spec, [p.spec for p in pipes.values()])
+        with pytest.raises(GroupNotStreaming, match=f"waits for capture group {schema}'s connector to capture"):
+            joining.plan("handoff-b")
+        line, failure = capture_cycle(capture)  # the source's owner has not added it to the publication yet
+        assert "capture: not set up" in line and f"ALTER PUBLICATION \"tidemark_group_{schema}\" ADD TABLE" in failure, failure
+        src = lead.src()
+        try:
+            with src, src.cursor() as cur:  # what the failure names, as the owner runs it
+                table = f'"{schema}"."pgbench_branches"'
+                cur.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+                cur.execute(f'ALTER PUBLICATION "tidemark_group_{schema}" ADD TABLE {table}')
+                cur.execute(f'GRANT SELECT ON {table} TO "{settings.cdc_user}"')
+        finally:
+            src.close()
+        line, failure = capture_cycle(capture)
+        assert "action=update" in line and failure is None, line
+        with wh, wh.cursor() as cur:
+            assert sorted(ledger.group_streamed(cur, schema)) == sorted(p.spec.name for p in pipes.values())
+        assert sink_cycle([p.spec for p in pipes.values()]) == "reconfigure"  # the lead reads branches' topic too
+        until("the restarted lead reading the group's three members", lambda: len(lead.query_wh(
+            f"SELECT unnest(members) FROM tidemark_control.capture_groups WHERE name = '{schema}'")) == 3, timeout=180)
+        member_plan, member_attempt = joining.run("handoff-b")
+        assert member_plan.handoff
+        until("every view showing its rows", lambda: reader.rows() == 100_000 + 10 + 1, timeout=120)
         assert "its serving views show rows (every member's handoff committed)" in status_line(pipes["b"])
+        assert sink_cycle([p.spec for p in pipes.values()]) == "none"  # started for the group as it is now
         time.sleep(20)  # the stream goes on under pgbench
         bench.terminate()
         bench.communicate(timeout=60)
@@ -210,7 +255,7 @@ def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transactio
         reader.stop.set()
         reader.join(timeout=30)
         assert reader.error is None, reader.error
-        shown = [p for p in reader.polls if p[3]]
+        shown = [p for p in reader.polls if sum(p[3:])]
         # a proof over nothing proves nothing: the views were read with rows, under pgbench, many times
         assert len(shown) > 50 and len({p[0] for p in shown}) > 10, (len(shown), shown[-3:])
         assert reader.unequal() == [], f"{len(reader.unequal())} of {len(reader.polls)} polls saw part of a " \

@@ -96,6 +96,12 @@ class Capture:
         for another member of a group (the lead applies its changes)."""
         return self.topics if spec.name == self.lead.name else {}
 
+    @property
+    def signature(self) -> str:
+        """What a member's sink was started for: the group, its lead and members. A running sink whose
+        signature differs (a member added or removed) reads the wrong topics: the supervisor restarts it."""
+        return f"{self.name} lead={self.lead.name} members={','.join(m.name for m in self.members)}"
+
     def describe(self) -> str:
         if not self.grouped:
             return f"pipeline {self.name}"

@@ -118,7 +118,7 @@ def group_ready(group: str) -> str:
     reader's own snapshot, with the rows: the views appear together, at one moment of the group's stream
     (a member's batch commits only once the stream has passed its snapshot)."""
     return f"""EXISTS (SELECT 1 FROM tidemark_control.capture_groups g WHERE g.name = {literal(group)}
-                  AND NOT EXISTS (SELECT 1 FROM unnest(g.members) m(pipeline) WHERE NOT EXISTS (
+                  AND cardinality(g.members) > 0 AND NOT EXISTS (SELECT 1 FROM unnest(g.members) m(pipeline) WHERE NOT EXISTS (
                       SELECT 1 FROM tidemark_control.cdc_handoffs h
                         JOIN tidemark_control.batches hb ON hb.batch_id = h.batch_id
                                                         AND hb.committed_attempt = h.attempt

@@ -31,9 +31,9 @@ from tidemark.ledger.lifecycle import (  # noqa: F401
     record_extract, release_turn, seal_attempt, take_turn, transition,
 )
 from tidemark.ledger.handoffs import (  # noqa: F401
-    HandoffPosition, ResnapshotRequest, committed_handoff, record_handoff, record_snapshot_wal, register_group,
-    request_resnapshot, resnapshot_asked, sealed_with_every_end, slot_made_after_handoff, snapshot_wal,
-    stream_position,
+    HandoffPosition, ResnapshotRequest, committed_handoff, group_members, group_streamed, record_group_streamed,
+    record_handoff, record_sink_capture, record_snapshot_wal, register_group, request_resnapshot, resnapshot_asked,
+    sealed_with_every_end, sink_capture, slot_made_after_handoff, snapshot_wal, stream_position,
 )
 from tidemark.ledger.streams import (  # noqa: F401
     STREAM_STATES, StreamState, beat, clear_crash_loop, heartbeat, mark_crash_looping, observe_stream,

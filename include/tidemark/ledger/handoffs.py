@@ -102,6 +102,42 @@ def register_group(cur, name: str, members: list[str]) -> None:
                    WHERE capture_groups.members IS DISTINCT FROM EXCLUDED.members""", (name, members))
 
 
+def group_members(cur, name: str) -> list[str] | None:
+    """The members whose change topics the group's running lead reads (it registered them at its start)."""
+    cur.execute("SELECT members FROM tidemark_control.capture_groups WHERE name = %s", (name,))
+    row = cur.fetchone()
+    return list(row[0]) if row else None
+
+
+def record_group_streamed(cur, name: str, members: list[str]) -> None:
+    """The members whose tables the group's connector captures: set once it runs with their tables (created
+    with them, or stopped, reconfigured and resumed), so a later member's handoff snapshot is in its stream."""
+    cur.execute("""INSERT INTO tidemark_control.capture_groups (name, members, streamed) VALUES (%s, '{}', %s)
+                   ON CONFLICT (name) DO UPDATE SET streamed = EXCLUDED.streamed""", (name, members))
+
+
+def group_streamed(cur, name: str) -> list[str] | None:
+    """The members the group's connector captures (None: its connector was never started)."""
+    cur.execute("SELECT streamed FROM tidemark_control.capture_groups WHERE name = %s", (name,))
+    row = cur.fetchone()
+    return list(row[0]) if row and row[0] is not None else None
+
+
+def record_sink_capture(cur, pipeline: str, fence: int, signature: str) -> None:
+    """The capture a capture group member's sink started with, under its fencing token."""
+    cur.execute("""INSERT INTO tidemark_control.sink_captures (pipeline, fence, signature) VALUES (%s, %s, %s)
+                   ON CONFLICT (pipeline) DO UPDATE SET fence = EXCLUDED.fence, signature = EXCLUDED.signature,
+                                                        at = clock_timestamp()""", (pipeline, fence, signature))
+
+
+def sink_capture(cur, pipeline: str, fence: int) -> str | None:
+    """The capture signature the sink holding ``fence`` started with (None: not recorded for that token)."""
+    cur.execute("SELECT signature FROM tidemark_control.sink_captures WHERE pipeline = %s AND fence = %s",
+                (pipeline, fence))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
 def committed_handoff(cur, pipeline: str) -> HandoffPosition | None:
     """The pipeline's handoff: the latest committed handoff batch's position (None: none committed)."""
     cur.execute("""SELECT h.batch_id, h.attempt, h.slot, h.consistent_point::text

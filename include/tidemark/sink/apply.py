@@ -54,6 +54,7 @@ class BatchSink(Intake, Commit):
         self.fence: int | None = None
         self._rules: RecordRules | None = None
         self.stages = StageArea(spec)
+        self._told_waiting: set[tuple[str, int]] = set()  # a group's attempts the lead said it waits for
         # the real-time input: an application's events, or the source table's own changes
         self.events = (EventWriter(spec, self.consumer) if spec.stream else
                        ChangeWriter(self.capture, self.capture.consumer, Verifier(keyring)) if self.realtime_topics

@@ -114,15 +114,25 @@ class Commit:
             return False  # no snapshot position (a repair's keys, or planned before the pipeline joined the group)
         lead = self.capture.lead.name == self.spec.name
         deadline = time.monotonic() + (0 if lead else GROUP_WAIT_S)
+        # the group's running lead must read this member's change topic (a member added to a running group:
+        # the supervisor restarts the lead for it), else the stream passes the snapshot without its changes;
         # once past it, the position's row is held (FOR SHARE) to the commit: the lead, which takes it FOR UPDATE
         # before it writes a member's real-time table, waits while this commit compacts that table
-        while (position := ledger.stream_position(cur, self.capture.consumer)) < wal or ledger.stream_position(
-                cur, self.capture.consumer, hold=True) < wal:
+        while True:
+            read = lead or self.spec.name in (ledger.group_members(cur, self.capture.name) or ())
+            position = ledger.stream_position(cur, self.capture.consumer)
+            if read and position >= wal and ledger.stream_position(cur, self.capture.consumer, hold=True) >= wal:
+                return False
             where = (f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: capture group "
-                     f"{self.capture.name}'s stream has applied up to {lsn_text(position) if position >= 0 else 'nothing'}, "
-                     f"short of this attempt's snapshot at {lsn_text(wal)}")
+                     f"{self.capture.name}'s stream has applied up to {lsn_text(position) if position >= 0 else 'nothing'}"
+                     f", short of this attempt's snapshot at {lsn_text(wal)}" if read else
+                     f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: capture group {self.capture.name}'s "
+                     f"running lead {self.capture.lead.name} does not read this member's changes yet (the supervisor "
+                     "restarts it for the group's new members)")
             if lead:
-                log.info("%s: it waits (committed with a micro-batch once the stream has passed it)", where)
+                if (batch_id, attempt) not in self._told_waiting:  # once, not at every micro-batch
+                    self._told_waiting.add((batch_id, attempt))
+                    log.info("%s: it waits (committed with a micro-batch once the stream has passed it)", where)
                 return True
             if time.monotonic() > deadline:
                 raise SinkError(f"{where} after {GROUP_WAIT_S:.0f} s: nothing of it applied. Next: see why the group's "
@@ -130,7 +140,6 @@ class Commit:
                                 "tidemark_supervisor task's log, the status page); this sink reads the END again when it "
                                 "starts again")
             time.sleep(1.0)
-        return False
 
     def _sealed(self, cur, batch_id: str, attempt: int) -> bool:
         """Whether the attempt is sealed, read under its lock; one no longer open loses its stage."""

@@ -125,6 +125,9 @@ def take_over(sink: BatchSink, spec: PipelineSpec, args: Namespace) -> StandingC
     A live standing sink of this pipeline keeps its lease: a second copy never starts."""
     try:
         sink.acquire_fence(lease=spec.sink.lease)
+        if sink.capture is not None and sink.capture.grouped:  # what it reads: the supervisor compares the group's
+            with sink.conn, sink.conn.cursor() as cur:
+                ledger.record_sink_capture(cur, spec.name, sink.fence, sink.capture.signature)
         if args.available_now:
             return None
         ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch

@@ -428,6 +428,17 @@ CREATE TABLE IF NOT EXISTS tidemark_control.capture_groups (
     members     text[] NOT NULL,
     updated_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- The members whose tables the group's connector captures (set by the supervisor once it runs with them;
+-- NULL: never started): a member added later hands off only once its table is in the stream.
+ALTER TABLE tidemark_control.capture_groups ADD COLUMN IF NOT EXISTS streamed text[];
+-- The capture a group member's sink started with, under its fencing token: the supervisor restarts a sink
+-- started for an older membership (it would read the wrong change topics).
+CREATE TABLE IF NOT EXISTS tidemark_control.sink_captures (
+    pipeline   text PRIMARY KEY,
+    fence      bigint NOT NULL,
+    signature  text NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 -- The nightly batch corrects the speed layer of a CDC pipeline (tidemark/cdc/compact.py), in its commit:
 -- a deletion the change stream learned reaches the batch target, each row it deletes kept here
 -- (append-only); a real-time version the batch holds with other values at the same cursor is drift.

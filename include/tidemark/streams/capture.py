@@ -13,6 +13,7 @@ keeps the connector stopped until the new handoff batch commits.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -137,6 +138,30 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     return line, failure or slot_failure
 
 
+STOP_WAIT_S = 60.0  # how long one cycle waits for a group's connector to stop before it is reconfigured
+
+
+def _stopped(client: ConnectClient, connector: str) -> bool:
+    """Stop the connector and wait (at most ``STOP_WAIT_S``) until Connect shows it STOPPED with no task."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    while (state := client.state(connector)).state != "STOPPED" or state.tasks:
+        if state.state != "STOPPED":
+            client.stop(connector)
+        if time.monotonic() > deadline:
+            log.warning("connector %s: not stopped within %.0f s (%s): reconfigured on a later cycle", connector,
+                        STOP_WAIT_S, state.state)
+            return False
+        time.sleep(2.0)
+    return True
+
+
+def _streams(capture: Capture, wh) -> None:
+    """Record the members a group's connector captures from now on (a later member hands off after this)."""
+    if capture.grouped:
+        with wh, wh.cursor() as cur:
+            ledger.record_group_streamed(cur, capture.name, [m.name for m in capture.members])
+
+
 def _who(capture: Capture) -> str:
     """How a capture's log line starts: its pipeline, or its group and the pipeline whose state it follows."""
     return (f"group={capture.name} pipeline={capture.lead.name} members={','.join(m.name for m in capture.members)}"
@@ -171,6 +196,16 @@ def _act(capture: Capture, decision: ConnectorDecision, state: ConnectorState, c
         # point before the slot's start, and Debezium refuses them. Start without any.
         client.create_stopped(connector, wanted)
         client.reset_offsets(connector)
+        _streams(capture, wh)
+        client.resume(connector)
+    elif decision.action == "update" and capture.grouped:
+        # a member added to a running group: a change to its table read by a task started with the old table
+        # list is dropped (Debezium filters by it), so that task ends before the new list is in force; then
+        # the new member's handoff may take its snapshot (tidemark.batch waits for ledger.group_streamed)
+        if not _stopped(client, connector):
+            return None  # the next cycle goes on
+        client.put_config(connector, wanted)
+        _streams(capture, wh)
         client.resume(connector)
     elif decision.action == "update":
         client.put_config(connector, wanted)

@@ -49,10 +49,13 @@ def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, boo
               command: Command, *, now: datetime | None = None) -> CycleReport:
     report = CycleReport()
     # a capture group's lead reads the group's change topics, its other members none (tidemark.cdc.groups)
-    realtime = {m.name: c.realtime_topics(m) for c in captures(specs) for m in c.members}
+    groups = captures(specs)
+    realtime = {m.name: c.realtime_topics(m) for c in groups for m in c.members}
+    signatures = {m.name: c.signature for c in groups if c.grouped for m in c.members}
     for spec in (s for s in specs if s.sink.mode == "standing"):
         line, decision = _supervise(spec, warehouse_conn, launcher, bootstrap, command,
-                                    now or datetime.now(timezone.utc), report, realtime.get(spec.name))
+                                    now or datetime.now(timezone.utc), report, realtime.get(spec.name),
+                                    signatures.get(spec.name))
         report.decisions[spec.name] = decision
         report.lines.append(line)
         log.log(logging.ERROR if decision.action == "crash_loop" else logging.INFO, "%s", line)
@@ -60,7 +63,8 @@ def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, boo
 
 
 def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, command: Command,
-               now: datetime, report: CycleReport, realtime: dict[str, int] | None) -> tuple[str, Decision]:
+               now: datetime, report: CycleReport, realtime: dict[str, int] | None,
+               signature: str | None = None) -> tuple[str, Decision]:
     name, policy = spec.name, policy_for(spec)
     instance = launcher.status(name)
     parts = sink_lag(spec, wh, bootstrap, realtime=realtime)
@@ -70,6 +74,7 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
         beat = ledger.heartbeat(cur, name)
         restarts = ledger.restarts_since(cur, name, policy.budget_window)
         previous = ledger.observe_stream(cur, name, lag)
+        started_for = ledger.sink_capture(cur, name, beat["fence"]) if signature and beat else None
     mine = (beat is not None and instance.started_at is not None and beat["ended_at"] is None
             and beat["started_at"] >= instance.started_at - timedelta(seconds=1))
     actual = Actual(alive=instance.alive, started_at=instance.started_at, exit_code=instance.exit_code,
@@ -78,6 +83,11 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
     person = state.changed_by not in (None, "supervisor")  # the row may exist only for the supervisor's looks
     history = History(tuple(restarts), state.crash_looping_since, state.changed_at if person else None)
     decision = decide(now, state.desired, actual, history, policy)
+    if decision.action == "none" and mine and instance.alive and started_for not in (None, signature):
+        # a member added to (or gone from) its capture group: the running sink reads the old group's topics
+        decision = Decision("reconfigure", f"its capture group changed: started for [{started_for}], the specs "
+                                           f"now say [{signature}]: restarted to read the group's topics (not "
+                                           "counted against the restart budget)", decision.recent_restarts)
     did = _act(spec, decision, state, instance, beat, launcher, command, wh, now, report)
     seen = (f"running {instance.handle}" if instance.alive else
             "not started" if instance.started_at is None else f"ended (exit {instance.exit_code})")
@@ -91,7 +101,7 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
 def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, instance, beat: dict[str, Any] | None,
          launcher: Launcher, command: Command, wh, now: datetime, report: CycleReport) -> str:
     name = spec.name
-    if decision.action in ("start", "restart"):
+    if decision.action in ("start", "restart", "reconfigure"):
         if instance.alive:  # hung or stalled: it goes first, and its lease with it
             launcher.kill(name)
         if beat is not None:  # the last instance is gone: its successor need not wait for the lease to expire
@@ -100,7 +110,9 @@ def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, inst
         argv, env = command(spec)
         started = launcher.start(name, argv, env)
         with wh, wh.cursor() as cur:
-            ledger.record_stream_event(cur, name, decision.action, "supervisor", decision.reason)
+            # a reconfiguration is a start: the restart budget counts the job's failures only
+            ledger.record_stream_event(cur, name, "start" if decision.action == "reconfigure" else decision.action,
+                                       "supervisor", decision.reason)
         return f" ({started.handle}, log {launcher.log_location(name)})"
     if decision.action == "stop":
         asked = state.changed_at

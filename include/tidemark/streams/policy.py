@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 DesiredState = Literal["running", "paused", "stopped"]
-ActionKind = Literal["none", "start", "restart", "stop", "wait", "crash_loop"]
+ActionKind = Literal["none", "start", "restart", "reconfigure", "stop", "wait", "crash_loop"]
 
 
 @dataclass(frozen=True)
