@@ -26,3 +26,12 @@ class Terminal(TidemarkError):
 
 class Transient(TidemarkError):
     """A later try may succeed: Airflow retries it, a new attempt of the batch is safe."""
+
+
+EXIT_OUTAGE = 75  # sysexits' EX_TEMPFAIL: a standing job ended because a component it needs does not answer
+
+
+class Outage(Transient):
+    """A component a standing job needs (the broker, the warehouse) does not answer: the job exits
+    ``EXIT_OUTAGE`` and its supervisor starts it again once the component answers, outside the restart
+    budget, which counts the job's own failures."""

@@ -198,3 +198,35 @@ def read_committed(
                 pending.pop(msg.partition(), None)
     finally:
         consumer.close()
+
+
+def probe_broker(bootstrap: str, timeout_s: float = 2.0) -> str | None:
+    """None when a broker answers a metadata request, else why not. A TCP connect to the bootstrap
+    servers first (a stopped broker refuses at once, and librdkafka would log every refusal), then
+    the metadata request: at most about twice ``timeout_s`` in all, never longer."""
+    import socket
+
+    servers = [h.strip().split("://")[-1] for h in (bootstrap or "").split(",") if h.strip()]
+    if not servers:
+        return "no bootstrap servers configured"
+    deadline = time.monotonic() + timeout_s
+    refused = []
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]") or "localhost", int(port)),
+                                     timeout=max(0.2, deadline - time.monotonic())).close()
+            break
+        except (OSError, ValueError) as exc:
+            refused.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
+    else:
+        return "no bootstrap server accepts a connection (" + "; ".join(refused) + ")"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000),
+                         "socket.connection.setup.timeout.ms": int(timeout_s * 1000), "log_level": 0})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except Exception as exc:  # KafkaException: the port is open but no broker answers (starting, stopping)
+        return f"the broker accepts connections but does not answer: {' '.join(str(exc).split())}"
+    if not metadata.brokers:
+        return "the cluster's metadata lists no broker"
+    return None

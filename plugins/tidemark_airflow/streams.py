@@ -121,22 +121,28 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
     from datetime import datetime, timezone
 
     from tidemark.cdc.groups import captures
+    from tidemark.kafka_io import probe_broker
     from tidemark.streams.capture import supervise_capture
     from tidemark.config import CONN_CDC
     from tidemark.streams.cycle import policy_for
     from tidemark_airflow.hooks import capture
 
     client, endpoint = capture()
+    bootstrap = kafka_bootstrap(CONN_KAFKA)
+    broken = probe_broker(bootstrap)
+    outage = None if broken is None else f"Kafka ({bootstrap}): {broken}"
     failures = []
     for each in captures(specs):
-        source = pg_connect(CONN_CDC, application_name="tidemark-supervisor")
+        source = None
         try:
+            source = pg_connect(CONN_CDC, application_name="tidemark-supervisor")
             line, failure = supervise_capture(each, warehouse, source, client, endpoint, policy_for(each.lead),
-                                              datetime.now(timezone.utc))
+                                              datetime.now(timezone.utc), outage)
         except Exception as exc:  # one capture must not hide the others'
             line, failure = f"capture={each.name} capture: {exc}", f"{each.describe()}: capture: {exc}"
         finally:
-            source.close()
+            if source is not None:
+                source.close()
         log.log(logging.ERROR if failure else logging.INFO, "%s", line)
         lines.append(line)
         if failure:

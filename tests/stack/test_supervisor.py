@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+
+import pytest
 
 from tidemark import ledger
 from tidemark.spark import jobs
@@ -30,6 +33,22 @@ def _batch(pipe, run_id: str, first: int, last: int):
     attempt = pipe.begin(plan)
     pipe.end(plan, attempt, pipe.extract(plan, attempt))
     return plan, attempt
+
+
+def _process(group: int, program: str) -> int | None:
+    """The pid of the process of ``group`` running ``program`` (``java``, ``python``; None: none runs)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry.name}/stat").read()
+            argv0 = open(f"/proc/{entry.name}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[2] == str(group) and fields[0] not in ("Z", "X") and os.path.basename(argv0).startswith(program):
+            return int(entry.name)
+    return None
 
 
 def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_when_paused(settings, tmp_path):
@@ -57,13 +76,27 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
         assert cycle().action == "none"  # healthy, and idle now: no stall
 
         first = launcher.status(name)
-        os.killpg(first.pid, signal.SIGKILL)  # kill -9 the whole job: wrapper, JVM, Python driver
+        os.kill(first.pid, signal.SIGKILL)  # kill -9 of the sh wrapper alone: the JVM and the driver run on
+        java, driver = _process(first.pid, "java"), _process(first.pid, "python")
+        assert java and driver, "the instance's JVM and Python driver"
+        assert launcher.status(name).alive and cycle().action == "none"  # still the instance: no second one
+        os.killpg(first.pid, signal.SIGKILL)  # kill -9 the whole job: JVM, Python driver
         until("the job to be seen dead", lambda: not launcher.status(name).alive, timeout=30)
         assert cycle().action == "restart"  # within one cycle
         plan2, attempt2 = _batch(pipe, "run-2", 51, 80)
         until("the restarted sink to commit batch 2", lambda: pipe.state(plan2.batch_id, attempt2) == "committed")
         second = launcher.status(name)
         assert second.alive and second.pid != first.pid
+        # kill -9 of the JVM alone, then of the Python driver alone: the rest of the tree ends with it, the
+        # supervisor restarts once (after its backoff), never beside a live instance, and the next batch commits
+        for n, part in enumerate(("java", "python"), start=3):
+            current = launcher.status(name)
+            os.kill(_process(current.pid, part), signal.SIGKILL)
+            until(f"the job to end after kill -9 of its {part}", lambda: not launcher.status(name).alive, timeout=120)
+            until("the supervisor's restart (after its backoff)", lambda: cycle().action == "restart", timeout=90)
+            assert launcher.status(name).pid != current.pid and not _process(current.pid, "java")
+            plan_n, attempt_n = _batch(pipe, f"run-{n}", 51 + 30 * (n - 2), 80 + 30 * (n - 2))
+            until(f"the restarted sink to commit batch {n}", lambda: pipe.state(plan_n.batch_id, attempt_n) == "committed")
 
         with wh, wh.cursor() as cur:
             ledger.set_desired(cur, name, "paused", "test", "maintenance")
@@ -73,10 +106,10 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
         assert decision.action == "none" and "never restarted" in decision.reason, decision
         assert not launcher.status(name).alive and ended
         source = pipe.rows("source", "amount, updated_at")
-        assert len(source) == 80 and pipe.rows("target", "amount, updated_at") == source
+        assert len(source) == 140 and pipe.rows("target", "amount, updated_at") == source
         events = pipe.query_wh("SELECT kind, actor FROM tidemark_control.stream_events WHERE pipeline = %s ORDER BY id",
                                (name,))
-        assert events == [("start", "supervisor"), ("restart", "supervisor"), ("desired", "test")]
+        assert events == [("start", "supervisor"), *[("restart", "supervisor")] * 3, ("desired", "test")]
     finally:
         launcher.kill(name)
         wh.close()
@@ -126,3 +159,57 @@ def test_a_job_dying_at_start_up_is_crash_looping_after_its_budget_and_left_alon
     finally:
         launcher.kill(name)
         wh.close()
+
+
+@pytest.mark.serial("stops PostgreSQL")
+def test_a_warehouse_outage_is_waited_out_and_costs_the_sink_no_restart_budget(settings, tmp_path):
+    """Issue 53, item 2: PostgreSQL stopped for 20 s under an idle standing sink, then started again. The sink
+    rides it out (its heartbeat retries), or, when its next micro-batch meets the connection the restart took,
+    ends with exit 75 saying so, and the supervisor starts it again outside the restart budget (spent here
+    already on purpose): the next batch commits without a person, and nothing is crash-looping."""
+    from tidemark_workshop.stack.postgres import Postgres
+
+    pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, sink={**STANDING, "restart_budget": 1})
+    name = pipe.spec.name
+    launcher = LocalLauncher(tmp_path / "streams")
+
+    def command(spec):
+        return submit_command(settings, jobs.SINK_JOB, pipe.sink_args(available_now=False), secret=settings.pg_password)
+
+    def cycle():
+        wh = pipe.wh()
+        try:
+            return run_cycle([pipe.spec], wh, launcher, settings.kafka_bootstrap, command).decisions[name]
+        finally:
+            wh.close()
+
+    postgres = Postgres(settings)
+    try:
+        plan, attempt = _batch(pipe, "run-1", 1, 20)
+        assert cycle().action == "start"
+        until("the standing sink to commit batch 1", lambda: pipe.state(plan.batch_id, attempt) == "committed")
+        wh = pipe.wh()
+        try:
+            with wh, wh.cursor() as cur:  # the budget of one restart spent, on a failure of its own
+                ledger.record_stream_event(cur, name, "restart", "supervisor", "test: an earlier failure")
+        finally:
+            wh.close()
+        postgres.stop()  # an idle sink rides it out (its heartbeat retries); its connection is gone with it
+        try:
+            time.sleep(20)
+        finally:
+            postgres.start()
+        plan2, attempt2 = _batch(pipe, "run-2", 21, 40)
+        until("the sink to commit batch 2 or to end for the outage", lambda: (
+            pipe.state(plan2.batch_id, attempt2) == "committed" or not launcher.status(name).alive), timeout=180)
+        if not launcher.status(name).alive:
+            tail = launcher.log_tail(name, 40)
+            assert launcher.status(name).exit_code == 75, tail
+            assert "standing sink stopped: the warehouse" in tail and "not counted against" in tail, tail
+            decision = cycle()
+            assert decision.action == "start" and "ended for an outage (exit 75" in decision.reason, decision
+        until("batch 2 committed", lambda: pipe.state(plan2.batch_id, attempt2) == "committed")
+        assert pipe.rows("target", "amount, updated_at") == pipe.rows("source", "amount, updated_at")
+        assert cycle().action == "none"  # not crash-looping: the outage cost nothing
+    finally:
+        launcher.kill(name)

@@ -48,3 +48,11 @@ def test_a_running_task_whose_slot_has_no_reader_past_the_stall_window_is_a_fail
     assert stalled.action == "restart" and "its slot has had no reader for 180 s" in stalled.reason
     two = [NOW - timedelta(minutes=3), NOW - timedelta(minutes=1)]
     assert decide("running", RUNNING, False, two, NOW, POLICY, timedelta(minutes=3)).action == "crash_loop"
+
+
+def test_a_connector_failed_during_a_broker_outage_is_waited_for_not_restarted_against_its_budget():
+    failed = ConnectorState("c", "RUNNING", (TaskState(0, "FAILED", "org.apache.kafka.common.errors.TimeoutException"),))
+    spent = [NOW - timedelta(minutes=m) for m in (3, 2, 1)]
+    waiting = decide("running", failed, False, spent, NOW, POLICY, outage="Kafka (b:9092): connection refused")
+    assert waiting.action == "wait" and "waiting for Kafka (b:9092)" in waiting.reason, waiting
+    assert decide("running", failed, False, spent, NOW, POLICY).action == "crash_loop"  # its own failure counts

@@ -118,3 +118,55 @@ def test_a_sink_that_has_not_committed_yet_is_slow_not_stalled_and_half_seconds_
     assert decision.action == "restart" and "trigger 0.5 s" in decision.reason, decision.reason
     committed = Actual(**{**starting.__dict__, "progress_at": NOW - 130 * S})  # committed once, then nothing
     assert decide(NOW, "running", committed, History(), policy).action == "restart"
+
+
+def test_an_outage_is_waited_out_and_its_end_starts_the_job_without_spending_the_budget():
+    spent = History(restarts=(NOW - 300 * S, NOW - 200 * S, NOW - 100 * S))  # the whole budget of 3
+    broker = "Kafka (127.0.0.1:29092): no bootstrap server accepts a connection"
+    ended = Actual(alive=False, started_at=NOW - 600 * S, exit_code=75, outage=broker)
+    waiting = decide(NOW, "running", ended, spent, POLICY)
+    assert waiting.action == "wait" and f"waiting for {broker}" in waiting.reason, waiting
+    assert "not counted against the restart budget" in waiting.reason
+    hung = Actual(alive=True, started_at=NOW - 3600 * S, heartbeat_at=NOW - 600 * S, outage=broker)
+    assert decide(NOW, "running", hung, History(), POLICY).action == "wait"  # killing it would not help
+    over = decide(NOW, "running", Actual(alive=False, started_at=NOW - 600 * S, exit_code=75), spent, POLICY)
+    assert over.action == "start" and "ended for an outage (exit 75" in over.reason, over
+    # a job's own failure still counts, outage or not in the past
+    assert decide(NOW, "running", Actual(alive=False, started_at=NOW - 600 * S, exit_code=1), spent,
+                  POLICY).action == "crash_loop"
+    assert decide(NOW, "running", HEALTHY, History(), POLICY).action == "none"  # alive and well: nothing to wait for
+
+
+def test_a_sink_error_that_is_a_lost_connection_is_an_outage_and_a_records_own_error_is_not():
+    """What a standing sink's last error says decides its exit: a connection the warehouse or the broker took
+    away (the component may be back by the time it looks) is an outage (exit 75), a query's own failure is not."""
+    import psycopg2
+
+    from tidemark.sink.job import _lost_broker, _lost_warehouse
+
+    restart = psycopg2.OperationalError("terminating connection due to administrator command\nSSL SYSCALL error")
+    assert _lost_warehouse(RuntimeError("micro-batch failed")) is None
+    wrapped = RuntimeError("foreachBatch failed")
+    wrapped.__cause__ = restart
+    assert _lost_warehouse(wrapped).startswith("the warehouse connection was lost: terminating connection")
+    spark = RuntimeError("An exception was raised by the Python Proxy. Return Message: Traceback ... "
+                         "psycopg2.OperationalError: server closed the connection unexpectedly")
+    assert "server closed the connection" in _lost_warehouse(spark)
+    assert _lost_warehouse(psycopg2.errors.DeadlockDetected("deadlock detected")) is None  # the job's own
+    assert _lost_warehouse(RuntimeError("psycopg2.errors.NumericValueOutOfRange: numeric field overflow")) is None
+    kafka = RuntimeError("StreamingQueryException: org.apache.kafka.common.errors.TimeoutException: Timeout of "
+                         "60000ms expired before the position for partition tidemark.x-0 could be determined")
+    assert _lost_broker(kafka).startswith("the broker connection was lost: org.apache.kafka.common.errors.Timeout")
+    assert _lost_broker(RuntimeError("record 7 of partition 0: not valid Avro")) is None
+
+
+def test_a_sink_idle_for_hours_that_receives_a_large_batch_is_busy_not_stalled():
+    """Issue 53, item 3: the stall's clock starts when the records came (the supervisor saw lag appear), not
+    at the last micro-batch hours before; a sink that then makes no progress for the stall window is stalled."""
+    busy = Actual(alive=True, started_at=NOW - 36000 * S, heartbeat_at=NOW - 1 * S, progress_at=NOW - 7200 * S,
+                  lag=400_000, previous_lag=0, lagging_since=NOW - 60 * S)
+    assert decide(NOW, "running", busy, History(), POLICY).action == "none"
+    stuck = Actual(alive=True, started_at=NOW - 36000 * S, heartbeat_at=NOW - 1 * S, progress_at=NOW - 7200 * S,
+                   lag=400_000, previous_lag=400_000, lagging_since=NOW - 150 * S)
+    decision = decide(NOW, "running", stuck, History(), POLICY)
+    assert decision.action == "restart" and "no progress for 150 s" in decision.reason, decision

@@ -42,15 +42,20 @@ def set_desired(cur, pipeline: str, desired: str, actor: str, reason: str | None
     return before
 
 
-def observe_stream(cur, pipeline: str, lag: int | None) -> int | None:
-    """Keep the supervisor's look at the lag; returns the previous one (is the lag growing?)."""
+def observe_stream(cur, pipeline: str, lag: int | None) -> tuple[int | None, Any]:
+    """Keep the supervisor's look at the lag; returns the previous one (is the lag growing?) and since when
+    the sink has had records to read without a break (None: none now), where a stall's clock starts: a sink
+    idle for hours that receives a large batch is busy with it, not stalled for hours."""
     cur.execute(
-        """INSERT INTO tidemark_control.streams AS s (pipeline, changed_by, observed_lag, observed_at)
-           VALUES (%s, 'supervisor', %s, clock_timestamp())
-           ON CONFLICT (pipeline) DO UPDATE SET observed_lag = EXCLUDED.observed_lag, observed_at = EXCLUDED.observed_at
-           RETURNING (SELECT observed_lag FROM tidemark_control.streams WHERE pipeline = s.pipeline)""",
-        (pipeline, lag))
-    return cur.fetchone()[0]
+        """INSERT INTO tidemark_control.streams AS s (pipeline, changed_by, observed_lag, observed_at, lagging_since)
+           VALUES (%(p)s, 'supervisor', %(lag)s, clock_timestamp(), CASE WHEN %(lag)s > 0 THEN clock_timestamp() END)
+           ON CONFLICT (pipeline) DO UPDATE SET observed_lag = EXCLUDED.observed_lag, observed_at = EXCLUDED.observed_at,
+               lagging_since = CASE WHEN EXCLUDED.observed_lag > 0 THEN coalesce(s.lagging_since, clock_timestamp())
+                                    WHEN EXCLUDED.observed_lag IS NULL THEN s.lagging_since END
+           RETURNING (SELECT observed_lag FROM tidemark_control.streams WHERE pipeline = s.pipeline), s.lagging_since""",
+        {"p": pipeline, "lag": lag})
+    previous, lagging_since = cur.fetchone()
+    return previous, lagging_since
 
 
 def record_stream_event(cur, pipeline: str, kind: str, actor: str, detail: str | None = None) -> None:

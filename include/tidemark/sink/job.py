@@ -23,20 +23,93 @@ from tidemark.cdc import signing
 from tidemark.config import executor_checks_from
 from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
 from tidemark.dead_letters import DeadLetterOutbox
-from tidemark.kafka_io import end_offsets, ensure_topic
+from tidemark.errors import Outage
+from tidemark.kafka_io import end_offsets, ensure_topic, probe_broker
 from tidemark import ledger
 from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
 from tidemark.progress import Steps, progress_line, summary_line
 from tidemark.screen import Screen
 from tidemark.sink.apply import BatchSink
 from tidemark.sink.report import MicroBatchReport, loaded
-from tidemark.spark.entry import JobError, connect, connect_params, password, session
+from tidemark.spark.entry import JobError, connect, connect_params, one_line, password, session
 from tidemark.spec import PipelineSpec, load_spec
 from tidemark.streams.lifeline import StandingControl
 
 
 def run(args: Namespace) -> int:
-    """The whole job: 0 when it stopped as asked; a ``JobError`` (exit 3) names what refused it."""
+    """The whole job: 0 when it stopped as asked; a ``JobError`` (exit 3) names what refused it; a standing
+    sink that failed while the broker or the warehouse does not answer ends with ``Outage`` (exit 75), which
+    its supervisor waits out instead of counting it against the restart budget."""
+    try:
+        return _run(args)
+    except Exception as exc:
+        if args.available_now or isinstance(exc, Outage):
+            raise
+        down = outage(args) or _lost_warehouse(exc) or _lost_broker(exc)
+        if down is None:
+            raise
+        raise Outage(f"pipeline {load_spec(args.spec).name}: standing sink stopped: {down}. Next: nothing to do "
+                     "here: the supervisor starts it again once it answers (an outage is not counted against the "
+                     f"restart budget). The error it met: {one_line(exc)}") from exc
+
+
+# what libpq and the server say when a connection is gone (not a query's own failure: a deadlock or a
+# statement timeout is an OperationalError too, and the job's)
+CONNECTION_GONE = ("could not connect", "connection refused", "timeout expired", "server closed the connection",
+                   "connection already closed", "terminating connection due to administrator command",
+                   "the database system is", "ssl connection has been closed", "no connection to the server")
+
+
+def outage(args: Namespace) -> str | None:
+    """Which component the sink needs does not answer now, and why (None: the broker and the warehouse do)."""
+    import psycopg2
+
+    broken = probe_broker(args.bootstrap)
+    if broken is not None:
+        return f"Kafka ({args.bootstrap}) does not answer: {broken}"
+    try:
+        psycopg2.connect(**connect_params(args.database, args.user, password(args)), connect_timeout=5).close()
+    except psycopg2.OperationalError as exc:
+        text = " ".join(str(exc).split())
+        if any(t in text.lower() for t in CONNECTION_GONE):
+            return f"the warehouse does not answer: {text}"
+    return None
+
+
+# what the Kafka clients (Spark's, librdkafka) say when the brokers are gone, not a record's own problem
+BROKER_GONE = ("org.apache.kafka.common.errors.TimeoutException", "org.apache.kafka.common.errors.DisconnectException",
+               "Broker transport failure", "All broker connections are down", "_ALL_BROKERS_DOWN", "_TRANSPORT")
+
+
+def _lost_broker(exc: BaseException) -> str | None:
+    """The broker lost under the sink (back by now), as the Kafka client said it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = " ".join(str(seen).split())
+        found = next((t for t in BROKER_GONE if t in text), None)
+        if found is not None:
+            at = text.index(found)
+            return f"the broker connection was lost: {text[at:at + 300]}"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _lost_warehouse(exc: BaseException) -> str | None:
+    """The warehouse connection lost under the sink (a restart or failover that is over by now), as psycopg2
+    said it, in the error or what it wraps (a micro-batch's error comes back through Spark as text)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = " ".join(str(seen).split())
+        found = next((t for t in CONNECTION_GONE if t in text.lower()), None)
+        if found is not None and ("psycopg2" in text or type(seen).__module__.startswith("psycopg2")):
+            at = text.lower().index(found)  # psycopg2's own words, not the Spark query's preamble
+            start = max(text.rfind("psycopg2", 0, at), 0)
+            return f"the warehouse connection was lost: {text[start:start + 300]}"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _run(args: Namespace) -> int:
     spec = load_spec(args.spec)
     try:  # control messages are verified against it: without one the sink does not start
         keyring = Keyring.from_env()

@@ -12,7 +12,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from tidemark.errors import Terminal, TidemarkError, Transient
+from tidemark.errors import EXIT_OUTAGE, Outage, Terminal, TidemarkError, Transient
 from tidemark.spark.jobs import DATABASE_OPTIONS
 
 # Every record's JSON carries timestamps to the microsecond, in UTC, like PostgreSQL stores them.
@@ -152,14 +152,15 @@ def one_line(exc: BaseException) -> str:
 
 def run(main, argv: list[str], name: str) -> int:
     """Run ``main``; Tidemark's own error (``tidemark.errors``) becomes one clear line on stderr and exit
-    code 3, or 4 if ``Transient``. Any failure's one-line cause also goes to the file named by
+    code 3, or 4 if ``Transient`` (75 for an ``Outage``). Any failure's one-line cause also goes to the file named by
     TIDEMARK_JOB_ERROR_FILE, if set."""
     try:
         return main(argv) or 0
     except TidemarkError as exc:
         print(f"{name}: FAILED: {exc}", file=sys.stderr, flush=True)
         _write_cause(str(exc))
-        return EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, Transient) else EXIT_JOB_ERROR
+        return (EXIT_OUTAGE if isinstance(exc, Outage) else EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, Transient)
+                else EXIT_JOB_ERROR)
     except Exception as exc:
         _write_cause(one_line(exc))
         raise

@@ -204,6 +204,8 @@ CREATE TABLE IF NOT EXISTS tidemark_control.stream_heartbeats (
 );
 
 -- Added after the first release (kept idempotent for existing control schemas).
+-- since when the supervisor has seen the sink with records to read, without a break (a stall's clock starts there)
+ALTER TABLE tidemark_control.streams ADD COLUMN IF NOT EXISTS lagging_since timestamptz;
 ALTER TABLE tidemark_control.batch_ends ADD COLUMN IF NOT EXISTS batch_rows bigint;
 -- The Kafka offsets the extract wrote, per partition {"p": [first, next)}: exactly its records.
 ALTER TABLE tidemark_control.batch_attempts ADD COLUMN IF NOT EXISTS extract_offsets jsonb;

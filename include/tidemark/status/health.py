@@ -6,14 +6,14 @@ import logging
 
 import json
 import os
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tidemark.status.model import CHECK_TIMEOUT_S, Health, error_text
+from tidemark.kafka_io import probe_broker  # noqa: F401 (the page's broker check)
+from tidemark.status.model import Health
 
 log = logging.getLogger(__name__)
 
@@ -26,40 +26,6 @@ class Probe:
     conn_id: str
     address: str | None
     error: str | None  # None: reachable
-
-
-def probe_broker(bootstrap: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
-    """None when a broker answers a metadata request, else why not. A TCP connect to the bootstrap
-    servers first (a stopped broker refuses at once, and librdkafka would log every refusal), then
-    the metadata request: at most about twice ``timeout_s`` in all, never longer."""
-    import socket
-
-    servers = [h.strip().split("://")[-1] for h in (bootstrap or "").split(",") if h.strip()]
-    if not servers:
-        return "no bootstrap servers configured"
-    deadline = time.monotonic() + timeout_s
-    refused = []
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]") or "localhost", int(port)),
-                                     timeout=max(0.2, deadline - time.monotonic())).close()
-            break
-        except (OSError, ValueError) as exc:
-            refused.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
-    else:
-        return "no bootstrap server accepts a connection (" + "; ".join(refused) + ")"
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000),
-                         "socket.connection.setup.timeout.ms": int(timeout_s * 1000), "log_level": 0})
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except Exception as exc:  # KafkaException: the port is open but no broker answers (starting, stopping)
-        return f"the broker accepts connections but does not answer: {error_text(exc)}"
-    if not metadata.brokers:
-        return "the cluster's metadata lists no broker"
-    return None
 
 
 def pg_address(conn) -> str | None:
@@ -86,6 +52,11 @@ def next_step(kind: str, conn_id: str, error: str | None) -> str:
             return f"set bootstrap.servers in the Airflow connection {conn_id}"
         return ("start the broker: `make start C=kafka` (or `python -m tidemark_workshop.stack start kafka`); "
                 "why it stopped: `make logs C=kafka`")
+    if kind == "connect":
+        if error and error.startswith("connection "):
+            return f"set the Airflow connection {conn_id} (Kafka Connect's REST address)"
+        return ("start the Connect worker: `make start C=connect` (or `python -m tidemark_workshop.stack start "
+                "connect`); why it stopped: `make logs C=connect`; the supervisor then restarts its connectors")
     if error and "statement timeout" in error:
         return "it answers too slowly: see what it is busy with (pg_stat_activity, `make logs C=postgres`)"
     if error and not _cannot_connect(error):  # it answers, but refuses this login or database

@@ -36,7 +36,8 @@ class ConnectorDecision:
 
 
 def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: list[datetime], now: datetime,
-           policy: Policy, unread_for: timedelta | None = None, handed_off: bool = True) -> ConnectorDecision:
+           policy: Policy, unread_for: timedelta | None = None, handed_off: bool = True,
+           outage: str | None = None) -> ConnectorDecision:
     """Pure: what to do about the connector now. ``unread_for``: how long its slot has had no reader
     (a task Connect keeps retrying looks RUNNING: an unread slot past the stall window is a failure).
     ``handed_off``: the ledger has the pipeline's committed handoff batch, whose slot the connector
@@ -58,6 +59,10 @@ def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: 
         return ConnectorDecision("resume", f"{state.state.lower()}, but desired running")
     stalled = state.running and unread_for is not None and unread_for > policy.stall_after
     if state.state == "FAILED" or state.failed_tasks or stalled:
+        if outage is not None:  # a restart now would fail again: waited out, not counted (as for the sinks)
+            return ConnectorDecision("wait", f"{'failed' if not stalled else 'its slot unread'}; waiting for {outage}: "
+                                             "restarted once it answers (an outage is not counted against the "
+                                             "restart budget)")
         if len(restarts) >= policy.restart_budget:
             how = "failed" if not stalled else f"its slot unread for {_duration(unread_for)}"
             return ConnectorDecision("crash_loop", f"{how} again after {len(restarts)} restart(s) within "
@@ -74,10 +79,10 @@ def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: 
 
 
 def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpoint: SourceEndpoint,
-                      policy: Policy, now: datetime) -> tuple[str, str | None]:
+                      policy: Policy, now: datetime, outage: str | None = None) -> tuple[str, str | None]:
     """One look at a capture (a pipeline's, or a capture group's, whose lead pipeline's stream state
     stands for the group): act, and return its log line and, when a person must act, the failure line
-    (the supervisor's task fails with it)."""
+    (the supervisor's task fails with it). ``outage``: the broker does not answer now, and why."""
     spec = capture.lead
     name, connector = spec.name, connector_name(spec)
     with source, source.cursor() as cur:
@@ -114,7 +119,7 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     # their snapshots (tidemark.sink.commit), the first one's included
     streams = handoff is not None or (capture.grouped and held is not None and not held.active)
     decision = decide(desired, state, differs, restarts, now, policy,
-                      now - unread_since if unread_since is not None else None, handed_off=streams)
+                      now - unread_since if unread_since is not None else None, handed_off=streams, outage=outage)
     if held is None and handoff is not None and desired == "running":
         # never let Debezium make a new slot of its own: it would start at the present, past every change since
         if state.state not in ("MISSING", "STOPPED"):

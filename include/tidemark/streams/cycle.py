@@ -17,6 +17,7 @@ from typing import Any
 
 from tidemark import catalog, ledger
 from tidemark.cdc.groups import captures
+from tidemark.kafka_io import probe_broker
 from tidemark.streams.launch import Launcher
 from tidemark.spec import PipelineSpec
 from tidemark.streams.lag import sink_lag
@@ -49,13 +50,15 @@ def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, boo
               command: Command, *, now: datetime | None = None) -> CycleReport:
     report = CycleReport()
     # a capture group's lead reads the group's change topics, its other members none (tidemark.cdc.groups)
+    broken = probe_broker(bootstrap)  # once a cycle: a sink is not restarted into an outage
+    outage = None if broken is None else f"Kafka ({bootstrap}): {broken}"
     groups = captures(specs)
     realtime = {m.name: c.realtime_topics(m) for c in groups for m in c.members}
     signatures = {m.name: c.signature for c in groups if c.grouped for m in c.members}
     for spec in (s for s in specs if s.sink.mode == "standing"):
         line, decision = _supervise(spec, warehouse_conn, launcher, bootstrap, command,
                                     now or datetime.now(timezone.utc), report, realtime.get(spec.name),
-                                    signatures.get(spec.name))
+                                    signatures.get(spec.name), outage)
         report.decisions[spec.name] = decision
         report.lines.append(line)
         log.log(logging.ERROR if decision.action == "crash_loop" else logging.INFO, "%s", line)
@@ -64,7 +67,7 @@ def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, boo
 
 def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, command: Command,
                now: datetime, report: CycleReport, realtime: dict[str, int] | None,
-               signature: str | None = None) -> tuple[str, Decision]:
+               signature: str | None = None, outage: str | None = None) -> tuple[str, Decision]:
     name, policy = spec.name, policy_for(spec)
     instance = launcher.status(name)
     parts = sink_lag(spec, wh, bootstrap, realtime=realtime)
@@ -73,13 +76,14 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
         state = ledger.stream_state(cur, name)
         beat = ledger.heartbeat(cur, name)
         restarts = ledger.restarts_since(cur, name, policy.budget_window)
-        previous = ledger.observe_stream(cur, name, lag)
+        previous, lagging_since = ledger.observe_stream(cur, name, lag)
         started_for = ledger.sink_capture(cur, name, beat["fence"]) if signature and beat else None
     mine = (beat is not None and instance.started_at is not None and beat["ended_at"] is None
             and beat["started_at"] >= instance.started_at - timedelta(seconds=1))
     actual = Actual(alive=instance.alive, started_at=instance.started_at, exit_code=instance.exit_code,
                     heartbeat_at=beat["heartbeat_at"] if mine else None,
-                    progress_at=beat["progress_at"] if mine else None, lag=lag, previous_lag=previous)
+                    progress_at=beat["progress_at"] if mine else None, lag=lag, previous_lag=previous, outage=outage,
+                    lagging_since=lagging_since)
     person = state.changed_by not in (None, "supervisor")  # the row may exist only for the supervisor's looks
     history = History(tuple(restarts), state.crash_looping_since, state.changed_at if person else None)
     decision = decide(now, state.desired, actual, history, policy)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from tidemark.errors import EXIT_OUTAGE
+
 DesiredState = Literal["running", "paused", "stopped"]
 ActionKind = Literal["none", "start", "restart", "reconfigure", "stop", "wait", "crash_loop"]
 
@@ -68,6 +70,8 @@ class Actual:
     progress_at: datetime | None = None  # its last micro-batch that read records
     lag: int | None = None  # records on the topic beyond the offsets committed in the warehouse
     previous_lag: int | None = None  # the same, at the supervisor's previous look
+    outage: str | None = None  # a component the job needs that does not answer now (the broker), and why
+    lagging_since: datetime | None = None  # since when the supervisor has seen it with records to read, unbroken
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,14 @@ def decide(now: datetime, desired: DesiredState, actual: Actual, history: Histor
         # never launched, or ended before a person (re)set it running (a resume): a start, not a restart
         return Decision("start", "not running: starting it" if actual.started_at is None else
                         f"resumed at {history.desired_since.isoformat()}: starting it", n)
+    # an outage is waited out, not counted: the budget is for the job's own failures (Kafka Connect's and
+    # Flink's restart strategies do the same); a restart now would only fail again
+    if actual.outage is not None:
+        return Decision("wait", f"{why}; waiting for {actual.outage}: started again once it answers (an outage "
+                        "is not counted against the restart budget)", n)
+    if not actual.alive and actual.exit_code == EXIT_OUTAGE:
+        return Decision("start", f"it ended for an outage (exit {EXIT_OUTAGE}: a component it needs did not answer), "
+                        "which is over: starting it again (not counted against the restart budget)", n)
     if n >= policy.restart_budget:
         return Decision("crash_loop", f"{why}; {n} restarts within {policy.budget_window} already (budget "
                         f"{policy.restart_budget}): crash-looping, not restarted until a person clears it", n)
@@ -144,6 +156,8 @@ def _trouble(now: datetime, actual: Actual, policy: Policy) -> str | None:
     # from its first committed micro-batch: a JVM starting on a loaded host is slow, not stalled (its
     # heartbeat says it lives); one that never commits is stalled only after a start-up grace of two windows more
     since = actual.progress_at or (actual.started_at + 2 * policy.stall_after if actual.started_at else None)
+    if since is not None and actual.lagging_since is not None:  # idle until records came: busy since then
+        since = max(since, actual.lagging_since)
     if growing and since is not None and now - since > policy.stall_after:
         return (f"stalled: lag {actual.lag} records and not shrinking, no progress for {_secs(now - since)} "
                 f"(stall window {_secs(policy.stall_after)} = max({policy.stall_factor} x trigger "
