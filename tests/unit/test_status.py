@@ -543,3 +543,36 @@ def test_an_extracts_held_snapshot_is_said_against_its_limit():
     said = Lag(seconds=3.0, snapshot_held_s=75.0, snapshot_limit_s=3600.0).snapshot_text()
     assert said == ("extract reading in one snapshot of the source, held 1m 15s of max_snapshot_hold 1h 00m "
                     "(vacuum waits for it)")
+
+
+def test_kafka_connect_down_is_a_health_row_with_its_next_step_and_holds_the_cdc_pipelines_only():
+    """Issue 53, item 5: Connect is checked like the broker (one row, since when, the next step), and a
+    CDC pipeline's line is held by it, not a raw urlopen error per connector."""
+    from tidemark.cdc.connect import ConnectClient
+    from tidemark.status import CaptureStatus, health_lines
+    from tidemark.status.health import track_health
+    from tidemark.status.holds import pipeline_holds
+    from tidemark.status.report import connect_view
+
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    probe = connect_view(ConnectClient(f"http://127.0.0.1:{port}", timeout_s=1.0))
+    assert (probe.component, probe.kind, probe.address) == ("kafka connect", "connect", f"http://127.0.0.1:{port}")
+    assert "Connection refused" in probe.error, probe.error
+    first, state = track_health([probe], {}, T0)
+    later, _ = track_health([probe], state, T0 + timedelta(minutes=5))
+    [down] = later
+    assert down.since == T0 and not down.reachable and "make start C=connect" in down.next_step
+    report = StatusReport(generated_at=T0 + timedelta(minutes=5), pipelines_dir="/specs", control_schema=True,
+                          pipelines=[], sources=[], orphan_stage_tables=[], health=later)
+    assert health_lines(report)[0].startswith(f"kafka connect: http://127.0.0.1:{port} UNREACHABLE since 2026-11-22T08:00:00")
+    cdc = PipelineStatus("cdc", "/specs/cdc.yaml", source_conn_id="tidemark_source", cursor_kind="timestamp")
+    held = pipeline_holds(cdc, health=later, source=None, now=T0,
+                          stream=StreamStatus("cdc", "running", serving_view="rt.cdc", capture=CaptureStatus(slot="s")))
+    assert [(h.by, h.what) for h in held] == [("connect", f"Kafka Connect unreachable (http://127.0.0.1:{port})")]
+    batch = PipelineStatus("ledger", "/specs/ledger.yaml", source_conn_id="tidemark_source", cursor_kind="timestamp")
+    assert pipeline_holds(batch, health=later, source=None, stream=None, now=T0) == []
+    assert connect_view(KeyError("tidemark_connect")).error.startswith("connection tidemark_connect: ")

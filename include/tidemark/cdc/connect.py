@@ -86,6 +86,10 @@ class ConnectClient:
     def _path(name: str, suffix: str = "") -> str:
         return f"/connectors/{urllib.parse.quote(name, safe='')}{suffix}"
 
+    def version(self) -> str:
+        """The worker's version (``GET /``): that it answers at all (the health check)."""
+        return str((self._call("GET", "/") or {}).get("version") or "unknown")
+
     def create_stopped(self, name: str, config: dict[str, str]) -> None:
         """Create the connector in Connect's STOPPED state: nothing runs until ``resume``."""
         self._call("POST", "/connectors", {"name": name, "config": config, "initial_state": "STOPPED"})

@@ -15,11 +15,13 @@ def pipeline_holds(p: PipelineStatus, *, health: Iterable[Health], source: Sourc
     if p.error:
         return []
     holds = []
-    for h in sorted(health, key=lambda h: ("warehouse", "source", "broker").index(h.kind)):
+    for h in sorted(health, key=lambda h: ("warehouse", "source", "broker", "connect").index(h.kind)):
         if h.reachable or not (h.kind in ("warehouse", "broker")
-                               or (h.kind == "source" and h.conn_id == p.source_conn_id)):
+                               or (h.kind == "source" and h.conn_id == p.source_conn_id)
+                               or (h.kind == "connect" and stream is not None and stream.capture is not None)):  # CDC only
             continue
-        name = {"warehouse": "warehouse", "broker": "Kafka broker"}.get(h.kind, f"source {h.conn_id}")
+        name = {"warehouse": "warehouse", "broker": "Kafka broker", "connect": "Kafka Connect"}.get(
+            h.kind, f"source {h.conn_id}")
         holds.append(Hold(h.kind, f"{name} unreachable ({h.address or h.conn_id})", h.since, h.next_step or ""))
     control = f"trigger the DAG tidemark_stream_control with pipeline={p.name}"
     if stream is not None:

@@ -166,10 +166,10 @@ class StageTable:
 
 @dataclass(frozen=True)
 class Health:
-    """One component's check: the Kafka broker, the warehouse, or a source database."""
+    """One component's check: the Kafka broker, Kafka Connect, the warehouse, or a source database."""
 
-    component: str  # "kafka", "warehouse" or "source <conn_id>": the key in the health file
-    kind: str  # broker, warehouse, source
+    component: str  # "kafka", "kafka connect", "warehouse" or "source <conn_id>": the key in the health file
+    kind: str  # broker, connect, warehouse, source
     conn_id: str
     address: str | None  # bootstrap servers, or host:port/database (never a password)
     reachable: bool
@@ -184,7 +184,7 @@ class Health:
 class Hold:
     """Something that keeps a pipeline from moving, and the next step that works."""
 
-    by: str  # warehouse, source, broker, sink, person, transaction
+    by: str  # warehouse, source, broker, connect, sink, person, transaction
     what: str
     since: datetime | None
     next: str

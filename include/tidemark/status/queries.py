@@ -100,6 +100,8 @@ def _group(cur, spec: PipelineSpec) -> dict:
 def with_connector(capture: CaptureStatus, connect, name: str) -> CaptureStatus:
     """The capture with its connector's state from Kafka Connect's REST API (``connect``: a
     ``ConnectClient``, or the exception that kept its connection from being resolved)."""
+    if isinstance(connect, ConnectionError):  # the worker does not answer: the health table says since when
+        return replace(capture, connector=f"state unknown: {connect}", connector_ok=False)
     if isinstance(connect, BaseException):
         return replace(capture, connector=f"state unknown (the Connect connection: {connect})", connector_ok=False)
     try:

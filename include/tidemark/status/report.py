@@ -11,7 +11,7 @@ from typing import Any
 from tidemark import ledger
 from tidemark.cdc.connector import connector_name
 from tidemark.cdc.source import Slot, slot_named
-from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
+from tidemark.config import CONN_CONNECT, CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
 from tidemark.status.model import FAILURE_WINDOW, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
 from tidemark.status.queries import with_connector, with_slot, orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
 from tidemark.status.health import Probe, pg_address, probe_broker, remember_health
@@ -49,6 +49,10 @@ def collect(
     broker = broker_view(kafka_bootstrap, kafka_conn_id, broker_probe)
     if broker is not None:
         probes.append(broker)
+    if connect is not None:
+        probes.append(connect_view(connect))
+        if probes[-1].error is not None:  # one line in the health table, not one timeout per connector
+            connect = ConnectionError(f"Kafka Connect does not answer (see the health table): {probes[-1].error}")
     now = datetime.now(timezone.utc)
     health = remember_health(probes, health_path, now)
     stream_of = {t.pipeline: _with_capture(t, slots, sources, specs, connect) for t in wh.streams}
@@ -198,6 +202,18 @@ def broker_view(kafka_bootstrap, kafka_conn_id: str, broker_probe) -> Probe | No
     except Exception as exc:  # the probe itself failed (e.g. no Kafka client here): say so, never fail the page
         broken = error_text(exc)
     return Probe("kafka", "broker", kafka_conn_id, kafka_bootstrap, broken)
+
+
+def connect_view(connect) -> Probe:
+    """Kafka Connect's probe (``connect``: its client, or why its connection could not be resolved)."""
+    if isinstance(connect, BaseException):
+        return Probe("kafka connect", "connect", CONN_CONNECT, None, f"connection {CONN_CONNECT}: {error_text(connect)}")
+    try:
+        connect.version()
+        broken = None
+    except Exception as exc:  # ConnectError: refused, timed out, an error page
+        broken = error_text(exc)
+    return Probe("kafka connect", "connect", CONN_CONNECT, connect.url, broken)
 
 
 # --- text, for `make status` and logs ---------------------------------------------------------
