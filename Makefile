@@ -17,6 +17,8 @@
 #   make bench-flood  1,000,000 records the sink cannot use against a good batch of that size: rejects/s, memory
 #   make campaign  id-cursor campaign: writers hold transactions 20-60 s while batches run back to back
 #   make kill-trials  kill -9 the standing sink at seeded moments (TRIALS=20 SEED=...): exactly one effect (make test runs 7)
+#   make grants P=<pipeline>  the statements the source's owner runs for a CDC pipeline's capture (again when a
+#               member joins its group)
 #   make test-direct  the batch tests again with every pipeline they make on transport: direct where its spec allows
 #               (the lanes only; a test of the Kafka transport itself is marked kafka_transport and skipped)
 SHELL := /bin/bash
@@ -39,7 +41,7 @@ SEED ?=
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
 bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials test-direct profile-sink clean
+.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials test-direct profile-sink clean grants
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -62,6 +64,10 @@ stop:
 
 status:
 	@$(STACK) status
+
+# what the source's owner runs for a CDC pipeline's capture (P=<pipeline>): pipe it into psql as the tables' owner
+grants:
+	@$(STACK) run -- $(PY) -m tidemark.cdc.grants $(P) --role $${TIDEMARK_CDC_USER:-tidemark_cdc}
 
 logs:
 	@$(STACK) logs $(C)

@@ -85,3 +85,27 @@ def test_a_connector_runs_only_when_it_and_every_task_run_and_a_failed_task_give
         "org.apache.kafka.connect.errors.ConnectException: slot is active")
     assert not ConnectorState("c", "RUNNING").running  # no task assigned yet
     assert ConnectorState("c", "RUNNING", (TaskState(0, "RUNNING"),)).running
+
+
+def test_the_grants_command_prints_a_groups_statements_to_pipe_into_psql_and_they_can_run_again(tmp_path, capsys):
+    """Issue 53, item 3: what the source's owner runs, printed by a command; the publication is set to the
+    group's tables when it exists, so the same statements run again when a member joins."""
+    import json
+
+    from tidemark.cdc import grants
+
+    for spec in (member("ledger", "core.ledger_entries"), member("balances", "core.balances")):
+        (tmp_path / f"{spec.name}.yaml").write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True)))
+    assert grants.main(["ledger", "--pipelines", str(tmp_path), "--role", "cdc_reader"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "-- capture group bank (balances, ledger; lead balances): run as the owner of its tables, on the " \
+                     "source database"
+    statements = [line for line in out if not line.startswith("--")]
+    assert all(s.endswith(";") for s in statements)
+    publication = next(s for s in statements if s.startswith("DO $$"))
+    tables = '"core"."balances", "core"."ledger_entries", "core"."tidemark_heartbeat"'
+    assert (f'ALTER PUBLICATION "tidemark_group_bank" SET TABLE {tables}; ELSE CREATE PUBLICATION '
+            f'"tidemark_group_bank" FOR TABLE {tables}; END IF;') in publication
+    assert 'GRANT SELECT ON "core"."ledger_entries" TO "cdc_reader";' in statements
+    assert grants.main(["fx", "--pipelines", str(tmp_path)]) == 2
+    assert "no pipeline fx in" in capsys.readouterr().err

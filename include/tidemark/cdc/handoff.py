@@ -138,7 +138,7 @@ def _check_way_clear(cur, slot: str, publication: str, replace_stale: bool) -> N
     cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
     if cur.fetchone() is None:
         raise HandoffError(f"publication {publication} does not exist on the source: it must exist before the slot "
-                           "(tidemark.cdc.source.grant_sql gives the statements for the table's owner)")
+                           "(`python -m tidemark.cdc.grants <pipeline>` prints the statements for the table's owner)")
     found = slot_named(cur, slot)
     deadline = time.monotonic() + RELEASE_WAIT_S
     while replace_stale and found is not None and found.active and time.monotonic() < deadline:

@@ -1,6 +1,7 @@
 """The source side of change data capture, with least privilege.
 
-Tidemark never holds the source's owner rights: a DBA runs ``grant_sql`` once per capture (the
+Tidemark never holds the source's owner rights: a DBA runs ``grant_sql`` once per capture, and again when
+a member joins a capture group (``python -m tidemark.cdc.grants <pipeline>`` prints it; the
 publication of its tables: one pipeline's, or a capture group's; SELECT on them for the replication
 role) and once per source (the role itself). ``check_capture`` says what is missing, with the statements to run, before a
 connector is created; ``slot`` reads how much WAL the pipeline's slot holds on the source.
@@ -16,6 +17,12 @@ from tidemark.spec import PipelineSpec, quote
 
 class CaptureNotReady(RuntimeError):
     """The source is not set up for a pipeline's capture; the message says what to run, and where."""
+
+    def __init__(self, what: str, missing: list[str]):
+        self.what, self.missing = what, missing
+        super().__init__(f"{what}: the source is not set up for capture: {'; '.join(missing)}. Next: have the "
+                         "tables' owner run those statements on the source (`python -m tidemark.cdc.grants "
+                         "<pipeline>` prints them all), then run the supervisor again")
 
 
 def _table(spec: PipelineSpec) -> tuple[str, str]:
@@ -39,11 +46,21 @@ def grant_sql(capture: Capture, role: str) -> list[str]:
         *heartbeat,
         # a DELETE then carries the row it deleted: kept, audited, in tidemark_control.cdc_deletions
         *(f"ALTER TABLE {quote(t)} REPLICA IDENTITY FULL" for t in tables),
-        f"CREATE PUBLICATION {quote(capture.slot)} FOR TABLE {', '.join(quote(t) for t in [*tables, *([beat] if beat else [])])}",
+        publication_sql(capture),
         *(f"GRANT USAGE ON SCHEMA {quote(s)} TO {quote(role)}" for s in dict.fromkeys(_table(m)[0]
                                                                                      for m in capture.members)),
         *(f"GRANT SELECT ON {quote(t)} TO {quote(role)}" for t in tables),
     ]
+
+
+def publication_sql(capture: Capture) -> str:
+    """The capture's publication holding exactly its tables: made, or set to them when it exists (a member
+    added to a capture group: the same statements run again)."""
+    tables = ", ".join(quote(t) for t in [*(m.table for m in capture.members),
+                                           *([capture.heartbeat_table] if capture.heartbeat_table else [])])
+    name = quote(capture.slot)
+    return (f"DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_publication WHERE pubname = '{capture.slot}') THEN ALTER "
+            f"PUBLICATION {name} SET TABLE {tables}; ELSE CREATE PUBLICATION {name} FOR TABLE {tables}; END IF; END $$")
 
 
 def check_capture(cur, capture: Capture, role: str) -> None:
@@ -62,7 +79,7 @@ def check_capture(cur, capture: Capture, role: str) -> None:
     cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
     if cur.fetchone() is None:
         missing.append(f"publication {publication} does not exist: "
-                       + next(g for g in grant_sql(capture, role) if g.startswith("CREATE PUBLICATION")))
+                       + publication_sql(capture))
         published = True  # the statement given covers every table
     else:
         published = False
@@ -72,9 +89,7 @@ def check_capture(cur, capture: Capture, role: str) -> None:
         missing += _table_missing(cur, capture.heartbeat_table, publication, role, check_published=not published,
                                   heartbeat=True)
     if missing:
-        raise CaptureNotReady(f"{capture.describe()}: the source is not set up for capture: " + "; ".join(missing)
-                              + ". Next: have the tables' owner run those statements on the source, then run the "
-                              "supervisor again")
+        raise CaptureNotReady(capture.describe(), missing)
 
 
 def _table_missing(cur, name: str, publication: str, role: str, *, check_published: bool,

@@ -15,6 +15,7 @@ from argparse import Namespace
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from tidemark import avro, repair, totals
 from tidemark.cdc import handoff as cdc_handoff
@@ -78,6 +79,7 @@ def reading_in_snapshot(x: Extract) -> Iterator[None]:
         return
     if spec.cdc is None or x.args.repair_keys is not None:
         raise JobError(f"{x.tag}: --handoff is for a CDC pipeline's batch (spec section cdc:), never a repair")
+    _check_capture(x, params)
     if spec.cdc.group is not None:  # the group's slot is made once, by its first member's handoff
         with cdc_handoff.member_handoff(params, spec.cdc_slot, spec.cdc_slot,
                                         lambda: snapshot.exported(params, wal=True)) as h:
@@ -92,6 +94,27 @@ def reading_in_snapshot(x: Extract) -> Iterator[None]:
         print(f"{x.tag}: CDC handoff: slot {h.slot} created at {h.consistent_point}, snapshot {h.snapshot}; "
               f"reading {x.window} in it", flush=True)
         yield
+
+
+def _check_capture(x: Extract, params: dict) -> None:
+    """Before a handoff reads as the replication role: the source is set up for its capture, or the job fails
+    naming each missing statement (not with the first ``permission denied`` its read would meet)."""
+    import psycopg2
+
+    from tidemark.cdc.groups import load_capture
+    from tidemark.cdc.source import CaptureNotReady, check_capture
+
+    capture = load_capture(x.spec, Path(x.args.spec).parent)
+    conn = psycopg2.connect(**params)
+    try:
+        with conn, conn.cursor() as cur:
+            check_capture(cur, capture, x.args.user)
+    except CaptureNotReady as exc:
+        raise JobError(f"{x.tag}: {exc.what}: the source is not set up for its handoff: {'; '.join(exc.missing)}. "
+                       f"Next: have the tables' owner run what `python -m tidemark.cdc.grants {x.spec.name}` prints "
+                       f"(`make grants P={x.spec.name}` on the local stack), then run this batch again") from None
+    finally:
+        conn.close()
 
 
 def read_and_write(x: Extract) -> int:
