@@ -25,6 +25,12 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
+from tidemark.config import pipelines_dir
+from tidemark.spec import load_specs
+
+# the form's hint: which pipelines have a standing sink (the specs are read anyway by the batch DAGs' file)
+STANDING = sorted(spec.name for _, spec in load_specs(pipelines_dir())[0] if spec.sink.mode == "standing")
+
 with DAG(
     dag_id="tidemark_stream_control",
     doc_md=__doc__,
@@ -34,8 +40,14 @@ with DAG(
     max_active_runs=4,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "owner": "tidemark"},
     params={
-        "pipeline": Param("", type="string", description="a pipeline with sink.mode standing"),
-        "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear", "resnapshot"]),
+        "pipeline": Param("", type="string",
+                          description="the pipeline to act on: one whose spec says sink: {mode: standing} (here: "
+                                      f"{', '.join(STANDING) or 'none yet'}); Trigger stays disabled until it is "
+                                      "filled in"),
+        "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear", "resnapshot"],
+                        description="pause or stop: the sink finishes its micro-batch and exits; resume: started at "
+                                    "the supervisor's next cycle; clear: a crash-looping pipeline gets a fresh restart "
+                                    "budget; resnapshot: a CDC pipeline starts over from a new handoff"),
         "reason": Param(None, type=["null", "string"], description="why (optional, kept with the change)"),
     },
     tags=["tidemark", "streams"],

@@ -56,10 +56,20 @@ def quiet_progress_bars(context) -> None:
     context.variables.save()
 
 
-def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: str, run_name: str
-             ) -> tuple[list[Expected], Path]:
+def findings_query(findings: list[str]) -> str:
+    """The query of the expectation that carries Tidemark's own verdict into the Data Docs: one row per
+    failed check (none: it passes). ``{batch}`` is named as GX asks, in a clause that reads nothing."""
+    values = ", ".join("('" + f.replace("'", "''")[:500] + "')" for f in findings[:50]) or "(NULL)"
+    return (f"SELECT f.tidemark_finding FROM (VALUES {values}) AS f(tidemark_finding) "
+            "WHERE f.tidemark_finding IS NOT NULL AND NOT EXISTS (SELECT FROM {batch} WHERE false)")
+
+
+def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: str, run_name: str,
+             findings: list[str] | None = None) -> tuple[list[Expected], Path]:
     """Run the pipeline's suite over ``SELECT * FROM target WHERE where``; the results, and the Data
-    Docs index page."""
+    Docs index page. ``findings``: the reconciliation's own failed checks, one line each, carried by an
+    expectation of their own, so a run whose verdict failed shows failed in the Data Docs too (GX's
+    checks alone may all pass beside a sum that differs)."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
 
@@ -84,6 +94,11 @@ def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: 
     for column, values in rec.accepted_values.items():
         suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=[str(v) for v in values]))
     suite.add_expectation(gxe.ExpectTableRowCountToEqual(value=source_rows))
+    findings = findings or []
+    said = (f"{len(findings)} check(s) failed: " + "; ".join(findings[:5]))[:1000] if findings else "every check passed"
+    suite.add_expectation(gxe.UnexpectedRowsExpectation(
+        unexpected_rows_query=findings_query(findings),
+        description=f"Tidemark's reconciliation with the source (each unexpected row a failed check): {said}"))
     suite.save()
     definition = context.validation_definitions.add_or_update(
         gx.ValidationDefinition(name=asset_name, data=batch, suite=suite))
@@ -97,6 +112,8 @@ def validate(spec: PipelineSpec, where: str, source_rows: int, root: Path, url: 
             config, outcome = item.expectation_config, item.result or {}
             kwargs = config.kwargs
             subject = kwargs.get("column") or ""
+            if config.type == "unexpected_rows_expectation":
+                continue  # Tidemark's own checks, in the verdict already
             if config.type == "expect_table_row_count_to_equal":
                 found.append(Expected(f"gx:{config.type}", "", str(kwargs["value"]), str(outcome.get("observed_value")),
                                       bool(item.success)))

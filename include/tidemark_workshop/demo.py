@@ -489,6 +489,13 @@ def main() -> int:
     conn.close()
     print(f"source: core-banking schema seeded ({seeded}); 3 concurrent writers start now, and one "
           "transaction stays open for 20 s (longer than the 2 s safe lag)", flush=True)
+    failed: list[str] = []  # the steps whose proof failed, named on the last line
+
+    def step(name: str, passed: bool) -> bool:
+        if not passed:
+            failed.append(name)
+        return passed
+
     ok = True
     ui = AirflowUI(settings)
     ui.start()
@@ -500,7 +507,7 @@ def main() -> int:
     with bank_traffic.Simulator(dsn, writers=3, pause=0.2, events=settings.kafka_bootstrap) as sim:
         held = bank_traffic.hold_open(dsn, 20, rows=10)
         for name in PIPELINES:
-            ok &= _run_pipeline(settings, api, name)
+            ok &= step(f"the nightly run of {name} under the writers", _run_pipeline(settings, api, name))
         conn = psycopg2.connect(dsn)
         try:  # its application publishes its events once it commits, as the writers do
             held_events = bank_traffic.publish_events(conn, settings.kafka_bootstrap, held.wait())
@@ -510,19 +517,21 @@ def main() -> int:
     print("\nthe writers stopped: one more run of each nightly DAG (Trigger, as a person clicks it), so every row "
           "written so far is due and each reconciliation compares rows", flush=True)
     for name in PIPELINES:
-        ok &= _run_pipeline(settings, api, name, quiet=True)
+        ok &= step(f"the quiet run of {name}", _run_pipeline(settings, api, name, quiet=True))
     for line in _prove(settings):
-        ok &= line.endswith(": OK")
+        ok &= step(f"the proof '{line.split(':')[0].strip()}'", line.endswith(": OK"))
         print(line)
-    ok &= _detect_a_difference(settings, api)
-    ok &= _events(settings, api, sim.stats["events"] + held_events)
-    ok &= _changes(settings, api, closed_in_error)
+    ok &= step("a difference detected and repaired", _detect_a_difference(settings, api))
+    ok &= step("the events stream", _events(settings, api, sim.stats["events"] + held_events))
+    ok &= step("change data capture (and the Connect worker's kill -9)", _changes(settings, api, closed_in_error))
     print("\nper pipeline (make status):")
-    ok &= _streams(settings, api)
+    ok &= step("the standing sinks' status", _streams(settings, api))
     print(f"\nThe Airflow UI is running at {ui.url} (runs, task logs; Tidemark status at {ui.url}/tidemark/), "
           "and the supervisor keeps the standing sink running; `make down` stops both")
     if not ok:
-        print("demo FAILED: read the log above for the failing task and its message", file=sys.stderr)
+        print(f"demo FAILED at {len(failed)} step(s): {'; '.join(failed)}. Each one's MISMATCH line above says what "
+              f"it compared or waited for. Next: `make status` and the runs' task logs in the Airflow UI ({ui.url}), "
+              "then `make demo` again (it starts afresh)", file=sys.stderr)
     return 0 if ok else 1
 
 

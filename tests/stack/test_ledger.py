@@ -93,3 +93,20 @@ def test_a_current_control_schema_is_left_unlocked(wh):
                         WHERE pid = pg_backend_pid() AND locktype = 'relation'
                           AND relation::regclass::text LIKE 'tidemark_control.%'""")
         assert cur.fetchall() == []
+
+
+def test_a_refusals_first_reasons_name_each_records_partition_offset_and_key(wh):
+    """Issue 53, item 6: the refused batch's line names the first refused records, not only their reasons."""
+    with wh, wh.cursor() as cur:
+        batch_id = _planned(cur)
+        ledger.record_rejects(cur, "it-consumer", "tidemark.it", [
+            {"partition": 1, "offset": 7, "batch_id": batch_id, "attempt": 1, "payload": "{}", "raw": b"{}",
+             "raw_key": b"acct-42", "reason": "updated_at 2026-01-03 lies outside the batch's window"},
+            {"partition": 0, "offset": 12, "batch_id": batch_id, "attempt": 1, "payload": "{}", "raw": b"{}",
+             "raw_key": None, "reason": "field amount: not a number"},
+            {"partition": 0, "offset": 3, "batch_id": batch_id, "attempt": 1, "payload": "{}", "raw": b"{}",
+             "raw_key": b"\x00\xff", "reason": "field id: null"}])
+        count, first = ledger.data_rejects(cur, "it-consumer", batch_id, 1, 2)
+    assert count == 3
+    assert first == ["partition 0 offset 3 key \\000\\377: field id: null",
+                     "partition 0 offset 12 key (none): field amount: not a number"], first

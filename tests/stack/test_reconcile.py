@@ -237,6 +237,24 @@ def test_a_run_records_evidence_renders_data_docs_and_reports_the_rows(loaded, s
             with pytest.raises(psycopg2.errors.InsufficientPrivilege, match="append-only evidence"):
                 with wh, wh.cursor() as cur:
                     cur.execute(change, (dirty.run_id,))
+        # an amount changed in the target: every GX check passes (no null, every value in its set, the row
+        # count), Tidemark's totals do not; its Data Docs show the run failed, naming the failed checks
+        with wh, wh.cursor() as cur:
+            cur.execute(f"UPDATE {table} SET amount = amount + 1 WHERE entry_id = 3")
+        try:
+            quiet = reconcile.run(pipe.spec, src, wh, tmp_path, batch_id=plan.batch_id, warehouse_url=url,
+                                  code_version="test")
+        finally:
+            with wh, wh.cursor() as cur:
+                cur.execute(f"UPDATE {table} SET amount = amount - 1 WHERE entry_id = 3")
+        assert not quiet.verdict.passed and all(c.passed for c in quiet.verdict.checks if c.check.startswith("gx:"))
+        [stored] = [json.loads(f.read_text()) for f in (tmp_path / "gx" / "uncommitted" / "validations").rglob("*.json")
+                    if quiet.run_id in str(f)]
+        assert stored["success"] is False, stored["statistics"]
+        [carried] = [r for r in stored["results"] if r["expectation_config"]["type"] == "unexpected_rows_expectation"]
+        assert carried["success"] is False and carried["result"]["observed_value"] >= 1, carried["result"]
+        said = carried["expectation_config"]["description"]
+        assert "check(s) failed: " in said and "hash_total: expected" in said, said
     finally:
         for conn in (src, wh, beside):
             conn.close()

@@ -241,13 +241,16 @@ def pending_reject_summary(cur, consumer: str) -> tuple[int, Any]:
 
 def data_rejects(cur, consumer: str, batch_id: str, attempt: int, first: int,
                  written: dict[int, tuple[int, int]] | None = None) -> tuple[int, list[str]]:
-    """How many data records of the attempt were rejected, and the first reasons (offset order).
+    """How many data records of the attempt were rejected, and the first reasons (offset order), each
+    naming its record: partition, offset and key (its first 60 bytes, non-printable ones escaped).
     ``written``: the offsets the extract wrote ([first, next) per partition); a rejected record
     outside them was not the extract's (a dead letter still, but no reason to refuse the batch)."""
     inside = " OR ".join(f"(partition = {int(p)} AND kafka_offset >= {int(lo)} AND kafka_offset < {int(hi)})"
                          for p, (lo, hi) in written.items()) or "false" if written is not None else "true"
     cur.execute(
-        f"""SELECT count(*), (array_agg(reason ORDER BY partition, kafka_offset))[1:%s]
+        f"""SELECT count(*), (array_agg(format('partition %%s offset %%s key %%s: %%s', partition, kafka_offset,
+                                                coalesce(encode(substring(raw_key FROM 1 FOR 60), 'escape'), '(none)'),
+                                                reason) ORDER BY partition, kafka_offset))[1:%s]
              FROM tidemark_control.sink_rejects
             WHERE consumer = %s AND batch_id = %s AND attempt = %s AND control IS NULL AND ({inside})""",
         (first, consumer, batch_id, attempt),

@@ -86,8 +86,10 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     if warehouse_url is not None:
         from tidemark import expectations
 
+        failed = [f"{c.check}{f' {c.subject}' if c.subject else ''}: expected {c.expected}, found {c.actual}"
+                  for c in verdict.checks if not c.passed]
         expected, docs = expectations.validate(spec, verdict.where, verdict.rows_source, root, warehouse_url,
-                                               run_id)
+                                               run_id, failed)
         verdict.checks += [Check(e.check, e.subject, e.expected, e.actual, e.difference, e.passed) for e in expected]
     subject = f"batch {batch_id}" if batch_id else f"up to the watermark {window.hi}"
     line = verdict.summary(spec, batch_id or "(full table)")

@@ -93,12 +93,45 @@ def _reap(pid: int) -> None:
         pass
 
 
-def wait_until(check: Callable[[], bool], *, timeout_s: float, what: str, alive: Callable[[], bool], log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_until(check: Callable[[], bool], *, timeout_s: float, what: str, alive: Callable[[], bool], log: Path,
+               busy_cap_s: float | None = None) -> None:
+    """Wait for ``check``. Past ``timeout_s``, a process whose log still grows is busy, not stuck (a loaded
+    machine: a JVM starting on two busy cores): the wait goes on, up to ``busy_cap_s`` (five times the
+    timeout), saying so every 30 s. A failure names what did not answer and its last error lines, not its
+    whole log (a worker's log starts with its configuration)."""
+    started = time.monotonic()
+    cap = started + (busy_cap_s if busy_cap_s is not None else 5 * timeout_s)
+    size, grew_at, told = _size(log), started, started
+    while True:
         if alive() and check():
             return
         if not alive():
-            raise StackError(f"{what} exited during start-up; last log lines ({log}):\n{tail(log)}")
+            raise StackError(f"{what} exited during start-up; {error_lines(log)}")
+        now = time.monotonic()
+        if _size(log) != size:
+            size, grew_at = _size(log), now
+        if now - started > timeout_s and (now - grew_at > 30 or now > cap):
+            raise StackError(f"{what} did not answer within {now - started:.0f} s (its log last grew "
+                             f"{now - grew_at:.0f} s ago); {error_lines(log)}")
+        if now - started > timeout_s and now - told >= 30:
+            say(what, f"still starting after {now - started:.0f} s, its log growing (a busy machine): waiting on, up "
+                      f"to {cap - started:.0f} s")
+            told = now
         time.sleep(0.5)
-    raise StackError(f"{what} did not answer within {timeout_s:.0f}s; last log lines ({log}):\n{tail(log)}")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def error_lines(log: Path, lines: int = 5) -> str:
+    """The last error lines of a log (its last lines when none looks like an error), and where it is."""
+    if not log.exists():
+        return f"no log at {log}"
+    text = log.read_text(errors="replace").splitlines()
+    errors = [line for line in text if any(m in line for m in (" ERROR ", "Exception", "Caused by", "FATAL"))]
+    shown = "\n  ".join(line[:300] for line in (errors or text)[-lines:])
+    return f"its last {'error ' if errors else ''}lines ({log}):\n  {shown}"
