@@ -61,6 +61,8 @@ def test_nothing_leaves_committed(wh, to):
     with wh, wh.cursor() as cur:
         batch_id = _planned(cur)
         attempt = ledger.open_attempt(cur, batch_id)
+        assert not ledger.transition(cur, batch_id, attempt, "committed", rows=0, checksum=0)  # open: not sealed
+        ledger.seal_attempt(cur, batch_id, attempt, {0: PartitionTotals(rows=0, checksum=0)})
         assert ledger.transition(cur, batch_id, attempt, "committed", rows=0, checksum=0)
         assert not ledger.transition(cur, batch_id, attempt, to)
         with pytest.raises(ledger.AlreadyCommitted, match="never reopened"):

@@ -43,7 +43,7 @@ FINAL = ("committed", "refused", "aborted", "superseded")
 
 MOVES = {  # target state -> the attempt states it may come from
     "sealed": ("open",),
-    "committed": ("open", "sealed"),
+    "committed": ("sealed",),  # only the totals the orchestrator sealed can commit (the sink checks it too)
     "refused": ("open", "sealed"),
     "aborted": ("open", "sealed"),
     "superseded": ("open", "sealed"),
