@@ -30,8 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg2.errors
-from psycopg2.extras import Json, execute_values
+from psycopg2.extras import Json
 
+from tidemark import ledger
 from tidemark.cdc.changes import Change, Shape, boundary, change, lsn_text
 from tidemark.cdc.groups import Capture
 from tidemark.cdc.schemas import Schemas
@@ -162,17 +163,10 @@ class ChangeWriter:
             arrived.pop(txid, None)
         pending += [(self.consumer, e.txid, e.order, e.lsn, e.op, Json(e.row), e.source_ms, *_origin(rec),
                      e.after_commit) for events in arrived.values() for rec, e in events.values()]
-        if pending:
-            kept = execute_values(cur, """INSERT INTO tidemark_control.cdc_pending (consumer, txid, total_order, lsn,
-                                              op, row_values, source_ms, topic, partition, "offset", record_key, raw,
-                                              after_commit)
-                                          VALUES %s ON CONFLICT DO NOTHING RETURNING 1""", pending, page_size=1000,
-                                  fetch=True)
-            report.duplicates += len(pending) - len(kept)  # the same event again, still waiting: a redelivery
+        if pending:  # the same event again, still waiting: a redelivery
+            report.duplicates += len(pending) - ledger.park_events(cur, pending)
         if ends:
-            execute_values(cur, """INSERT INTO tidemark_control.cdc_transactions (consumer, txid, commit_lsn,
-                                       event_count, collections) VALUES %s ON CONFLICT DO NOTHING""",
-                           list(ends.values()))
+            ledger.record_transaction_ends(cur, list(ends.values()))
         self._resolve(cur, fence, micro_batch, report, reject)
 
     def _position(self, cur) -> int:
@@ -265,19 +259,14 @@ class ChangeWriter:
             report.duplicates += duplicates
             report.events += sum(count for *_, count in whole)
             for table, kept in (("cdc_pending", waiting), ("cdc_transactions", stored)):
-                cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s AND txid = ANY(%s)",
-                            (self.consumer, [t for t in done if t in kept]))
+                ledger.forget_waiting(cur, self.consumer, [t for t in done if t in kept], (table,))
         if whole:
             last_txid, last_lsn, _ = whole[-1]
             self._move_position(cur, last_lsn, last_txid, max((t for t in times if t is not None), default=None))
         return done
 
     def _move_position(self, cur, lsn: int, txid: int, source_ms: int | None) -> None:
-        cur.execute("""INSERT INTO tidemark_control.cdc_positions (consumer, commit_lsn, txid, source_ms)
-                       VALUES (%s, %s, %s, %s)
-                       ON CONFLICT (consumer) DO UPDATE SET commit_lsn = EXCLUDED.commit_lsn, txid = EXCLUDED.txid,
-                           source_ms = coalesce(EXCLUDED.source_ms, cdc_positions.source_ms),
-                           applied_at = clock_timestamp()""", (self.consumer, lsn, txid, source_ms))
+        ledger.move_position(cur, self.consumer, lsn, txid, source_ms)
 
     def _resolve(self, cur, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
         """Apply every waiting transaction that is complete, in commit order, up to the first that is not."""
@@ -321,10 +310,7 @@ class ChangeWriter:
             self._move_position(cur, last_lsn, last_txid, cur.fetchone()[0])
         if resolved:
             self._resolved(cur, resolved)
-            cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s)",
-                        (self.consumer, resolved))
-            cur.execute("DELETE FROM tidemark_control.cdc_transactions WHERE consumer = %s AND txid = ANY(%s)",
-                        (self.consumer, resolved))
+            ledger.forget_waiting(cur, self.consumer, resolved)
         self._bound_pending(cur, reject)
 
     def _bound_pending(self, cur, reject: Reject) -> None:
@@ -349,9 +335,7 @@ class ChangeWriter:
                               f"change events waited in tidemark_control.cdc_pending, past cdc.max_pending_events "
                               f"{limit} (its END or the rest of its events did not come); the oldest waiting "
                               "transactions go to the dead-letter topic whole so that the stream goes on", reject)
-        for table in ("cdc_pending", "cdc_transactions"):
-            cur.execute(f"DELETE FROM tidemark_control.{table} WHERE consumer = %s AND txid = ANY(%s)",
-                        (self.consumer, dropped))
+        ledger.forget_waiting(cur, self.consumer, dropped)
         self._resolved(cur, dropped)
         log.error("pipeline=%s %s change events waited, past cdc.max_pending_events %s: %s oldest waiting source "
                   "transaction(s) %s dead-lettered whole. Next: find why their END or events did not come (the "
@@ -360,10 +344,7 @@ class ChangeWriter:
 
     def _resolved(self, cur, txids: list[int]) -> None:
         """Remember for an hour the transactions that wait no longer (``_drop_passed`` tells a redelivery by them)."""
-        execute_values(cur, "INSERT INTO tidemark_control.cdc_resolved (consumer, txid) VALUES %s ON CONFLICT DO NOTHING",
-                       [(self.consumer, t) for t in txids])
-        cur.execute("DELETE FROM tidemark_control.cdc_resolved WHERE consumer = %s "
-                    "AND resolved_at < clock_timestamp() - interval '1 hour'", (self.consumer,))
+        ledger.mark_resolved(cur, self.consumer, txids)
 
     def _drop_passed(self, cur, applied: int, report, reject: Reject) -> None:
         """Changes waiting with no END whose place the stream has passed (the applied position is past the
@@ -385,10 +366,7 @@ class ChangeWriter:
                               "or refused as a dead letter itself): its change events cannot be known to be all of it",
                               reject)
         if passed:
-            cur.execute("DELETE FROM tidemark_control.cdc_pending WHERE consumer = %s AND txid = ANY(%s) RETURNING "
-                        "txid IN (SELECT txid FROM tidemark_control.cdc_resolved WHERE consumer = %s)",
-                        (self.consumer, [t for t, _ in passed], self.consumer))
-            again = sum(1 for known, in cur.fetchall() if known)
+            again = ledger.drop_passed_events(cur, self.consumer, [t for t, _ in passed])
             report.duplicates += again
             if again:
                 log.info("pipeline=%s %s change(s) of source transaction(s) %s arrived again alone, after the position "
@@ -469,15 +447,11 @@ class ChangeWriter:
                 ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}, _tm_applied_at = clock_timestamp()
                  WHERE {table}._tm_lsn < EXCLUDED._tm_lsn""", params)
         key = ", ".join(f"p.row_values ->> {literal(c)}" for c in spec.primary_key)
-        cur.execute(f"""INSERT INTO tidemark_control.cdc_deletions (pipeline, key, old_values, txid, commit_lsn)
-                        SELECT %(pipeline)s, jsonb_build_array({key}), p.row_values, p.txid, p.commit_lsn
-                          FROM ({mine}) p
-                         WHERE p.op = 'd' ORDER BY p.commit_lsn, p.total_order""", params)
-        if cur.rowcount:
+        if deleted := ledger.record_change_deletions(cur, spec.name, key, mine, params):
             log.warning("pipeline=%s source transaction(s) %s (commits %s..%s) deleted %s key(s) at the source: "
                         "hidden from %s, each kept with its old values in tidemark_control.cdc_deletions",
                         spec.name, _span(params["txids"]), lsn_text(txs[0][1]), lsn_text(txs[-1][1]),
-                        cur.rowcount, spec.cdc.serving_view)
+                        deleted, spec.cdc.serving_view)
 
     def _dead_letter(self, cur, txid: int, reason: str, reject: Reject) -> None:
         cur.execute("""SELECT topic, partition, "offset", record_key, raw, op, row_values ->> 'reason'

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from tidemark import ledger
 from tidemark.columns import target_columns
 from tidemark.spec import PipelineSpec, quote
 
@@ -50,19 +51,14 @@ def correct(cur, spec: PipelineSpec, batch_id: str) -> Correction:
     def row(alias: str) -> str:
         return "jsonb_build_object(" + ", ".join(f"'{n}', {alias}.{quote(n)}::text" for n in names) + ")"
 
-    cur.execute(f"""INSERT INTO tidemark_control.cdc_drift (pipeline, batch_id, key, realtime, batch)
-                    SELECT %s, %s, {key}, {row('r')}, {row('b')}
-                      FROM {live} r JOIN {target} b ON {same_key}
-                     WHERE NOT r._tm_deleted AND r.{cursor} = b.{cursor} AND {row('r')} <> {row('b')}""",
-                (spec.name, batch_id))
-    drift = cur.rowcount
-    cur.execute(f"""WITH gone AS (
-                        DELETE FROM {target} b USING {live} r
-                         WHERE {same_key} AND r._tm_deleted AND b.{cursor} <= r.{cursor}
-                        RETURNING {key} AS key, {row('b')} AS old_values, r._tm_lsn AS lsn)
-                    INSERT INTO tidemark_control.cdc_batch_deletions (pipeline, batch_id, key, old_values, commit_lsn)
-                    SELECT %s, %s, key, old_values, lsn FROM gone""", (spec.name, batch_id))
-    deleted = cur.rowcount
+    drift = ledger.record_drift(cur, spec.name, batch_id, f"""
+        SELECT {key} AS key, {row('r')} AS realtime, {row('b')} AS batch
+          FROM {live} r JOIN {target} b ON {same_key}
+         WHERE NOT r._tm_deleted AND r.{cursor} = b.{cursor} AND {row('r')} <> {row('b')}""")
+    deleted = ledger.keep_batch_deletions(cur, spec.name, batch_id, f"""
+        DELETE FROM {target} b USING {live} r
+         WHERE {same_key} AND r._tm_deleted AND b.{cursor} <= r.{cursor}
+        RETURNING {key} AS key, {row('b')} AS old_values, r._tm_lsn AS lsn""")
     # every tombstone has done its work now: its key left the target, or the target holds a newer version
     cur.execute(f"""DELETE FROM {live} r
                      WHERE r._tm_deleted OR EXISTS (SELECT 1 FROM {target} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")

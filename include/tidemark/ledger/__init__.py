@@ -8,6 +8,7 @@ only authority for what a batch is. One module per table family, imports only do
 - ``batches``: batches as planned (ids, plans, record schemas, repairs, id observations);
 - ``lifecycle``: attempts, their one state machine, the per-pipeline turn;
 - ``handoffs``: CDC handoff positions, per extract attempt and committed;
+- ``changes``: the change stream's waiting events and transactions, its position, deletions, slot watch;
 - ``streams``: standing sinks' desired state, events and heartbeats;
 - ``sink_state``: fences, offsets, ENDs, staged totals, rejects, the watermark's advance;
 - ``views``: read-only queries for the status page and CLI;
@@ -34,6 +35,10 @@ from tidemark.ledger.handoffs import (  # noqa: F401
     HandoffPosition, ResnapshotRequest, committed_handoff, group_members, group_streamed, record_group_streamed,
     record_handoff, record_sink_capture, record_snapshot_wal, register_group, request_resnapshot, resnapshot_asked,
     sealed_with_every_end, sink_capture, slot_made_after_handoff, snapshot_wal, stream_position,
+)
+from tidemark.ledger.changes import (  # noqa: F401
+    drop_passed_events, forget_waiting, keep_batch_deletions, mark_resolved, move_position, park_events,
+    record_change_deletions, record_drift, record_transaction_ends, watch_slot,
 )
 from tidemark.ledger.streams import (  # noqa: F401
     STREAM_STATES, StreamState, beat, clear_crash_loop, heartbeat, mark_crash_looping, observe_stream,

@@ -94,13 +94,7 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     with wh, wh.cursor() as cur:
         desired = ledger.stream_state(cur, name).desired
         restarts = ledger.restarts_since(cur, name, policy.budget_window, kind="connector_restart")
-        cur.execute("""INSERT INTO tidemark_control.cdc_slot_watch (pipeline, inactive_since)
-                       VALUES (%(p)s, CASE WHEN %(unread)s THEN %(now)s END)
-                       ON CONFLICT (pipeline) DO UPDATE SET inactive_since =
-                           CASE WHEN %(unread)s THEN coalesce(cdc_slot_watch.inactive_since, %(now)s) END
-                       RETURNING inactive_since""",
-                    {"p": name, "unread": held is not None and not held.active, "now": now})
-        inactive_since = cur.fetchone()[0]
+        inactive_since = ledger.watch_slot(cur, name, held is not None and not held.active, now)
         # a group streams once any member's handoff made its slot; the other members' handoffs read their
         # tables in a snapshot taken after the slot (tidemark.cdc.handoff), never making it again
         handoff = next(filter(None, (ledger.committed_handoff(cur, m.name) for m in capture.members)), None)
