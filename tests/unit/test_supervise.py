@@ -131,6 +131,13 @@ def test_an_outage_is_waited_out_and_its_end_starts_the_job_without_spending_the
     assert decide(NOW, "running", hung, History(), POLICY).action == "wait"  # killing it would not help
     over = decide(NOW, "running", Actual(alive=False, started_at=NOW - 600 * S, exit_code=75), spent, POLICY)
     assert over.action == "start" and "ended for an outage (exit 75" in over.reason, over
+    # an 'outage' that keeps coming while every component answers counts, past its own budget (4 per restart)
+    often = History(restarts=(), outage_starts=tuple(NOW - (60 * i + 30) * S for i in range(12)))
+    counted = decide(NOW, "running", Actual(alive=False, started_at=NOW - 20 * S, exit_code=75), often, POLICY)
+    assert counted.action == "restart" and "12 times within 0:30:00 while every component answers" in counted.reason
+    recent = History(outage_starts=(NOW - 5 * S,))  # backed off as restarts are
+    assert decide(NOW, "running", Actual(alive=False, started_at=NOW - 5 * S, exit_code=75), recent,
+                  POLICY).action == "wait"
     # a job's own failure still counts, outage or not in the past
     assert decide(NOW, "running", Actual(alive=False, started_at=NOW - 600 * S, exit_code=1), spent,
                   POLICY).action == "crash_loop"

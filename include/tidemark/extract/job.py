@@ -100,6 +100,7 @@ def _check_capture(x: Extract, params: dict) -> None:
     """Before a handoff reads as the replication role: the source is set up for its capture, or the job fails
     naming each missing statement (not with the first ``permission denied`` its read would meet)."""
     import psycopg2
+    import psycopg2.errors
 
     from tidemark.cdc.groups import load_capture
     from tidemark.cdc.source import CaptureNotReady, check_capture
@@ -110,11 +111,16 @@ def _check_capture(x: Extract, params: dict) -> None:
         with conn, conn.cursor() as cur:
             check_capture(cur, capture, x.args.user)
     except CaptureNotReady as exc:
-        raise JobError(f"{x.tag}: {exc.what}: the source is not set up for its handoff: {'; '.join(exc.missing)}. "
-                       f"Next: have the tables' owner run what `python -m tidemark.cdc.grants {x.spec.name}` prints "
-                       f"(`make grants P={x.spec.name}` on the local stack), then run this batch again") from None
+        missing = "; ".join(exc.missing)
+    except psycopg2.errors.InsufficientPrivilege as exc:  # no USAGE on the schema: not even its catalog is readable
+        missing = f"role {x.args.user} may not look into the table's schema ({' '.join(str(exc).split())})"
+    else:
+        return
     finally:
         conn.close()
+    raise JobError(f"{x.tag}: {capture.describe()}: the source is not set up for its handoff: {missing}. Next: have "
+                   f"the tables' owner run what `python -m tidemark.cdc.grants {x.spec.name}` prints (`make grants "
+                   f"P={x.spec.name}` on the local stack), then run this batch again")
 
 
 def read_and_write(x: Extract) -> int:

@@ -63,16 +63,18 @@ def record_stream_event(cur, pipeline: str, kind: str, actor: str, detail: str |
                 (pipeline, kind, actor, detail))
 
 
-def restarts_since(cur, pipeline: str, window: Any, kind: str = "restart") -> list[Any]:
-    """When the supervisor restarted the stream (``kind``: or its CDC connector, ``connector_restart``)
-    within ``window`` (a duration) of now and since a person last cleared a crash loop (the budget
-    starts afresh then), oldest first."""
+def restarts_since(cur, pipeline: str, window: Any, kind: str = "restart", detail_prefix: str | None = None
+                   ) -> list[Any]:
+    """When the supervisor restarted the stream (``kind``: or its CDC connector, ``connector_restart``; or
+    the starts whose detail begins with ``detail_prefix``) within ``window`` (a duration) of now and since a
+    person last cleared a crash loop (the budget starts afresh then), oldest first."""
     cur.execute("""SELECT at FROM tidemark_control.stream_events
                     WHERE pipeline = %(p)s AND kind = %(k)s AND at >= clock_timestamp() - %(w)s
+                      AND (%(d)s::text IS NULL OR starts_with(detail, %(d)s::text))
                       AND at > coalesce((SELECT max(at) FROM tidemark_control.stream_events
                                           WHERE pipeline = %(p)s AND kind = 'cleared'), '-infinity')
                     ORDER BY at""",
-                {"p": pipeline, "w": window, "k": kind})
+                {"p": pipeline, "w": window, "k": kind, "d": detail_prefix})
     return [r[0] for r in cur.fetchall()]
 
 

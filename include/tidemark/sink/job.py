@@ -68,7 +68,7 @@ def outage(args: Namespace) -> str | None:
     if broken is not None:
         return f"Kafka ({args.bootstrap}) does not answer: {broken}"
     try:
-        psycopg2.connect(**connect_params(args.database, args.user, password(args)), connect_timeout=5).close()
+        psycopg2.connect(**{**connect_params(args.database, args.user, password(args)), "connect_timeout": 5}).close()
     except psycopg2.OperationalError as exc:
         text = " ".join(str(exc).split())
         if any(t in text.lower() for t in CONNECTION_GONE):

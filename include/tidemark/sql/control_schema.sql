@@ -422,7 +422,8 @@ CREATE TABLE IF NOT EXISTS tidemark_control.cdc_handoffs (
 ALTER TABLE tidemark_control.batch_attempts ADD COLUMN IF NOT EXISTS snapshot_wal pg_lsn;
 -- Whether a handoff made its slot (a capture group's later members read in a snapshot after it): a member whose
 -- committed handoff is older than the slot's making hands off again (the group's slot was lost and made again).
-ALTER TABLE tidemark_control.cdc_handoffs ADD COLUMN IF NOT EXISTS made_slot boolean NOT NULL DEFAULT true;
+-- (rows from before the column: false, never 'made since'; every handoff recorded since says which it is)
+ALTER TABLE tidemark_control.cdc_handoffs ADD COLUMN IF NOT EXISTS made_slot boolean NOT NULL DEFAULT false;
 -- A capture group's members, as its lead's sink last saw them: its serving views show rows once every
 -- member's handoff has committed (tidemark.cdc.tables).
 CREATE TABLE IF NOT EXISTS tidemark_control.capture_groups (

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -129,7 +130,9 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
                    "run the pipeline's batch DAG: with no slot, its next batch is a new handoff (a snapshot of the "
                    "table and a new slot)")
                 + "; this cycle then starts the connector on it")
-    failure = _act(capture, decision, state, client, wanted, wh)
+    failure = _act(capture, decision, state, client, wanted, wh, lambda: _slot_read(source, capture.slot))
+    if capture.grouped and decision.action == "none" and state.running and not differs:
+        _streams(capture, wh, only_if_unknown=True)  # a group that has streamed since before the record was kept
     slot_text, slot_failure = _slot(capture, held, state)
     tasks = ",".join(f"{t.id}:{t.state}" for t in state.tasks) or "-"
     line = (f"{_who(capture)} connector={connector} state={state.state} tasks={tasks} desired={desired} "
@@ -154,11 +157,20 @@ def _stopped(client: ConnectClient, connector: str) -> bool:
     return True
 
 
-def _streams(capture: Capture, wh) -> None:
+def _streams(capture: Capture, wh, *, only_if_unknown: bool = False) -> None:
     """Record the members a group's connector captures from now on (a later member hands off after this)."""
     if capture.grouped:
+        members = [m.name for m in capture.members]
         with wh, wh.cursor() as cur:
-            ledger.record_group_streamed(cur, capture.name, [m.name for m in capture.members])
+            if not only_if_unknown or ledger.group_streamed(cur, capture.name) != members:
+                ledger.record_group_streamed(cur, capture.name, members)
+
+
+def _slot_read(source, slot: str) -> bool:
+    """Whether a session still reads the slot (a task Connect shows gone may not have let go of it yet)."""
+    with source, source.cursor() as cur:
+        held = slot_named(cur, slot)
+    return held is not None and held.active
 
 
 def _who(capture: Capture) -> str:
@@ -187,7 +199,7 @@ def _resnapshot(spec: PipelineSpec, asked: ledger.ResnapshotRequest, state: Conn
 
 
 def _act(capture: Capture, decision: ConnectorDecision, state: ConnectorState, client: ConnectClient,
-         wanted: dict[str, str], wh) -> str | None:
+         wanted: dict[str, str], wh, slot_read: Callable[[], bool] = lambda: False) -> str | None:
     name, connector = capture.lead.name, capture.connector
     if decision.action == "create":
         # The slot says where the stream goes on, never offsets Connect kept from an earlier connector of
@@ -201,8 +213,8 @@ def _act(capture: Capture, decision: ConnectorDecision, state: ConnectorState, c
         # a member added to a running group: a change to its table read by a task started with the old table
         # list is dropped (Debezium filters by it), so that task ends before the new list is in force; then
         # the new member's handoff may take its snapshot (tidemark.batch waits for ledger.group_streamed)
-        if not _stopped(client, connector):
-            return None  # the next cycle goes on
+        if not _stopped(client, connector) or slot_read():
+            return None  # the old task or its slot session lingers: the next cycle goes on
         client.put_config(connector, wanted)
         _streams(capture, wh)
         client.resume(connector)

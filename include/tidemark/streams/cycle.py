@@ -21,7 +21,7 @@ from tidemark.kafka_io import probe_broker
 from tidemark.streams.launch import Launcher
 from tidemark.spec import PipelineSpec
 from tidemark.streams.lag import sink_lag
-from tidemark.streams.policy import Actual, Decision, History, Policy, decide
+from tidemark.streams.policy import OUTAGE_START, Actual, Decision, History, Policy, decide
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
         state = ledger.stream_state(cur, name)
         beat = ledger.heartbeat(cur, name)
         restarts = ledger.restarts_since(cur, name, policy.budget_window)
+        outage_starts = ledger.restarts_since(cur, name, policy.budget_window, kind="start", detail_prefix=OUTAGE_START)
         previous, lagging_since = ledger.observe_stream(cur, name, lag)
         started_for = ledger.sink_capture(cur, name, beat["fence"]) if signature and beat else None
     mine = (beat is not None and instance.started_at is not None and beat["ended_at"] is None
@@ -85,7 +86,8 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
                     progress_at=beat["progress_at"] if mine else None, lag=lag, previous_lag=previous, outage=outage,
                     lagging_since=lagging_since)
     person = state.changed_by not in (None, "supervisor")  # the row may exist only for the supervisor's looks
-    history = History(tuple(restarts), state.crash_looping_since, state.changed_at if person else None)
+    history = History(tuple(restarts), state.crash_looping_since, state.changed_at if person else None,
+                      tuple(outage_starts))
     decision = decide(now, state.desired, actual, history, policy)
     if decision.action == "none" and mine and instance.alive and started_for not in (None, signature):
         # a member added to (or gone from) its capture group: the running sink reads the old group's topics

@@ -21,6 +21,9 @@ from typing import Literal
 
 from tidemark.errors import EXIT_OUTAGE
 
+OUTAGE_START = "it ended for an outage"  # how a start after an outage begins its reason (the ledger counts these)
+OUTAGE_STARTS_PER_RESTART = 4  # starts after outages allowed per restart of the budget, within its window
+
 DesiredState = Literal["running", "paused", "stopped"]
 ActionKind = Literal["none", "start", "restart", "reconfigure", "stop", "wait", "crash_loop"]
 
@@ -79,6 +82,7 @@ class History:
     restarts: tuple[datetime, ...] = ()  # restarts the supervisor made, any age
     crash_looping_since: datetime | None = None  # set past the budget; only a person clears it
     desired_since: datetime | None = None  # when a person last set the desired state
+    outage_starts: tuple[datetime, ...] = ()  # starts after an outage (exit 75), on a budget of their own
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,20 @@ def decide(now: datetime, desired: DesiredState, actual: Actual, history: Histor
         return Decision("wait", f"{why}; waiting for {actual.outage}: started again once it answers (an outage "
                         "is not counted against the restart budget)", n)
     if not actual.alive and actual.exit_code == EXIT_OUTAGE:
-        return Decision("start", f"it ended for an outage (exit {EXIT_OUTAGE}: a component it needs did not answer), "
-                        "which is over: starting it again (not counted against the restart budget)", n)
+        starts = [t for t in history.outage_starts if now - t <= policy.budget_window]
+        limit = OUTAGE_STARTS_PER_RESTART * policy.restart_budget
+        if len(starts) < limit:  # backed off as restarts are, on a budget of their own
+            wait = policy.backoff_for(len(starts))
+            if starts and now < max(starts) + wait:
+                return Decision("wait", f"it ended for an outage (exit {EXIT_OUTAGE}); backing off until "
+                                f"{(max(starts) + wait).isoformat()}", n, not_before=max(starts) + wait)
+            return Decision("start", f"{OUTAGE_START} (exit {EXIT_OUTAGE}: a component it needs did not answer), which "
+                            f"is over: starting it again ({len(starts) + 1} of {limit} such starts within "
+                            f"{policy.budget_window}, not counted against the restart budget)", n)
+        # an 'outage' that keeps coming while every component answers is the job's own (a session timeout, a
+        # watchdog killing its connection): from here on it counts
+        why = (f"it ended for an outage (exit {EXIT_OUTAGE}) {len(starts)} times within {policy.budget_window} while "
+               "every component answers: counted as its own failure")
     if n >= policy.restart_budget:
         return Decision("crash_loop", f"{why}; {n} restarts within {policy.budget_window} already (budget "
                         f"{policy.restart_budget}): crash-looping, not restarted until a person clears it", n)
