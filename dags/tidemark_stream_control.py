@@ -44,10 +44,7 @@ with DAG(
                           description="the pipeline to act on: one whose spec says sink: {mode: standing} (here: "
                                       f"{', '.join(STANDING) or 'none yet'}); Trigger stays disabled until it is "
                                       "filled in"),
-        "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear", "resnapshot"],
-                        description="pause or stop: the sink finishes its micro-batch and exits; resume: started at "
-                                    "the supervisor's next cycle; clear: a crash-looping pipeline gets a fresh restart "
-                                    "budget; resnapshot: a CDC pipeline starts over from a new handoff"),
+        "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear", "resnapshot"]),
         "reason": Param(None, type=["null", "string"], description="why (optional, kept with the change)"),
     },
     tags=["tidemark", "streams"],
