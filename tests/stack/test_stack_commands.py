@@ -58,5 +58,5 @@ def test_status_shows_the_health_of_the_broker_and_the_databases():
     proc = _stack("status")
     assert proc.returncode == 0, proc.stderr
     health = [line for line in proc.stdout.splitlines() if line.startswith("health ")]
-    assert [line.split()[1] for line in health] == ["warehouse:", "source", "kafka:"], health
+    assert [line.split()[1] for line in health] == ["warehouse:", "source", "kafka:", "connect:"], health
     assert all(line.endswith(" reachable") for line in health), health

@@ -560,7 +560,7 @@ def test_kafka_connect_down_is_a_health_row_with_its_next_step_and_holds_the_cdc
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     probe = connect_view(ConnectClient(f"http://127.0.0.1:{port}", timeout_s=1.0))
-    assert (probe.component, probe.kind, probe.address) == ("kafka connect", "connect", f"http://127.0.0.1:{port}")
+    assert (probe.component, probe.kind, probe.address) == ("connect", "connect", f"http://127.0.0.1:{port}")
     assert "Connection refused" in probe.error, probe.error
     first, state = track_health([probe], {}, T0)
     later, _ = track_health([probe], state, T0 + timedelta(minutes=5))
@@ -568,7 +568,7 @@ def test_kafka_connect_down_is_a_health_row_with_its_next_step_and_holds_the_cdc
     assert down.since == T0 and not down.reachable and "make start C=connect" in down.next_step
     report = StatusReport(generated_at=T0 + timedelta(minutes=5), pipelines_dir="/specs", control_schema=True,
                           pipelines=[], sources=[], orphan_stage_tables=[], health=later)
-    assert health_lines(report)[0].startswith(f"kafka connect: http://127.0.0.1:{port} UNREACHABLE since 2026-11-22T08:00:00")
+    assert health_lines(report)[0].startswith(f"connect: http://127.0.0.1:{port} UNREACHABLE since 2026-11-22T08:00:00")
     cdc = PipelineStatus("cdc", "/specs/cdc.yaml", source_conn_id="tidemark_source", cursor_kind="timestamp")
     held = pipeline_holds(cdc, health=later, source=None, now=T0,
                           stream=StreamStatus("cdc", "running", serving_view="rt.cdc", capture=CaptureStatus(slot="s")))

@@ -168,7 +168,7 @@ class StageTable:
 class Health:
     """One component's check: the Kafka broker, Kafka Connect, the warehouse, or a source database."""
 
-    component: str  # "kafka", "kafka connect", "warehouse" or "source <conn_id>": the key in the health file
+    component: str  # "kafka", "connect", "warehouse" or "source <conn_id>": the key in the health file
     kind: str  # broker, connect, warehouse, source
     conn_id: str
     address: str | None  # bootstrap servers, or host:port/database (never a password)

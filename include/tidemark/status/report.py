@@ -207,13 +207,13 @@ def broker_view(kafka_bootstrap, kafka_conn_id: str, broker_probe) -> Probe | No
 def connect_view(connect) -> Probe:
     """Kafka Connect's probe (``connect``: its client, or why its connection could not be resolved)."""
     if isinstance(connect, BaseException):
-        return Probe("kafka connect", "connect", CONN_CONNECT, None, f"connection {CONN_CONNECT}: {error_text(connect)}")
+        return Probe("connect", "connect", CONN_CONNECT, None, f"connection {CONN_CONNECT}: {error_text(connect)}")
     try:
         connect.version()
         broken = None
     except Exception as exc:  # ConnectError: refused, timed out, an error page
         broken = error_text(exc)
-    return Probe("kafka connect", "connect", CONN_CONNECT, connect.url, broken)
+    return Probe("connect", "connect", CONN_CONNECT, connect.url, broken)
 
 
 # --- text, for `make status` and logs ---------------------------------------------------------
