@@ -81,31 +81,33 @@ BROKER_GONE = ("org.apache.kafka.common.errors.TimeoutException", "org.apache.ka
                "Broker transport failure", "All broker connections are down", "_ALL_BROKERS_DOWN", "_TRANSPORT")
 
 
-def _lost_broker(exc: BaseException) -> str | None:
-    """The broker lost under the sink (back by now), as the Kafka client said it."""
+def _chain(exc: BaseException):
+    """The error and what it wraps, each with its text on one line."""
     seen: BaseException | None = exc
     while seen is not None:
-        text = " ".join(str(seen).split())
+        yield seen, " ".join(str(seen).split())
+        seen = seen.__cause__ or seen.__context__
+
+
+def _lost_broker(exc: BaseException) -> str | None:
+    """The broker lost under the sink (back by now), as the Kafka client said it."""
+    for _, text in _chain(exc):
         found = next((t for t in BROKER_GONE if t in text), None)
         if found is not None:
             at = text.index(found)
             return f"the broker connection was lost: {text[at:at + 300]}"
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
 def _lost_warehouse(exc: BaseException) -> str | None:
     """The warehouse connection lost under the sink (a restart or failover that is over by now), as psycopg2
     said it, in the error or what it wraps (a micro-batch's error comes back through Spark as text)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        text = " ".join(str(seen).split())
+    for seen, text in _chain(exc):
         found = next((t for t in CONNECTION_GONE if t in text.lower()), None)
         if found is not None and ("psycopg2" in text or type(seen).__module__.startswith("psycopg2")):
             at = text.lower().index(found)  # psycopg2's own words, not the Spark query's preamble
             start = max(text.rfind("psycopg2", 0, at), 0)
             return f"the warehouse connection was lost: {text[start:start + 300]}"
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
