@@ -29,6 +29,9 @@ class Transient(TidemarkError):
 
 
 EXIT_OUTAGE = 75  # sysexits' EX_TEMPFAIL: a standing job ended because a component it needs does not answer
+# The job's last line when it ends for an outage: a Spark master keeps a driver's state, not its exit
+# code, so the standalone launcher reads this line in the driver's log to tell an outage from a failure.
+OUTAGE_LINE = f"ended for an outage (exit {EXIT_OUTAGE})"
 
 
 class Outage(Transient):

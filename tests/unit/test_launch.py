@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tidemark.streams.launch import LocalLauncher
-from tidemark.streams.standalone import cluster_argv
+from tidemark.errors import EXIT_OUTAGE, OUTAGE_LINE
+from tidemark.streams.standalone import StandaloneLauncher, cluster_argv
 
 PY = sys.executable
 GRACEFUL = """
@@ -107,6 +108,35 @@ def test_cluster_argv_moves_a_python_driver_onto_the_cluster():
         "/j/udf.jar", "/x/batch_sink.py", "", "--spec", "s.yaml"]
     with pytest.raises(ValueError, match="not a spark-submit of a Python application"):
         cluster_argv(["spark-submit", "--class", "Main", "app.jar"], "spark://m:7077", "/j/udf.jar", "/v/python")
+
+
+class _Master(StandaloneLauncher):
+    """The master's view and the driver's log as given (the exit-code rule is what is tested)."""
+
+    def __init__(self, root: Path, state: str, log: str):
+        super().__init__(root, "spark://m:7077", "http://m:8080", "/j/udf.jar", PY)
+        self.state, self.log = state, log
+
+    def _master_state(self) -> dict:
+        return {"completeddrivers": [{"id": "driver-1", "state": self.state, "worker": "w"}], "workers": []}
+
+    def _driver_log(self, driver: dict, lines: int) -> str:
+        return self.log
+
+
+@pytest.mark.parametrize(("state", "log", "code"), [
+    ("FAILED", f"sink: FAILED: pipeline p: standing sink stopped: the broker ...\nsink: {OUTAGE_LINE}", EXIT_OUTAGE),
+    ("FAILED", "sink: FAILED: pipeline p: a record was refused", 1),
+    ("FINISHED", f"sink: {OUTAGE_LINE}", 0),
+    ("KILLED", "", 137),
+])
+def test_a_cluster_driver_that_ended_for_an_outage_reads_as_exit_75(tmp_path: Path, state, log, code):
+    """The master keeps a state, not an exit code: a failed driver whose log ends with the outage line
+    is an outage (waited out by the supervisor), any other failure is exit 1 (counted)."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "driver").write_text("driver-1 1700000000\n")
+    instance = _Master(tmp_path, state, log).status("p")
+    assert (instance.alive, instance.exit_code) == (False, code)
 
 
 def test_kill_9_of_the_wrapper_leaves_the_job_running_as_the_one_instance_and_a_stop_ends_it(launcher):

@@ -12,7 +12,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from tidemark.errors import EXIT_OUTAGE, Outage, Terminal, TidemarkError, Transient
+from tidemark.errors import EXIT_OUTAGE, OUTAGE_LINE, Outage, Terminal, TidemarkError, Transient
 from tidemark.spark.jobs import DATABASE_OPTIONS
 
 # Every record's JSON carries timestamps to the microsecond, in UTC, like PostgreSQL stores them.
@@ -159,6 +159,8 @@ def run(main, argv: list[str], name: str) -> int:
     except TidemarkError as exc:
         print(f"{name}: FAILED: {exc}", file=sys.stderr, flush=True)
         _write_cause(str(exc))
+        if isinstance(exc, Outage):
+            print(f"{name}: {OUTAGE_LINE}", file=sys.stderr, flush=True)
         return (EXIT_OUTAGE if isinstance(exc, Outage) else EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, Transient)
                 else EXIT_JOB_ERROR)
     except Exception as exc:

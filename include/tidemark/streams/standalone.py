@@ -27,7 +27,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tidemark.errors import Transient
+from tidemark.errors import EXIT_OUTAGE, OUTAGE_LINE, Transient
 from tidemark.streams.launch import Instance, Launcher
 
 RUNNER = "org.apache.spark.deploy.PythonRunner"
@@ -112,8 +112,16 @@ class StandaloneLauncher(Launcher):
         if driver is None:  # a master that restarted forgot it: gone, with no exit code to tell
             return Instance(name, None, started, False, None, d / "log", driver_id)
         alive = driver["state"] in ALIVE
-        return Instance(name, None, started, alive, None if alive else EXIT_CODES.get(driver["state"], 1),
+        return Instance(name, None, started, alive, None if alive else self._exit_code(name, driver),
                         d / "log", driver_id)
+
+    def _exit_code(self, name: str, driver: dict) -> int:
+        """The master's state as an exit code; a failed driver whose log ends with the outage line ended
+        for an outage (exit 75), which its supervisor waits out instead of counting."""
+        code = EXIT_CODES.get(driver["state"], 1)
+        if code == 1 and OUTAGE_LINE in self._driver_log(driver, lines=40):
+            return EXIT_OUTAGE
+        return code
 
     def stop(self, name: str, grace_s: float = 30.0) -> Instance:
         """Through the master: the worker ends the driver's process (the sink stops itself first
@@ -143,19 +151,22 @@ class StandaloneLauncher(Launcher):
         """The driver's own output (stdout, then stderr) from its worker; the submission log before
         the driver ran anywhere."""
         current = self.status(name)
-        worker = self._worker_ui(current.driver) if current.driver else None
+        driver = self._driver(current.driver)[0] if current.driver else None
+        return (self._driver_log(driver, lines) if driver is not None else "") or self._own_log_tail(name, lines)
+
+    def _driver_log(self, driver: dict, lines: int) -> str:
+        """The last ``lines`` of the driver's stdout then stderr, from its worker's web UI ("" when unreadable)."""
+        worker = self._worker_ui(driver["id"])
         parts = []
         if worker is not None:
             for kind in ("stdout", "stderr"):
-                query = urllib.parse.urlencode({"driverId": current.driver, "logType": kind, "byteLength": 64 * 1024})
+                query = urllib.parse.urlencode({"driverId": driver["id"], "logType": kind, "byteLength": 64 * 1024})
                 try:
                     with urllib.request.urlopen(f"{worker}/log/?{query}", timeout=10) as response:
                         text = response.read().decode("utf-8", "replace")
                 except OSError:
                     continue
                 parts += [line for line in text.splitlines() if not line.startswith("==== Bytes ")]
-        if not parts:
-            return self._own_log_tail(name, lines)
         return "\n".join(parts[-lines:])
 
     def _worker_ui(self, driver_id: str) -> str | None:
