@@ -22,6 +22,7 @@ from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.cycle import run_cycle
 from tidemark.streams.lag import backpressure
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline, until
+from tidemark_workshop.stack.proc import group_process
 from tidemark_workshop.stack.spark import submit_command
 
 STANDING = {"mode": "standing", "trigger": "PT1S", "heartbeat": "PT1S"}
@@ -33,22 +34,6 @@ def _batch(pipe, run_id: str, first: int, last: int):
     attempt = pipe.begin(plan)
     pipe.end(plan, attempt, pipe.extract(plan, attempt))
     return plan, attempt
-
-
-def _process(group: int, program: str) -> int | None:
-    """The pid of the process of ``group`` running ``program`` (``java``, ``python``; None: none runs)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{entry.name}/stat").read()
-            argv0 = open(f"/proc/{entry.name}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[2] == str(group) and fields[0] not in ("Z", "X") and os.path.basename(argv0).startswith(program):
-            return int(entry.name)
-    return None
 
 
 def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_when_paused(settings, tmp_path):
@@ -67,6 +52,19 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
         plan, attempt = _batch(pipe, "run-1", 1, 50)  # waits on the topic for a sink
         go, why = backpressure(pipe.spec, wh, settings.kafka_bootstrap)  # the next nightly batch would wait
         assert not go and "beyond sink.max_lag 10" in why, why
+        # a copy the supervisor's launcher does not know (started by hand, or by another launcher): its own
+        # heartbeat keeps the pipeline, no second instance starts beside it until it ends
+        by_hand = LocalLauncher(tmp_path / "by-hand")
+        copy = by_hand.start(name, *command(pipe.spec))
+        until("the copy's heartbeat naming its JVM", lambda: " jvm " in str((pipe.query_wh(
+            "SELECT holder FROM tidemark_control.stream_heartbeats WHERE pipeline = %s AND ended_at IS NULL",
+            (name,)) or [("",)])[0][0]), timeout=120)
+        decision = cycle()
+        assert decision.action == "wait" and "no second one starts" in decision.reason, decision
+        assert not launcher.status(name).alive and by_hand.status(name).alive
+        assert f":{group_process(copy.pid, 'python')} jvm {group_process(copy.pid, 'java')}" in decision.reason, decision
+        by_hand.stop(name)  # SIGTERM, as a person ends it: its heartbeat is recent, but its process is gone
+        assert not by_hand.status(name).alive
         assert cycle().action == "start"
         until("the standing sink to commit batch 1", lambda: pipe.state(plan.batch_id, attempt) == "committed")
         go, why = backpressure(pipe.spec, wh, settings.kafka_bootstrap)  # caught up: it goes on
@@ -77,7 +75,7 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
 
         first = launcher.status(name)
         os.kill(first.pid, signal.SIGKILL)  # kill -9 of the sh wrapper alone: the JVM and the driver run on
-        java, driver = _process(first.pid, "java"), _process(first.pid, "python")
+        java, driver = group_process(first.pid, "java"), group_process(first.pid, "python")
         assert java and driver, "the instance's JVM and Python driver"
         assert launcher.status(name).alive and cycle().action == "none"  # still the instance: no second one
         os.killpg(first.pid, signal.SIGKILL)  # kill -9 the whole job: JVM, Python driver
@@ -91,10 +89,10 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
         # supervisor restarts once (after its backoff), never beside a live instance, and the next batch commits
         for n, part in enumerate(("java", "python"), start=3):
             current = launcher.status(name)
-            os.kill(_process(current.pid, part), signal.SIGKILL)
+            os.kill(group_process(current.pid, part), signal.SIGKILL)
             until(f"the job to end after kill -9 of its {part}", lambda: not launcher.status(name).alive, timeout=120)
             until("the supervisor's restart (after its backoff)", lambda: cycle().action == "restart", timeout=90)
-            assert launcher.status(name).pid != current.pid and not _process(current.pid, "java")
+            assert launcher.status(name).pid != current.pid and not group_process(current.pid, "java")
             plan_n, attempt_n = _batch(pipe, f"run-{n}", 51 + 30 * (n - 2), 80 + 30 * (n - 2))
             until(f"the restarted sink to commit batch {n}", lambda: pipe.state(plan_n.batch_id, attempt_n) == "committed")
 
@@ -112,6 +110,7 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
         assert events == [("start", "supervisor"), *[("restart", "supervisor")] * 3, ("desired", "test")]
     finally:
         launcher.kill(name)
+        LocalLauncher(tmp_path / "by-hand").kill(name)
         wh.close()
 
 

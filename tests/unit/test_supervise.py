@@ -177,3 +177,30 @@ def test_a_sink_idle_for_hours_that_receives_a_large_batch_is_busy_not_stalled()
                    lag=400_000, previous_lag=400_000, lagging_since=NOW - 150 * S)
     decision = decide(NOW, "running", stuck, History(), POLICY)
     assert decision.action == "restart" and "no progress for 150 s" in decision.reason, decision
+
+
+def test_no_second_instance_starts_while_an_instance_the_launcher_does_not_know_still_beats():
+    """Liveness from the job itself: a copy started elsewhere (or escaped from its process group) keeps
+    the pipeline; it is waited for, never joined by a second one; when its heartbeat stops, a start."""
+    ended = Actual(alive=False, started_at=NOW, exit_code=137, other_instance="host:42 jvm 43, fence 7")
+    d = decide(NOW + timedelta(seconds=5), "running", ended, History(), POLICY)
+    assert d.action == "wait" and "host:42 jvm 43" in d.reason and "no second one starts" in d.reason
+    gone = Actual(alive=False, started_at=NOW, exit_code=137)
+    assert decide(NOW + timedelta(seconds=5), "running", gone, History(), POLICY).action == "restart"
+
+
+def test_a_heartbeat_is_a_live_instance_only_while_fresh_unended_and_its_process_on_this_host_lives():
+    import os
+    import socket
+
+    from tidemark.streams.cycle import other_instance
+
+    beat = {"holder": f"{socket.gethostname()}:{os.getpid()} jvm 1", "fence": 3, "heartbeat_at": NOW, "ended_at": None}
+    minute = timedelta(minutes=1)
+    assert other_instance(beat, NOW + timedelta(seconds=30), minute).startswith(beat["holder"])
+    assert other_instance(beat, NOW + 2 * minute, minute) is None  # its beat is stale
+    assert other_instance({**beat, "ended_at": NOW}, NOW, minute) is None  # it ended its lease
+    dead = {**beat, "holder": f"{socket.gethostname()}:{2 ** 22 + 1}"}  # above pid_max: no such process
+    assert other_instance(dead, NOW, minute) is None
+    elsewhere = {**beat, "holder": "another-host:4242"}  # its processes cannot be seen: its beat is the sign
+    assert other_instance(elsewhere, NOW, minute) is not None

@@ -132,6 +132,8 @@ def _run(args: Namespace) -> int:
         batches = MicroBatches(sink, spec, control, connect_params(args.database, args.user, password(args)),
                                backlog(args.bootstrap, starting), reader=reader)
         spark = session(f"tidemark-batch-sink-{spec.name}", **CHECKPOINT_CONF)
+        if control is not None:  # the heartbeat names the JVM too: the process an operator sees in top
+            control.holder += f" jvm {spark._jvm.java.lang.ProcessHandle.current().pid()}"
         records = topic_records(spark, args, spec, starting)
         stream(records, batches, spec, args.available_now, control,
                started=summary_line("sink-started", pipeline=spec.name, offsets=starting, fence=sink.fence,

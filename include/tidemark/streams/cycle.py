@@ -10,6 +10,8 @@ passes the command that launches a pipeline's sink (built from its connections).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -84,7 +86,8 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
     actual = Actual(alive=instance.alive, started_at=instance.started_at, exit_code=instance.exit_code,
                     heartbeat_at=beat["heartbeat_at"] if mine else None,
                     progress_at=beat["progress_at"] if mine else None, lag=lag, previous_lag=previous, outage=outage,
-                    lagging_since=lagging_since)
+                    lagging_since=lagging_since,
+                    other_instance=None if mine or instance.alive else other_instance(beat, now, policy.heartbeat_timeout))
     person = state.changed_by not in (None, "supervisor")  # the row may exist only for the supervisor's looks
     history = History(tuple(restarts), state.crash_looping_since, state.changed_at if person else None,
                       tuple(outage_starts))
@@ -102,6 +105,31 @@ def _supervise(spec: PipelineSpec, wh, launcher: Launcher, bootstrap: str, comma
             f"per partition {parts} last_progress={progress} restarts={len(restarts)}/{policy.restart_budget} in "
             f"{policy.budget_window} action={decision.action}{did}: {decision.reason}")
     return line, decision
+
+
+def other_instance(beat: dict[str, Any] | None, now: datetime, timeout: timedelta) -> str | None:
+    """Who still beats for the pipeline when the launcher runs nothing: a heartbeat not ended, younger than
+    ``timeout``, whose process (``host:pid``, the sink's driver) lives on this host, or on another host
+    (whose processes cannot be seen from here: its heartbeat is the only sign). None: no live copy."""
+    if beat is None or beat["ended_at"] is not None or beat["heartbeat_at"] is None:
+        return None
+    if now - beat["heartbeat_at"] > timeout:
+        return None
+    holder = str(beat["holder"] or "")
+    host, _, pid = holder.split(" ")[0].rpartition(":")
+    if host == socket.gethostname() and pid.isdigit() and not _process_alive(int(pid)):
+        return None  # it died without ending its lease: its heartbeat is merely recent
+    return f"{holder}, fence {beat['fence']}, last heartbeat {beat['heartbeat_at']:%H:%M:%S}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process
+    return True
 
 
 def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, instance, beat: dict[str, Any] | None,

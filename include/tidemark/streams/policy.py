@@ -75,6 +75,7 @@ class Actual:
     previous_lag: int | None = None  # the same, at the supervisor's previous look
     outage: str | None = None  # a component the job needs that does not answer now (the broker), and why
     lagging_since: datetime | None = None  # since when the supervisor has seen it with records to read, unbroken
+    other_instance: str | None = None  # a live heartbeat of an instance this launcher does not know (who, since)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,12 @@ def decide(now: datetime, desired: DesiredState, actual: Actual, history: Histor
     why = _trouble(now, actual, policy)
     if why is None:
         return Decision("none", "healthy", n)
+    if not actual.alive and actual.other_instance is not None:
+        # liveness from the job itself: the launcher may not see a copy started elsewhere (by hand, another
+        # launcher, a process escaped from its group), and a second one never starts beside a live one
+        return Decision("wait", f"not running from here, but an instance still beats ({actual.other_instance}): "
+                        "no second one starts beside it; started once its heartbeat stops. Next, if that copy "
+                        "should not run: end its process", n)
     if not actual.alive and (actual.started_at is None or (
             history.desired_since is not None and actual.started_at < history.desired_since)):
         # never launched, or ended before a person (re)set it running (a resume): a start, not a restart

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,15 +43,40 @@ def read_pid(pid_file: Path) -> int | None:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return None
+        try:  # the process is gone, but what it started runs on in its group (kill -9 of a keeper)
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
     except PermissionError:
         pass  # alive, owned by another user
     return pid
 
 
+def group_process(pgid: int, program: str) -> int | None:
+    """The pid of a live process of group ``pgid`` whose command starts with ``program`` (``java``, ``python``);
+    None: none runs."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+            argv0 = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[2] == str(pgid) and fields[0] not in ("Z", "X") and os.path.basename(argv0).startswith(program):
+            return int(entry.name)
+    return None
+
+
 def spawn(cmd: Sequence[str], *, log: Path, pid_file: Path, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> int:
-    """Start a long-running process in its own session, detached from our terminal."""
+          cwd: Path | None = None, keep: str | None = None) -> int:
+    """Start a long-running process in its own session, detached from our terminal; with ``keep`` (its
+    name), under a keeper that starts it again when it dies (``tidemark_workshop.stack.keeper``)."""
+    if keep is not None:
+        cmd = [sys.executable, str(Path(__file__).with_name("keeper.py")), keep, "--", *cmd]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
