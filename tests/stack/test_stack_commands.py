@@ -60,3 +60,35 @@ def test_status_shows_the_health_of_the_broker_and_the_databases():
     health = [line for line in proc.stdout.splitlines() if line.startswith("health ")]
     assert [line.split()[1] for line in health] == ["warehouse:", "source", "kafka:", "connect:"], health
     assert all(line.endswith(" reachable") for line in health), health
+
+
+def test_kill_9_of_the_connect_worker_is_a_health_row_and_its_keeper_starts_it_again_once(settings):
+    """kill -9 of the worker's JVM (what an operator or the OOM killer does): `status` names Connect as
+    unreachable with the next step; the stack's keeper starts one worker again, and it answers."""
+    import os
+    import signal
+    import time
+
+    from tidemark_workshop.stack.connect import Connect
+    from tidemark_workshop.stack.proc import read_pid
+
+    worker = Connect(settings)
+    keeper, jvm = read_pid(worker.pid_file), worker.worker_pid()
+    assert keeper and jvm and worker.answers()
+    restarts_before = worker.log.read_text(errors="replace").count("keeper: connect ended")
+    os.kill(jvm, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while worker.answers():
+        assert time.monotonic() < deadline, "the worker still answers after kill -9 of its JVM"
+        time.sleep(0.2)
+    down = [line for line in _stack("status").stdout.splitlines() if line.startswith("health connect:")]
+    assert len(down) == 1 and " UNREACHABLE since " in down[0] and "keeper starts a worker" in down[0], down
+    deadline = time.monotonic() + 300
+    while not worker.answers():
+        assert time.monotonic() < deadline, "the keeper did not start the worker again"
+        time.sleep(1)
+    assert read_pid(worker.pid_file) == keeper and worker.worker_pid() not in (None, jvm)
+    log = worker.log.read_text(errors="replace")
+    assert log.count("keeper: connect ended") == restarts_before + 1, "one restart, never two workers"
+    up = [line for line in _stack("status").stdout.splitlines() if line.startswith("health connect:")]
+    assert up and up[0].endswith(" reachable"), up

@@ -55,8 +55,9 @@ def next_step(kind: str, conn_id: str, error: str | None) -> str:
     if kind == "connect":
         if error and error.startswith("connection "):
             return f"set the Airflow connection {conn_id} (Kafka Connect's REST address)"
-        return ("start the Connect worker: `make start C=connect` (or `python -m tidemark_workshop.stack start "
-                "connect`); why it stopped: `make logs C=connect`; the supervisor then restarts its connectors")
+        return ("the local stack's keeper starts a worker that died again within a minute (compose's restart "
+                "policy likewise); if it stays down: `make start C=connect`, and why it stopped: `make logs C=connect`; "
+                "the supervisor then restarts its connectors")
     if error and "statement timeout" in error:
         return "it answers too slowly: see what it is busy with (pg_stat_activity, `make logs C=postgres`)"
     if error and not _cannot_connect(error):  # it answers, but refuses this login or database

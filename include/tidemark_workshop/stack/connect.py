@@ -5,7 +5,8 @@ Both come from Maven Central like the broker: the worker at the broker's version
 so that it keeps its own class loader; Debezium's JDBC sink likewise (stack/connect/jdbc-sink/pom.xml,
 the peer ``make bench-peers`` measures Tidemark against); and beside them Tidemark's converter that signs every record
 the connector writes (stack/connect/signing, compiled here against the worker's jars). The worker's internal topics have one replica (one broker);
-its REST API listens on 127.0.0.1 only.
+its REST API listens on 127.0.0.1 only. A keeper starts the worker again when it dies (kill -9, an OOM
+kill), as compose's restart policy does: the pid file names the keeper, whose process group is the unit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import urllib.request
 
 from tidemark_workshop.settings import REPO_ROOT, Settings
 from tidemark_workshop.stack.maven import compile_jar, resolve
-from tidemark_workshop.stack.proc import StackError, read_pid, say, spawn, stop_pid, wait_until
+from tidemark_workshop.stack.proc import StackError, group_process, read_pid, say, spawn, stop_pid, wait_until
 
 POM = REPO_ROOT / "stack" / "connect" / "pom.xml"
 DEBEZIUM_POM = REPO_ROOT / "stack" / "connect" / "debezium" / "pom.xml"
@@ -94,6 +95,11 @@ class Connect:
     def is_running(self) -> bool:
         return read_pid(self.pid_file) is not None
 
+    def worker_pid(self) -> int | None:
+        """The worker's JVM (the keeper's child, what an operator or the OOM killer kills); None: not running."""
+        keeper = read_pid(self.pid_file)
+        return None if keeper is None else group_process(keeper, "java")
+
     def get(self, path: str):
         with urllib.request.urlopen(self.s.connect_url + path, timeout=5) as response:
             return json.loads(response.read() or b"null")
@@ -127,7 +133,7 @@ class Connect:
             raise StackError(f"another Kafka Connect worker already answers on {self.s.connect_url} (not this "
                              "checkout's): stop it, or set TIDEMARK_CONNECT_PORT")
         say("connect", f"starting worker on {self.s.connect_url}")
-        spawn(self._java(), log=self.log, pid_file=self.pid_file)
+        spawn(self._java(), log=self.log, pid_file=self.pid_file, keep="connect")  # restarted when it dies
         wait_until(self.answers, timeout_s=180, what="Kafka Connect worker", alive=self.is_running, log=self.log)
         if JDBC_SINK in self._plugins():
             say("connect", "worker answers, Debezium's PostgreSQL connector and JDBC sink loaded")
