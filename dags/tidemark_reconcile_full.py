@@ -7,6 +7,8 @@ watermark, source against target, with the same checks as after each batch
 (`tidemark_reconcile_<name>`). A batch proven once can drift later (a row changed in the
 warehouse, a source column added with a default, a row deleted at the source): this run finds it.
 
+It runs from the moment the spec asks for it (the DAG is not paused at creation); a scheduled run
+before the pipeline's first committed batch is skipped, never passed, since there is nothing to prove.
 It never repairs: a difference fails the run with its report (which rows, which kind). To repair,
 trigger `tidemark_reconcile_<name>` with `scope: full` and `repair: true`.
 """
@@ -33,6 +35,9 @@ def _full_dag(path: Path, spec: PipelineSpec) -> DAG:
         start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
         catchup=False,
         max_active_runs=1,
+        # a weekly proof runs without anyone unpausing it; and a paused DAG's Trigger form ticks "unpause on
+        # trigger", which would start a scheduled run beside the one asked for
+        is_paused_upon_creation=False,
         default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "owner": "tidemark"},
         params={"scope": Param("full", type="string", enum=["full"],
                                description="always the whole table up to the watermark")},

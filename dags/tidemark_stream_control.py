@@ -28,8 +28,13 @@ from airflow.sdk import DAG, Param, task
 from tidemark.config import pipelines_dir
 from tidemark.spec import load_specs
 
-# the form's hint: which pipelines have a standing sink (the specs are read anyway by the batch DAGs' file)
+# the form's select: the pipelines with a standing sink (the specs are read anyway by the batch DAGs' file)
 STANDING = sorted(spec.name for _, spec in load_specs(pipelines_dir())[0] if spec.sink.mode == "standing")
+PIPELINE = (Param(None, type="string", enum=STANDING,
+                  description="the pipeline to act on (the select lists those whose spec says sink: {mode: standing}); "
+                              "Trigger stays disabled until one is chosen")
+            if STANDING else
+            Param("", type="string", description="the pipeline to act on: no spec says sink: {mode: standing} yet"))
 
 with DAG(
     dag_id="tidemark_stream_control",
@@ -40,10 +45,7 @@ with DAG(
     max_active_runs=4,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "owner": "tidemark"},
     params={
-        "pipeline": Param("", type="string",
-                          description="the pipeline to act on: one whose spec says sink: {mode: standing} (here: "
-                                      f"{', '.join(STANDING) or 'none yet'}); Trigger stays disabled until it is "
-                                      "filled in"),
+        "pipeline": PIPELINE,
         "action": Param("pause", type="string", enum=["pause", "resume", "stop", "clear", "resnapshot"]),
         "reason": Param(None, type=["null", "string"], description="why (optional, kept with the change)"),
     },

@@ -227,3 +227,4 @@ def test_a_spec_with_a_full_schedule_gets_a_whole_table_reconciliation_on_it(par
     dag = bag.dags["tidemark_reconcile_full_bank_ledger_entries"]
     assert getattr(dag.timetable, "expression", None) in ("@weekly", "0 0 * * 0"), vars(dag.timetable)
     assert dag.params.get_param("scope").value == "full" and [t.task_id for t in dag.tasks] == ["reconcile"]
+    assert dag.is_paused_upon_creation is False  # a weekly proof runs unasked; Trigger starts no scheduled run

@@ -38,3 +38,38 @@ class Outage(Transient):
     """A component a standing job needs (the broker, the warehouse) does not answer: the job exits
     ``EXIT_OUTAGE`` and its supervisor starts it again once the component answers, outside the restart
     budget, which counts the job's own failures."""
+
+
+# A component's raw error, said in words for the person on call (the raw text stays beside it): the first
+# rule whose every fragment the error contains (lower case) names it.
+_IN_WORDS = (
+    (("_all_brokers_down",), "no Kafka broker answered"),
+    (("_transport",), "the connection to the Kafka broker failed"),
+    (("_msg_timed_out",), "the Kafka broker did not acknowledge a record in time"),
+    (("kafkaerror", "_timed_out"), "the Kafka broker did not answer in time"),
+    (("kafka", "connection refused"), "the Kafka broker refused the connection (is it running?)"),
+    (("kafkaerror",), "the Kafka client failed"),
+    (("connection refused",), "a database or service refused the connection (is it running?)"),
+    (("could not connect",), "a database could not be reached"),
+    (("server closed the connection",), "a database closed the connection (restarted or stopped?)"),
+    (("terminating connection",), "a database ended the connection (restarted or stopped?)"),
+    (("timeout expired",), "a database did not answer in time"),
+    (("statement timeout",), "a query ran past its statement timeout"),
+    (("password authentication failed",), "a database refused the login (wrong password?)"),
+    (("permission denied",), "a database refused the login's rights"),
+    (("numeric field overflow",), "a value does not fit its target column's type"),
+    (("value too long",), "a text value is longer than its target column allows"),
+    (("deadlock detected",), "two transactions deadlocked; one was cancelled"),
+    (("no space left",), "a disk is full"),
+    (("outofmemoryerror",), "the JVM ran out of memory"),
+)
+
+
+def in_words(raw: str) -> str | None:
+    """What a raw error from a driver or client means, in words; None when it is not one Tidemark knows
+    (then the raw text is the cause as it stands)."""
+    text = raw.lower()
+    for fragments, words in _IN_WORDS:
+        if all(f in text for f in fragments):
+            return words
+    return None

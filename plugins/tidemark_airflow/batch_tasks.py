@@ -81,9 +81,41 @@ def last_word(context) -> None:
         text = (f"pipeline={pipeline} run={context['dag_run'].run_id} task {context['ti'].task_id}: {text}. Next: "
                 + NEXT_TRANSIENT.format(task=BEGIN))
     retried = str(getattr(context["ti"], "state", "")).lower().endswith("up_for_retry")
-    text = truthful(text, retried, getattr(context["ti"], "try_number", None),
-                    getattr(context["task"], "retries", 0) + 1)
-    context["task"].log.error("TIDEMARK %s: %s", "FAILED, Airflow retries it" if retried else "FAILED", text)
+    log = context["task"].log
+    log.info("::endgroup::")  # out of Airflow's folded "Post Execute" group: these lines show without a click
+    for line in closing_lines(text, retried, getattr(context["ti"], "try_number", None),
+                              getattr(context["task"], "retries", 0) + 1):
+        log.error("%s", line)
+
+
+SHORT = 160  # what the log view shows without scrolling sideways (1,400 px wide, beside the task list)
+
+
+def closing_lines(text: str, retried: bool, try_number: int | None, tries: int) -> list[str]:
+    """A failed task's last lines: the whole line (every detail, the raw error in it); then what failed and
+    why in words, and whether Airflow retries and what to do, each short enough to read in the log view."""
+    from tidemark.errors import in_words
+
+    whole = truthful(text, retried, try_number, tries)
+    head, _, rest = text.partition(": ") if text.startswith("pipeline=") else ("", "", text)
+    cause, _, next_step = rest.rpartition(". Next: ") if ". Next: " in rest else (rest, "", "")
+    words = in_words(cause)
+    said = f"{words} (the raw error is in the line above)" if words else _short(cause, SHORT)
+    which = f"try {try_number} of {tries} failed" if try_number else "a try failed"
+    if retried:
+        when = f"{which}; Airflow retries it with backoff"
+        next_step = next_step.replace(_RETRY_PROMISE, "if the last try fails too, ")
+    elif _RETRY_PROMISE in next_step:
+        when, next_step = f"{which}; no retry is left", next_step.replace(_RETRY_PROMISE, "")
+    else:
+        when = f"{which}; not retried: the same input fails the same way"
+    return [f"TIDEMARK FAILED: {whole}",
+            f"TIDEMARK FAILED {head}: {said}" if head else f"TIDEMARK FAILED: {said}",
+            f"TIDEMARK NEXT ({when}): {next_step or 'read the lines above'}"]
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 30].rstrip() + " ... (whole in the line above)"
 
 
 _RETRY_PROMISE = "Airflow retries this task with backoff; if the last try fails too, "

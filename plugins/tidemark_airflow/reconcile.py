@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator, Connection
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.config import CONN_WAREHOUSE
 from tidemark_airflow.hooks import pg_connect
@@ -125,6 +125,12 @@ class ReconcileOperator(BaseOperator):
         source = pg_connect(spec.source_conn_id, application_name="tidemark-reconcile")
         invariants = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile-invariants")
         try:
+            if full and getattr(context.get("dag_run"), "run_type", None) == "scheduled":
+                with warehouse, warehouse.cursor() as cur:
+                    if ledger.last_committed(cur, spec.name) is None:  # skipped, never "passed" over nothing
+                        raise AirflowSkipException(f"pipeline={spec.name} full table: no committed batch yet, so "
+                                                   "nothing to prove. Next: nothing; the next scheduled run proves "
+                                                   f"what tidemark_batch_{spec.name} has committed by then")
             if not full and batch_id is None:  # a manual run without a batch: the newest committed one
                 with warehouse, warehouse.cursor() as cur:
                     newest = ledger.last_committed(cur, spec.name)

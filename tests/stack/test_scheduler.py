@@ -198,12 +198,16 @@ def test_a_refused_batch_fails_at_once_with_the_next_step_and_leaves_nothing_ope
 
 
 def _last_word(log: str) -> str:
-    """Tidemark's one line, after Airflow's traceback: nothing but quiet lines may follow it."""
+    """Tidemark's closing lines, after Airflow's traceback: the whole line, what failed in words, whether
+    Airflow retries and the next step, last; nothing but Airflow's group markers may follow."""
     lines = [line for line in log.splitlines() if line.strip()]
-    word = max((i for i, line in enumerate(lines) if "TIDEMARK FAILED" in line), default=None)
+    word = max((i for i, line in enumerate(lines) if "TIDEMARK FAILED: " in line), default=None)
     assert word is not None, "\n".join(lines[-15:])
-    assert not any("Traceback" in line or "Task failed with exception" in line for line in lines[word:]), lines[word:]
-    return lines[word]
+    block = lines[word:]
+    assert not any("Traceback" in line or "Task failed with exception" in line for line in block), block
+    last = max(i for i, line in enumerate(block) if "TIDEMARK NEXT (" in line)
+    assert all("::endgroup::" in line for line in block[last + 1:]), block
+    return "\n".join(block[:last + 1])
 
 
 def test_a_target_narrower_than_the_source_fails_the_plan_under_version_2_naming_both_types(scheduled):

@@ -215,20 +215,21 @@ def test_stream_control_needs_only_a_pipeline_and_records_who_paused_it(ui, brow
     before = {r["dag_run_id"] for r in api.runs(dag_id)}
 
     dialog = browser.trigger_dialog(dag_id)
-    pipeline = browser.field("pipeline", dialog)
+    pipeline = browser.field_root("pipeline", dialog)  # a select of the standing pipelines, nothing chosen
     submit = browser.button("Trigger", dialog)
     browser.wait("the Trigger button to be disabled while pipeline is empty",
                  lambda d: not submit.is_enabled(), timeout_s=10)
     browser.screenshot("ui-clicks-stream-control-empty")
-    assert pipeline.get_attribute("value") == ""
+    assert pipeline.find_element(By.NAME, "element_pipeline").get_attribute("value") == ""
     assert browser.field("reason", dialog).get_attribute("value") == ""  # optional: left empty
     action = browser.field_root("action", dialog)  # a select, showing its default
     assert action.find_element(By.NAME, "element_action").get_attribute("value") == "pause"
     assert "pause" in action.text
     assert browser.label("pipeline", dialog).get_attribute("data-required") is not None
 
-    browser.type_into(pipeline, name)
-    browser.wait("the Trigger button to enable once pipeline is typed", lambda d: submit.is_enabled(), timeout_s=10)
+    browser.choose(pipeline, name)
+    assert pipeline.find_element(By.NAME, "element_pipeline").get_attribute("value") == name
+    browser.wait("the Trigger button to enable once pipeline is chosen", lambda d: submit.is_enabled(), timeout_s=10)
     browser.screenshot("ui-clicks-stream-control-filled")
     browser.click(submit)
     browser.text("Dag Run Triggered")
@@ -259,7 +260,7 @@ def test_stream_control_resume_chosen_in_the_select_records_who_resumed_it(ui, b
     before = {r["dag_run_id"] for r in api.runs(dag_id)}
 
     dialog = browser.trigger_dialog(dag_id)
-    browser.type_into(browser.field("pipeline", dialog), name)
+    browser.choose(browser.field_root("pipeline", dialog), name)
     action = browser.field_root("action", dialog)
     browser.choose(action, "resume")
     assert action.find_element(By.NAME, "element_action").get_attribute("value") == "resume"

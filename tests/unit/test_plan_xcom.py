@@ -68,3 +68,34 @@ def test_the_last_line_promises_a_retry_only_when_airflow_will_retry():
     assert "retries" not in final and "no retry is left (try 4 of 4 failed): check the stack" in final
     assert final.endswith("then clear this DAG run from 'begin'")
     assert truthful("pipeline=p: ValueError: x. Next: fix it", False, 1, 1) == "pipeline=p: ValueError: x. Next: fix it"
+
+
+def test_a_failed_tasks_closing_lines_say_the_cause_in_words_and_end_with_the_retry_and_next_step():
+    """Issue 53 item 6: the last line named no attempt, gave librdkafka's raw error and ran off the log
+    view's right edge. Now: the whole line, then two short ones (what failed in words; retry and next)."""
+    from tidemark_airflow.batch_tasks import NEXT_TRANSIENT, SHORT, closing_lines
+
+    raw = ("KafkaException: KafkaError{code=_TRANSPORT,val=-195,str=\"Failed to get metadata: Local: Broker "
+           "transport failure\"}")
+    line = f"pipeline=p batch=b attempt=2 window=(1, 4]: {raw}. Next: " + NEXT_TRANSIENT.format(task="begin")
+    whole, failed, next_line = closing_lines(line, True, 2, 4)
+    assert raw in whole and "attempt=2" in whole
+    assert failed == ("TIDEMARK FAILED pipeline=p batch=b attempt=2 window=(1, 4]: the connection to the Kafka broker "
+                      "failed (the raw error is in the line above)")
+    assert next_line.startswith("TIDEMARK NEXT (try 2 of 4 failed; Airflow retries it with backoff): if the last "
+                                "try fails too, check the stack")
+    _, _, final = closing_lines(line, False, 4, 4)
+    assert final.startswith("TIDEMARK NEXT (try 4 of 4 failed; no retry is left): check the stack") and "retries" not in final
+    _, refused, at_once = closing_lines("pipeline=p batch=b attempt=1 window=(1, 4]: REFUSED " + "x" * 400
+                                       + ". Next: fix the cause named here", False, 1, 3)
+    assert len(refused) <= SHORT + 60 and refused.endswith("(whole in the line above)")
+    assert at_once == "TIDEMARK NEXT (try 1 of 3 failed; not retried: the same input fails the same way): fix the cause named here"
+
+
+def test_raw_errors_in_words():
+    from tidemark.errors import in_words
+
+    assert in_words("OperationalError: connection to server at \"127.0.0.1\", port 25432 failed: Connection "
+                    "refused") == "a database or service refused the connection (is it running?)"
+    assert in_words("KafkaError{code=_MSG_TIMED_OUT,val=-192}") == "the Kafka broker did not acknowledge a record in time"
+    assert in_words("REFUSED: partition 0 differs") is None
