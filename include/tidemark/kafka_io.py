@@ -170,13 +170,12 @@ def read_committed(
     pending = {p: stop[p] for p in stop if stop[p] > start.get(p, 0)}
     if not pending:
         return
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
+    consumer = Consumer(client_config(bootstrap, **{
         "group.id": f"tidemark-reader-{topic}",
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "enable.partition.eof": True,
-    })
+    }))
     try:
         consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in pending])
         while pending:

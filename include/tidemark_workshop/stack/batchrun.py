@@ -265,8 +265,10 @@ def dead_letters(bootstrap: str, source_topic: str, dlq_topic: str = "tidemark.d
     """Every dead letter that came from ``source_topic``: its headers, and its value as ``value``."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tidemark-test-dlq", "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
+    from tidemark.kafka_io import client_config
+
+    consumer = Consumer(client_config(bootstrap, **{"group.id": "tidemark-test-dlq", "enable.partition.eof": True,
+                                                    "isolation.level": "read_committed"}))
     consumer.assign([TopicPartition(dlq_topic, 0, 0)])
     found = []
     try:

@@ -18,6 +18,7 @@ from tidemark.cdc.signing import sign, signing_key
 from tidemark.cdc.groups import Capture, capture_of
 from tidemark.cdc.source import grant_sql, slot_named
 from tidemark.config import CONN_CDC
+from tidemark.kafka_io import client_config
 from tidemark.spec import PipelineSpec
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeline, until
@@ -135,7 +136,7 @@ def remove_capture(settings: Settings, spec: PipelineSpec) -> None:
     if client.config(connector_name(spec)) is not None:
         client.delete(connector_name(spec))
     drop_capture(settings, spec.cdc_slot)
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(client_config(settings.kafka_bootstrap))
     mine = [t for t in admin.list_topics(timeout=10).topics if spec.cdc_topic_prefix in t]
     for future in admin.delete_topics(mine).values() if mine else ():
         future.result(timeout=30)
