@@ -215,6 +215,7 @@ def _orphans(report) -> str:
 STYLE = """
 body{font-family:system-ui,sans-serif;font-size:14px;margin:1em;color:#222}
 table{border-collapse:collapse;margin-bottom:1em}th,td{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}
+td{overflow-wrap:anywhere}
 th{background:#f3f3f3}td.num{text-align:right}ul{margin:0;padding-left:1.1em}.msg{color:#555;font-size:12px}
 .bad{color:#b00020}.warn{color:#a05a00}small{color:#666}.ok{color:#1b5e20}tr.held td{border-top:none;background:#fff4f4}
 """

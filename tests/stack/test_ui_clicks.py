@@ -507,6 +507,9 @@ def test_reconcile_with_repair_from_the_form_puts_a_forged_cent_right_and_the_ev
     line = verdict.text
     assert line.startswith("found 1 difference at ") and "; repaired and reconciled at " in line, line
     browser.screenshot("ui-clicks-status-page")
+    sideways = browser.driver.execute_script(
+        "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert sideways <= 1, f"the status page scrolls sideways by {sideways} px: a long value does not wrap"
     browser.click(verdict)
 
     heading = browser.wait("the evidence page", lambda d: (browser.visible(By.TAG_NAME, "h2") or [None])[0])
