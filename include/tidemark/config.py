@@ -7,6 +7,8 @@ Nothing here knows the local stack (ports, state directories): that is ``tidemar
 
 from __future__ import annotations
 
+import functools
+import os
 import tempfile
 from pathlib import Path
 
@@ -61,8 +63,14 @@ class Environment(BaseSettings):
 
 
 def environment() -> Environment:
-    """The environment as Tidemark reads it, validated whole (read again each time: tests and the
-    stack set variables per process); ``ConfigError`` names each variable that is wrong."""
+    """The environment as Tidemark reads it, validated whole; ``ConfigError`` names each variable that is
+    wrong. Parsed again only when a ``TIDEMARK_`` variable changed (tests and the stack set them per
+    process; a sink reads some on every micro-batch, and a parse costs a millisecond)."""
+    return _parsed(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(_variables: tuple[tuple[str, str], ...]) -> Environment:
     try:
         return Environment()
     except ValidationError as exc:
