@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import signal
 
+from tidemark.config import environment
+
 ENV = "TIDEMARK_KILL_AT"
 POINTS = ("staged", "before_commit", "committed", "dlq_published")
 _passes: dict[str, int] = {}
 
 
 def point(name: str) -> None:
-    spec = os.environ.get(ENV)
+    spec = environment().kill_at
     if not spec:
         return
     where, _, nth = spec.partition(":")

@@ -17,8 +17,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tidemark.config import (  # noqa: F401 (re-exported: the stack wires these names)
-    CONN_CONTROL, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, SPARK_DRIVER_MEMORY,
-    pipelines_dir,
+    CONN_CONTROL, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, pipelines_dir,
 )
 from tidemark.control import CONTROL_KEYS_ENV, Keyring
 
@@ -238,6 +237,7 @@ class Settings:
         pythonpath = os.pathsep.join(str(REPO_ROOT / d) for d in ("include", "plugins"))
         env = {
             "TIDEMARK_STATE_DIR": str(self.state_dir),
+            "TIDEMARK_STATUS_DIR": str(self.state_dir / "status"),  # since when each component is down
             "TIDEMARK_STREAMS_DIR": str(self.state_dir / "streams"),  # standing sinks' pid, log, exit code
             "TIDEMARK_RECONCILE_DIR": str(self.state_dir / "reconcile"),  # Data Docs and difference reports
             "TIDEMARK_KAFKA_BOOTSTRAP": self.kafka_bootstrap,

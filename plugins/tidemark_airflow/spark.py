@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
-from tidemark.config import CONN_SPARK, SPARK_DRIVER_MEMORY, spark_job
+from tidemark.config import CONN_SPARK, spark_driver_memory, spark_jars, spark_job
 from tidemark.spark.jobs import PASSWORD_ENV, database_args, spark_conf
 from tidemark.spark.entry import ERROR_FILE_ENV, EXIT_JOB_ERROR
 
@@ -36,7 +35,7 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
 
     def __init__(self, *, script: str, jdbc_conn_id: str, job_args: Sequence[str] = (), **kwargs: Any):
         kwargs.setdefault("conn_id", CONN_SPARK)
-        kwargs.setdefault("driver_memory", SPARK_DRIVER_MEMORY)
+        kwargs.setdefault("driver_memory", spark_driver_memory())
         kwargs.setdefault("name", f"tidemark-{script.removesuffix('.py')}")
         # a DAG's own conf is merged with Tidemark's, never instead of it: its JVMs still run in UTC
         kwargs["conf"] = spark_conf(kwargs.get("conf"))
@@ -48,7 +47,7 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
         conn = Connection.get(self.jdbc_conn_id)
         database = database_args(conn.host, conn.port, conn.schema, conn.login or "", conn.extra_dejson)
         self.application_args = [*database, *self.job_args]
-        self.jars = self.jars or os.environ.get("TIDEMARK_SPARK_JARS") or None
+        self.jars = self.jars or ",".join(spark_jars()) or None
         self.log.info("submitting %s against %s as %s", self.application, database[1], conn.login)
         with tempfile.TemporaryDirectory(prefix="tidemark-job-") as tmp:
             cause_file = Path(tmp) / "cause.txt"

@@ -15,7 +15,7 @@ from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowFailException
 
 from tidemark.spark import jobs
-from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, pipelines_dir, spark_job, streams_dir
+from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, pipelines_dir, spark_jars, spark_job, streams_dir
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def sink_command(paths: dict[str, Path]):
                                     warehouse.extra_dejson),
                 *jobs.sink_args(paths[spec.name], bootstrap, available_now=False)]
         hook = SparkSubmitHook(conn_id=CONN_SPARK, conf=dict(jobs.SPARK_CONF), driver_memory=spec.sink.driver_memory,
-                               jars=os.environ.get("TIDEMARK_SPARK_JARS") or None, name=f"tidemark-stream-{spec.name}",
+                               jars=",".join(spark_jars()) or None, name=f"tidemark-stream-{spec.name}",
                                application_args=args)
         argv = hook._build_spark_submit_command(str(spark_job(jobs.SINK_JOB)))  # the operator's own builder
         return argv, {**os.environ, jobs.PASSWORD_ENV: warehouse.password or "", CONTROL_KEYS_ENV: keyring.text()}
@@ -73,7 +73,7 @@ def launcher():
     from tidemark.streams.standalone import StandaloneLauncher
 
     extra = Connection.get(CONN_SPARK).extra_dejson
-    jars = [j for j in (os.environ.get("TIDEMARK_SPARK_JARS") or "").split(",") if j.endswith(".jar")]
+    jars = [j for j in spark_jars() if j.endswith(".jar")]
     if not jars:
         raise AirflowFailException("a standalone cluster runs a sink's Python driver through a jar, and "
                                    "TIDEMARK_SPARK_JARS names none; set it to the connector jars (with tidemark-udf.jar)")

@@ -179,7 +179,7 @@ def test_page_is_read_only_and_copes_without_a_control_schema(settings, tmp_path
         conn = json.loads(settings.airflow_connections()["AIRFLOW_CONN_TIDEMARK_WAREHOUSE"])
         monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_WAREHOUSE", json.dumps({**conn, "schema": name}))
         monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
-        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "state"))  # its outage in its own health file
+        monkeypatch.setenv("TIDEMARK_STATUS_DIR", str(tmp_path / "state" / "status"))  # its outage in its own health file
         page, data = fetch(airflow_api)
         assert data["control_schema"] is False and data["orphan_stage_tables"] == []
         assert [(p["name"], p["ledger"]["last_committed"], p["lag"]) for p in data["pipelines"]] == [
@@ -291,7 +291,7 @@ def test_broker_down_shows_since_when_and_the_next_step_then_reachable_again(set
 
     pipe = make_pipeline(settings, tmp_path, DDL)
     monkeypatch.setenv("TIDEMARK_PIPELINES_DIR", str(tmp_path))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "state"))  # the page's health file: this test's own
+    monkeypatch.setenv("TIDEMARK_STATUS_DIR", str(tmp_path / "state" / "status"))  # the page's health file: this test's own
     cli_health = tmp_path / "cli-health.json"
     _, before = fetch(airflow_api)
     health = {h["component"]: h for h in before["health"]}

@@ -12,6 +12,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from tidemark.config import environment, job_error_file
 from tidemark.errors import EXIT_OUTAGE, OUTAGE_LINE, Outage, Terminal, TidemarkError, Transient
 from tidemark.spark.jobs import DATABASE_OPTIONS
 
@@ -153,8 +154,10 @@ def one_line(exc: BaseException) -> str:
 def run(main, argv: list[str], name: str) -> int:
     """Run ``main``; Tidemark's own error (``tidemark.errors``) becomes one clear line on stderr and exit
     code 3, or 4 if ``Transient`` (75 for an ``Outage``). Any failure's one-line cause also goes to the file named by
-    TIDEMARK_JOB_ERROR_FILE, if set."""
+    TIDEMARK_JOB_ERROR_FILE, if set. The environment is validated first: a bad variable fails the job at
+    its start, named (``tidemark.config.ConfigError``)."""
     try:
+        environment()
         return main(argv) or 0
     except TidemarkError as exc:
         print(f"{name}: FAILED: {exc}", file=sys.stderr, flush=True)
@@ -169,7 +172,7 @@ def run(main, argv: list[str], name: str) -> int:
 
 
 def _write_cause(text: str) -> None:
-    path = os.environ.get(ERROR_FILE_ENV)
+    path = job_error_file()
     if path:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)

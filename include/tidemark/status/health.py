@@ -97,12 +97,11 @@ def track_health(probes: Iterable[Probe], state: Mapping[str, Any], now: datetim
 
 
 def health_file() -> Path:
-    """Where the first failed check of each outage is kept: ``$TIDEMARK_STATE_DIR/status/health.json``
-    (the local stack sets it for every process), else a folder in the system's temporary directory."""
-    import tempfile
+    """Where the first failed check of each outage is kept: ``$TIDEMARK_STATUS_DIR/health.json`` (the local
+    stack sets it for every process), else a folder in the system's temporary directory."""
+    from tidemark.config import status_dir
 
-    root = os.environ.get("TIDEMARK_STATE_DIR")
-    return (Path(root) / "status" if root else Path(tempfile.gettempdir()) / "tidemark-status") / "health.json"
+    return status_dir() / "health.json"
 
 
 def remember_health(probes: Iterable[Probe], path: Path | None, now: datetime | None = None) -> list[Health]:

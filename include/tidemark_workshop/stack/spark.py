@@ -8,7 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tidemark_workshop.settings import QUICK_JIT, REPO_ROOT, SPARK_DRIVER_MEMORY, Settings
+from tidemark.config import spark_driver_memory
+from tidemark_workshop.settings import QUICK_JIT, REPO_ROOT, Settings
 from tidemark_workshop.stack.maven import artifact_name, compile_jar, resolve
 from tidemark_workshop.stack.proc import StackError, say
 
@@ -95,7 +96,7 @@ def submit_command(settings: Settings, script: str | Path, args: list[str], *, s
     conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]
     cmd = [
         str(settings.venv / "bin" / "spark-submit"), "--master", settings.spark_master,
-        "--jars", ",".join(str(j) for j in settings.spark_jars()), *conf, "--driver-memory", SPARK_DRIVER_MEMORY,
+        "--jars", ",".join(str(j) for j in settings.spark_jars()), *conf, "--driver-memory", spark_driver_memory(),
         str(REPO_ROOT / "spark_jobs" / script), *args,
     ]
     return cmd, env
