@@ -40,6 +40,8 @@ class OncePerCause(logging.Filter):
         if held:
             record.msg = f"{record.getMessage()} (and {held} more like it in the last {self.every_s:.0f}s)"
             record.args = ()
+        if record.levelno == logging.WARNING and record.getMessage().endswith(": retrying"):
+            record.levelno, record.levelname = logging.INFO, "INFO"  # librdkafka heals it itself: no warning
         return True
 
 

@@ -77,3 +77,15 @@ def test_a_full_local_queue_is_waited_out_not_dropped():
     assert [r["key"] for _, r in delivered] == [b"0", b"1", b"2", b"3", b"4"]
     assert all(t == "t" and r["headers"] == [("h", b"1")] for t, r in delivered)
     assert producer.polls == 3
+
+
+def test_a_failure_librdkafka_retries_by_itself_is_information_not_a_warning():
+    """The demo printed `GETPID ... Coordinator load in progress: retrying` as a warning on stderr."""
+    f = OncePerCause(every_s=60)
+    record = logging.LogRecord("tidemark.rdkafka", logging.WARNING, __file__, 1, "GETPID [rdkafka#producer-10] "
+                               "[thrd:main]: Failed to acquire idempotence PID from broker 127.0.0.1:29092/1: "
+                               "Broker: Coordinator load in progress: retrying", (), None)
+    assert f.filter(record) and record.levelno == logging.INFO
+    lost = logging.LogRecord("tidemark.rdkafka", logging.WARNING, __file__, 1, "FAIL [rdkafka#producer-1]: "
+                             "Connect to ipv4#127.0.0.1:29092 failed: Connection refused", (), None)
+    assert f.filter(lost) and lost.levelno == logging.WARNING
