@@ -190,7 +190,7 @@ def create_typed(cur, batch_id: str, attempt: int, columns: list[tuple[str, str]
     return stage
 
 
-# How a direct extract's task says a COPY of its rows was refused (stack/spark/udf/tidemark/DirectCopy.java
+# How a direct extract's task says a COPY of its rows was refused (stack/java/udf/src/main/java/tidemark/DirectCopy.java
 # writes it; the extract turns it into its exit 3).
 REFUSED = "the typed stage refused"
 

@@ -156,6 +156,8 @@ public final class DirectCopy {
 
     /** A value its column's binary form cannot carry as PostgreSQL would accept it. */
     static final class Unencodable extends Exception {
+        private static final long serialVersionUID = 1L;
+
         Unencodable(String message) {
             super(message);
         }
@@ -174,6 +176,7 @@ public final class DirectCopy {
     }
 
     static final class Task implements FlatMapFunction<Iterator<InternalRow>, String> {
+        private static final long serialVersionUID = 1L;
         private final String url, user, password, batchId, copy;
         private final int attempt, loadRows;
         private final Encoder encoder;
@@ -384,6 +387,7 @@ public final class DirectCopy {
 
     /** Writes a row's first {@code fields} columns, each in its stage column's binary form. */
     static final class Encoder implements java.io.Serializable {
+        private static final long serialVersionUID = 1L;
         final int fields;
         private final Kind[] kinds;
         private final String[] sqlTypes;
