@@ -30,9 +30,8 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.DecimalType;
 import org.apache.spark.sql.types.StructType;
+import org.postgresql.PGConnection;
 import org.postgresql.copy.CopyIn;
-import org.postgresql.copy.CopyManager;
-import org.postgresql.core.BaseConnection;
 
 /**
  * A direct extract's tasks (transport: direct): each task COPYs its decoded rows into the attempt's
@@ -315,7 +314,7 @@ public final class DirectCopy {
         /** COPYs one load's bytes while the ledger shows the attempt open; refuses what the stage's types refuse. */
         private void copy(Connection conn, Buffer buffer, int n) throws SQLException {
             requireOpen(conn);
-            CopyIn in = new CopyManager((BaseConnection) conn).copyIn(copy);
+            CopyIn in = conn.unwrap(PGConnection.class).getCopyAPI().copyIn(copy);
             try {
                 buffer.sendTo(in);
                 in.endCopy();
