@@ -1,8 +1,10 @@
 # Tidemark: two commands on a fresh machine.
 #   make demo   installs what is missing, starts the stack, runs the demo end to end
-#   make unit   ruff (pyproject.toml), then the tests that need no stack (tests/unit, DAG integrity, compose, launcher choice): starts nothing, under a minute
+#   make unit   ruff (pyproject.toml), the Java tests when mvn is on PATH, then the tests that need no stack (tests/unit,
+#               DAG integrity, compose, launcher choice): starts nothing, under a minute
+#   make java-test  the JUnit tests of Tidemark's Java (stack/java: the direct COPY's encoding, the UDFs, the signing converter)
 #   make test   installs what is missing, starts the stack, runs the whole suite, both kinds (what CI runs; 7 seeded kill trials):
-#               first in LANES lanes (2; each lane its own source database: docs/local-stack.md), then
+#               the Java tests first, then in LANES lanes (2; each lane its own source database: docs/local-stack.md), then
 #               the tests marked serial alone (tests/conftest.py)
 #               every test's duration: .state/test-report.xml and test-report-serial.xml (JUnit; TIDEMARK_STATE_DIR
 #               moves .state); PYTEST_ARGS= for pytest (both phases)
@@ -41,7 +43,7 @@ SEED ?=
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
 bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down start stop status logs ui demo unit test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials test-direct profile-sink clean grants
+.PHONY: help bootstrap up down start stop status logs ui demo unit java-test test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials test-direct profile-sink clean grants
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -84,13 +86,20 @@ unit:
 	@if [[ ! -x $(PY) || "$$(cat $(STATE)/venv/.requirements.sha256 2>/dev/null)" != "$$(sha256sum requirements.txt | cut -d' ' -f1)" ]]; then \
 	  bash stack/bootstrap.sh; fi
 	@$(PY) -m ruff check --quiet
+	@if command -v mvn >/dev/null; then $(MAKE) --no-print-directory java-test; \
+	  else echo "make unit: mvn is not on PATH: the Java tests (make java-test) are skipped"; fi
 	@$(STACK) run -- $(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
+
+# Tidemark's Java (stack/java): its JUnit tests, with Maven's own repository (~/.m2) as the cache. Starts nothing.
+java-test:
+	@mvn -q -B -f stack/java/pom.xml test
 
 # Two phases (tests/conftest.py): the suite in $(LANES) parallel lanes, a file per unit of work (the
 # Airflow files one unit), then the tests marked serial alone. Both run; either failing fails. Exit 5
 # is "nothing collected" in that phase, and fails only when both phases collected nothing.
 test: up
 	@$(PY) -m ruff check --quiet
+	@$(MAKE) --no-print-directory java-test
 	@$(STACK) run -- $(PY) -m pytest -n $(LANES) --dist loadfile --no-loadscope-reorder -m "not serial" \
 	    --junitxml=$(STATE)/test-report.xml $(PYTEST_ARGS); lanes=$$?; \
 	  $(STACK) run -- $(PY) -m pytest -m serial --junitxml=$(STATE)/test-report-serial.xml $(PYTEST_ARGS); alone=$$?; \

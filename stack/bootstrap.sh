@@ -14,6 +14,7 @@ missing=()
 command -v python3.11 >/dev/null || missing+=(python3.11)
 python3.11 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3.11-venv)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v javac >/dev/null || missing+=(openjdk-17-jdk-headless)  # Maven compiles stack/java with it
 command -v mvn >/dev/null || missing+=(maven)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v chromium >/dev/null || missing+=(chromium)  # the UI tests drive headless Chromium

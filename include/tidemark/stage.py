@@ -190,9 +190,10 @@ def create_typed(cur, batch_id: str, attempt: int, columns: list[tuple[str, str]
     return stage
 
 
-# How a direct extract's task says a COPY of its rows was refused (stack/spark/udf/tidemark/DirectCopy.java
-# writes it; the extract turns it into its exit 3).
-REFUSED = "the typed stage refused"
+# How a direct extract's task says a COPY of its rows was refused: it fails with this Java exception
+# (stack/java/udf/src/main/java/tidemark/StageRefused.java, whose JUnit test reads this line), whose name
+# the extract finds in the Spark error and turns into its exit 3, quoting the message after it.
+STAGE_REFUSED_CLASS = "tidemark.StageRefused"
 
 
 def _copy_isolating(cur, target: Target, records, load: int, budget: list[int]):

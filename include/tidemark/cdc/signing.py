@@ -1,7 +1,7 @@
 """Change records signed by the Connect worker, so that only Debezium's records change the warehouse.
 
 Anyone with produce rights on a CDC topic could otherwise write a change the sink would apply. The
-worker's value converter (``tidemark.connect.SigningJsonConverter``, stack/connect/signing) adds the
+worker's value converter (``tidemark.connect.SigningJsonConverter``, stack/java/signing) adds the
 header ``tidemark.signature`` = ``<key id>:<hex HMAC-SHA256 of topic, NUL, value>`` to every record
 it writes. Its key is derived from a key of the control keyring, so the worker can sign change
 records but never a control message, and the sink, which holds the keyring, verifies both.

@@ -18,7 +18,7 @@ from tidemark.avro import sql_type
 from tidemark.extract.decisions import unrepresentable_error
 from tidemark.progress import Steps, Ticker
 from tidemark.spark.entry import JobError, jdbc_url, side_queries
-from tidemark.stage import REFUSED, Target, create_typed, rows_inserted
+from tidemark.stage import STAGE_REFUSED_CLASS, Target, create_typed, rows_inserted
 
 if TYPE_CHECKING:
     from tidemark.extract.job import Extract
@@ -87,10 +87,10 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
                 rows._jdf, jdbc_url(x.args.warehouse, application=x.application), x.args.warehouse_user, _secret(x),
                 x.args.batch_id, x.args.attempt, target.stage, "\n".join(columns), "\n".join(types), LOAD_ROWS)
     except Exception as exc:
-        refused = next((line for line in str(exc).splitlines() if REFUSED in line), None)
+        refused = refusal(str(exc))
         if refused is not None:  # the source's own rows: every new attempt meets the same refusal
-            raise JobError(f"{x.tag}: {refused[refused.index(REFUSED):].strip()}. Next: make the target's record "
-                           "schema hold the value (the refusal names it), or correct the source row") from None
+            raise JobError(f"{x.tag}: {refused}. Next: make the target's record schema hold the value (the "
+                           "refusal names it), or correct the source row") from None
         ended = _attempt_state(x)
         if ended not in (None, "open"):  # superseded or aborted while its tasks staged: say so, not a stack trace
             raise JobError(f"{x.tag}: attempt {x.args.attempt} became {ended or 'unknown'} while its tasks staged: "
@@ -100,6 +100,14 @@ def stage(x: "Extract", records, n: int, numerics: list[str], steps: Steps) -> l
             raise JobError(unrepresentable_error(x.tag, x.spec, unreadable, temporal=False)) from None
         raise
     return [[int(v) for v in line.split()] for line in loads]
+
+
+def refusal(error: str) -> str | None:
+    """The words of a task's refusal (tidemark.StageRefused) in a JVM error as Py4J renders it, the first
+    line naming the class, read after ``<class>: ``; None: the error is no refusal."""
+    marker = f"{STAGE_REFUSED_CLASS}: "
+    line = next((line for line in error.splitlines() if marker in line), None)
+    return None if line is None else line[line.index(marker) + len(marker):].strip()
 
 
 def _staged(x: "Extract") -> int:

@@ -4,8 +4,8 @@ Both come from Maven Central like the broker: the worker at the broker's version
 (stack/connect/pom.xml), the connector apart into the plugin path (stack/connect/debezium/pom.xml)
 so that it keeps its own class loader; Debezium's JDBC sink likewise (stack/connect/jdbc-sink/pom.xml,
 the peer ``make bench-peers`` measures Tidemark against); and beside them Tidemark's converter that signs every record
-the connector writes (stack/connect/signing, compiled here against the worker's jars). The worker's internal topics have one replica (one broker);
-its REST API listens on 127.0.0.1 only. A keeper starts the worker again when it dies (kill -9, an OOM
+the connector writes (stack/java/signing, built by Maven against the worker's Connect API). The worker's internal
+topics have one replica (one broker); its REST API listens on 127.0.0.1 only. A keeper starts the worker again when it dies (kill -9, an OOM
 kill), as compose's restart policy does: the pid file names the keeper, whose process group is the unit.
 """
 
@@ -16,12 +16,11 @@ import urllib.error
 import urllib.request
 
 from tidemark_workshop.settings import REPO_ROOT, Settings
-from tidemark_workshop.stack.maven import compile_jar, resolve
+from tidemark_workshop.stack.maven import build_java, install, resolve
 from tidemark_workshop.stack.proc import StackError, group_process, read_pid, say, spawn, stop_pid, wait_until
 
 POM = REPO_ROOT / "stack" / "connect" / "pom.xml"
 DEBEZIUM_POM = REPO_ROOT / "stack" / "connect" / "debezium" / "pom.xml"
-SIGNING_SOURCES = REPO_ROOT / "stack" / "connect" / "signing"  # the converter that signs change records
 LOG4J = REPO_ROOT / "stack" / "kafka" / "log4j2.properties"
 # The worker provides Kafka's and Connect's APIs (and SLF4J); a plugin's own copies would shadow them.
 PROVIDED = frozenset({"connect-api", "kafka-clients", "slf4j-api"})
@@ -88,8 +87,7 @@ class Connect:
         sink = self.plugins / "debezium-jdbc-sink" / ".resolved"
         before = [p.stat().st_mtime_ns if p.exists() else None for p in (jar, sink)]
         resolve(JDBC_SINK_POM, sink.parent, skip_names=PROVIDED)
-        compile_jar(SIGNING_SOURCES, f"{self.libs}/*", jar, self.s.connect_dir / "signing-classes",
-                    what="the change records' signing converter")
+        install(build_java(self.s.state_dir)["signing"], jar)  # the converter that signs change records
         return [p.stat().st_mtime_ns for p in (jar, sink)] != before
 
     def is_running(self) -> bool:

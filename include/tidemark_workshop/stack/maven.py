@@ -1,4 +1,5 @@
-"""Resolve jars from Maven Central with Maven, once: a stamp records which pom produced them."""
+"""Maven for the stack: jars resolved from Maven Central once (a stamp records which pom produced them), and
+Tidemark's own Java built (stack/java), again only when its sources change."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+from tidemark_workshop.settings import REPO_ROOT
 from tidemark_workshop.stack.proc import run, say
 
 
@@ -44,23 +46,37 @@ def artifact_name(jar_file: str) -> str:
     return match.group(1) if match else jar_file.removesuffix(".jar")
 
 
-def compile_jar(sources: Path, classpath: str, jar: Path, work: Path, *, what: str) -> Path:
-    """Compile the Java files under ``sources`` against ``classpath`` into ``jar``, with the other files
-    there (``META-INF/services``, say) as they lie; again only when one changed (a stamp beside the jar
-    holds their digest)."""
-    files = sorted(f for f in sources.rglob("*") if f.is_file())
-    digest = hashlib.sha256(b"".join(str(f.relative_to(sources)).encode() + f.read_bytes() for f in files)).hexdigest()
-    stamp = jar.with_name(f".{jar.stem}-built")
-    if jar.exists() and stamp.exists() and stamp.read_text() == digest:
-        return jar
-    shutil.rmtree(work, ignore_errors=True)
-    jar.parent.mkdir(parents=True, exist_ok=True)
-    run(["javac", "--release", "17", "-nowarn", "-cp", classpath, "-d", str(work),
-         *(str(f) for f in files if f.suffix == ".java")], what=f"javac ({what})")
-    for f in files:
-        if f.suffix != ".java":
-            (work / f.relative_to(sources)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, work / f.relative_to(sources))
-    run(["jar", "cf", str(jar), "-C", str(work), "."], what=f"jar ({what})")
+# Tidemark's own Java (stack/java, one Maven build): each module's jar as the stack names it.
+JAVA = REPO_ROOT / "stack" / "java"
+JARS = {"udf": "tidemark-udf.jar", "signing": "tidemark-signing.jar"}
+
+
+def build_java(state_dir: Path) -> dict[str, Path]:
+    """Tidemark's jars (stack/java: the Spark UDFs and the direct COPY, the Connect converter that signs
+    change records), built with Maven into ``state_dir/java`` by module name; again only when a pom or a
+    source under stack/java changed (a stamp there holds their digest). Maven's own build directories
+    (stack/java/*/target) are its working space; the tests are ``make java-test``'s."""
+    files = sorted(f for f in [JAVA / "pom.xml", *JAVA.glob("*/pom.xml"), *JAVA.glob("*/src/**/*")] if f.is_file())
+    digest = hashlib.sha256(b"".join(str(f.relative_to(JAVA)).encode() + b"\0" + f.read_bytes()
+                                     for f in files)).hexdigest()
+    out = state_dir / "java"
+    jars = {module: out / name for module, name in JARS.items()}
+    stamp = out / ".built"
+    if stamp.exists() and stamp.read_text() == digest and all(j.exists() for j in jars.values()):
+        return jars
+    say("maven", f"building {', '.join(JARS.values())} (stack/java)")
+    run(["mvn", "-q", "-B", "-f", str(JAVA / "pom.xml"), "package", "-DskipTests"], what="mvn package (stack/java)")
+    out.mkdir(parents=True, exist_ok=True)
+    for module, jar in jars.items():
+        shutil.copyfile(JAVA / module / "target" / jar.name, jar)
     stamp.write_text(digest)
-    return jar
+    return jars
+
+
+def install(jar: Path, target: Path) -> Path:
+    """``jar`` copied to ``target`` unless the same bytes are there already (the jars are reproducible:
+    a rebuild of the same sources leaves ``target`` untouched, and a running JVM need not restart)."""
+    if not target.exists() or target.read_bytes() != jar.read_bytes():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(jar, target)
+    return target

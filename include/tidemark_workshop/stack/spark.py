@@ -10,11 +10,10 @@ from pathlib import Path
 
 from tidemark.config import spark_driver_memory
 from tidemark_workshop.settings import QUICK_JIT, REPO_ROOT, Settings
-from tidemark_workshop.stack.maven import artifact_name, compile_jar, resolve
+from tidemark_workshop.stack.maven import artifact_name, build_java, install, resolve
 from tidemark_workshop.stack.proc import StackError, say
 
 POM = REPO_ROOT / "stack" / "spark" / "pom.xml"
-UDF_SOURCES = REPO_ROOT / "stack" / "spark" / "udf"
 UDF_JAR = "tidemark-udf.jar"
 WARM_CLASSES = REPO_ROOT / "stack" / "spark" / "warm_classes.py"
 
@@ -77,10 +76,8 @@ def describe(settings: Settings) -> None:
 
 
 def build_udf_jar(settings: Settings) -> Path:
-    """Compile Tidemark's Spark UDFs (one Java file each) against the jars Spark already has."""
-    return compile_jar(UDF_SOURCES, f"{pyspark_jars_dir()}/*:{settings.spark_jars_dir}/*",
-                       settings.spark_jars_dir / UDF_JAR, settings.state_dir / "spark" / "udf-classes",
-                       what="Spark UDFs")
+    """Tidemark's Spark UDFs and direct COPY (stack/java/udf, built by Maven), beside the connector jars."""
+    return install(build_java(settings.state_dir)["udf"], settings.spark_jars_dir / UDF_JAR)
 
 
 def submit_command(settings: Settings, script: str | Path, args: list[str], *, secret: str,

@@ -12,6 +12,8 @@ import org.apache.spark.sql.api.java.UDF2;
  * in END are the counts the sink sees.
  */
 public final class KafkaPartition implements UDF2<String, Integer, Integer> {
+    private static final long serialVersionUID = 1L;
+
     @Override
     public Integer call(String key, Integer partitions) {
         if (key == null || partitions == null) {

@@ -19,6 +19,8 @@ import org.apache.spark.util.AccumulatorV2;
  * tallies in its result stage, as tidemark.totals.TotalsParam did.
  */
 public final class Tally implements UDF3<Integer, Long, Long, Integer> {
+    private static final long serialVersionUID = 1L;
+
     private final Totals totals;
 
     private Tally(Totals totals) {
@@ -45,6 +47,8 @@ public final class Tally implements UDF3<Integer, Long, Long, Integer> {
 
     /** Per partition: rows, sum of the hashes' high 32 bits, sum of their low 32 bits, cursor min, max. */
     public static final class Totals extends AccumulatorV2<long[], Map<Integer, long[]>> {
+        private static final long serialVersionUID = 1L;
+
         private final HashMap<Integer, long[]> byPartition = new HashMap<>();
 
         void add(int partition, long rowHash, Long cursor) {

@@ -30,9 +30,8 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.DecimalType;
 import org.apache.spark.sql.types.StructType;
+import org.postgresql.PGConnection;
 import org.postgresql.copy.CopyIn;
-import org.postgresql.copy.CopyManager;
-import org.postgresql.core.BaseConnection;
 
 /**
  * A direct extract's tasks (transport: direct): each task COPYs its decoded rows into the attempt's
@@ -47,12 +46,13 @@ import org.postgresql.core.BaseConnection;
  * (long). Every value goes in its column's own binary form, so the server checks what it checks in
  * text (a numeric's precision, UTF-8 and NUL in text, a char(n)'s length); what cannot be written
  * exactly (a smallint out of range, a uuid not in canonical form) is refused here, as
- * tidemark.pgbinary refuses it. Replaces the hand-over of every row to a Python worker (Arrow),
+ * tidemark.pgbinary refuses it. A refusal of the rows themselves, here or by the server, fails the task
+ * with a {@link StageRefused}. Replaces the hand-over of every row to a Python worker (Arrow),
  * which cost more CPU than the read and the COPY together.
  */
 public final class DirectCopy {
-    /** How a task says a COPY of its rows was refused: the extract turns it into its exit 3. */
-    public static final String REFUSED = "the typed stage refused";
+    /** The words a refusal starts with (StageRefused's message), which the extract's failure line quotes. */
+    static final String REFUSED = "the typed stage refused";
     private static final long EPOCH_2000_DAYS = 10_957;
     private static final long EPOCH_2000_US = EPOCH_2000_DAYS * 86_400L * 1_000_000L;
     private static final long MIN_DATE_DAYS = -2_451_545, MAX_DATE_DAYS = 2_145_031_948;
@@ -156,6 +156,8 @@ public final class DirectCopy {
 
     /** A value its column's binary form cannot carry as PostgreSQL would accept it. */
     static final class Unencodable extends Exception {
+        private static final long serialVersionUID = 1L;
+
         Unencodable(String message) {
             super(message);
         }
@@ -174,6 +176,7 @@ public final class DirectCopy {
     }
 
     static final class Task implements FlatMapFunction<Iterator<InternalRow>, String> {
+        private static final long serialVersionUID = 1L;
         private final String url, user, password, batchId, copy;
         private final int attempt, loadRows;
         private final Encoder encoder;
@@ -237,8 +240,9 @@ public final class DirectCopy {
                 } catch (Exception failed) {
                     if (pending != null) {
                         // The COPY under way ends before its connection closes. Its failure came first and is the
-                        // only one reported, as without the overlap (not even as suppressed: the extract reads a
-                        // refusal from the words anywhere in the error, and the next attempt meets the later one).
+                        // only one reported, as without the overlap (not even as suppressed: the extract knows a
+                        // refusal by StageRefused's name anywhere in the error, and the next attempt meets the later
+                        // one).
                         done(pending);
                     }
                     throw failed;
@@ -312,7 +316,7 @@ public final class DirectCopy {
         /** COPYs one load's bytes while the ledger shows the attempt open; refuses what the stage's types refuse. */
         private void copy(Connection conn, Buffer buffer, int n) throws SQLException {
             requireOpen(conn);
-            CopyIn in = new CopyManager((BaseConnection) conn).copyIn(copy);
+            CopyIn in = conn.unwrap(PGConnection.class).getCopyAPI().copyIn(copy);
             try {
                 buffer.sendTo(in);
                 in.endCopy();
@@ -337,9 +341,9 @@ public final class DirectCopy {
             }
         }
 
-        private RuntimeException refused(int n, Exception exc) {
-            return new RuntimeException(REFUSED + " one of " + n + " rows of batch " + batchId + " attempt " + attempt
-                                        + ": " + oneLine(exc.getMessage()));
+        private StageRefused refused(int n, Exception exc) {
+            return new StageRefused(REFUSED + " one of " + n + " rows of batch " + batchId + " attempt " + attempt
+                                    + ": " + oneLine(exc.getMessage()));
         }
 
         private long nextLoad(Connection conn) throws SQLException {
@@ -384,6 +388,7 @@ public final class DirectCopy {
 
     /** Writes a row's first {@code fields} columns, each in its stage column's binary form. */
     static final class Encoder implements java.io.Serializable {
+        private static final long serialVersionUID = 1L;
         final int fields;
         private final Kind[] kinds;
         private final String[] sqlTypes;
