@@ -45,6 +45,21 @@ def connect_client() -> Any:
         return exc
 
 
+def spark_master() -> str | BaseException:
+    """The Spark master the jobs are submitted to (the ``tidemark_spark`` connection: a host that carries its
+    scheme, and its port), or why it cannot be read."""
+    from airflow.sdk import Connection
+
+    from tidemark.config import CONN_SPARK
+
+    try:
+        conn = Connection.get(CONN_SPARK)
+    except Exception as exc:  # shown as the master's health, not a failed page
+        return exc
+    host = conn.host or ""
+    return f"{host}:{conn.port}" if conn.port and "://" in host else host
+
+
 def current_status():
     from tidemark.config import pipelines_dir
     from tidemark.status import collect, health_file, load_pipelines
@@ -54,7 +69,8 @@ def current_status():
     entries = load_pipelines(directory)
     return collect(entries, None, page_connect, open_warehouse=lambda: page_connect(CONN_WAREHOUSE),
                    kafka_bootstrap=broker_bootstrap(), health_path=health_file(), pipelines_directory=directory,
-                   connect=connect_client() if any(e.spec and e.spec.cdc for e in entries) else None)
+                   connect=connect_client() if any(e.spec and e.spec.cdc for e in entries) else None,
+                   spark_master=spark_master())
 
 
 # --- HTML -------------------------------------------------------------------------------------

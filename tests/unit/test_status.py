@@ -576,3 +576,24 @@ def test_kafka_connect_down_is_a_health_row_with_its_next_step_and_holds_the_cdc
     batch = PipelineStatus("ledger", "/specs/ledger.yaml", source_conn_id="tidemark_source", cursor_kind="timestamp")
     assert pipeline_holds(batch, health=later, source=None, stream=None, now=T0) == []
     assert connect_view(KeyError("tidemark_connect")).error.startswith("connection tidemark_connect: ")
+
+
+def test_a_standalone_spark_master_is_a_health_row_and_local_mode_is_none():
+    """Issue 53 item 5: the Spark master, when the jobs use one, is in the health table."""
+    import socket
+
+    from tidemark.status.health import next_step
+    from tidemark.status.report import spark_view
+
+    assert spark_view("local[2]") is None and spark_view(None) is None
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        up = spark_view(f"spark://127.0.0.1:{listening.getsockname()[1]}")
+        closed = listening.getsockname()[1]
+    assert (up.component, up.error) == ("spark", None)
+    down = spark_view(f"spark://127.0.0.1:{closed}")
+    assert down.error and "refused" in down.error.lower(), down
+    assert "start the Spark master" in next_step("spark", "tidemark_spark", down.error)
+    unresolved = spark_view(KeyError("tidemark_spark"))
+    assert unresolved.address is None and unresolved.error.startswith("connection tidemark_spark")

@@ -44,6 +44,19 @@ def _cannot_connect(error: str | None) -> bool:
                                    "name or service not known", "could not translate host name"))
 
 
+def probe_spark_master(master: str, timeout_s: float = 2.0) -> str | None:
+    """Whether a standalone master (``spark://host:port``) accepts a connection: None, or why not."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(master)
+    try:
+        socket.create_connection((parts.hostname or "", parts.port or 7077), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"{master}: {getattr(exc, 'strerror', None) or exc}"
+    return None
+
+
 def next_step(kind: str, conn_id: str, error: str | None) -> str:
     """The next step for a component that does not answer. The commands are the local stack's
     (README, "Troubleshooting"); elsewhere, the same service is started the deployment's way."""
@@ -58,6 +71,9 @@ def next_step(kind: str, conn_id: str, error: str | None) -> str:
         return ("the local stack's keeper starts a worker that died again within a minute (compose's restart "
                 "policy likewise); if it stays down: `make start C=connect`, and why it stopped: `make logs C=connect`; "
                 "the supervisor then restarts its connectors")
+    if kind == "spark":
+        return ("start the Spark master (the deployment's way; in compose: `docker compose up -d spark-master`); "
+                f"standing sinks on the cluster are waited for meanwhile; its address: the Airflow connection {conn_id}")
     if error and "statement timeout" in error:
         return "it answers too slowly: see what it is busy with (pg_stat_activity, `make logs C=postgres`)"
     if error and not _cannot_connect(error):  # it answers, but refuses this login or database

@@ -11,10 +11,10 @@ from typing import Any
 from tidemark import ledger
 from tidemark.cdc.connector import connector_name
 from tidemark.cdc.source import Slot, slot_named
-from tidemark.config import CONN_CONNECT, CONN_KAFKA, CONN_SOURCE, CONN_WAREHOUSE
+from tidemark.config import CONN_CONNECT, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE
 from tidemark.status.model import FAILURE_WINDOW, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
 from tidemark.status.queries import with_connector, with_slot, orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
-from tidemark.status.health import Probe, pg_address, probe_broker, remember_health
+from tidemark.status.health import Probe, pg_address, probe_broker, probe_spark_master, remember_health
 from tidemark.status.holds import hold_text, pipeline_holds
 
 
@@ -31,6 +31,7 @@ def collect(
     health_path: Path | None = None,
     broker_probe: Callable[[str], str | None] = probe_broker,
     connect: Any = None,
+    spark_master: str | BaseException | None = None,
 ) -> StatusReport:
     """The status of every pipeline. ``warehouse_conn`` is the caller's, or None: then
     ``open_warehouse()`` opens one (closed here), and a warehouse that does not answer is shown as
@@ -39,7 +40,8 @@ def collect(
     check (an exception: its connection could not be resolved; None: no broker check). Each
     outage's first failed check is kept in ``health_path`` (None: the outage dates from this check).
     ``connect``: Kafka Connect's client, for each CDC pipeline's connector state (an exception: its
-    connection could not be resolved; None: not asked)."""
+    connection could not be resolved; None: not asked). ``spark_master``: the Spark master the jobs run on;
+    a standalone one (``spark://``) is checked, a local one needs no check."""
     entries = list(entries)
     specs = [e.spec for e in entries if e.spec]
     wh = warehouse_view(specs, warehouse_conn, open_warehouse, failure_window)
@@ -53,6 +55,9 @@ def collect(
         probes.append(connect_view(connect))
         if probes[-1].error is not None:  # one line in the health table, not one timeout per connector
             connect = ConnectionError(f"Kafka Connect does not answer (see the health table): {probes[-1].error}")
+    spark = spark_view(spark_master)
+    if spark is not None:
+        probes.append(spark)
     now = datetime.now(timezone.utc)
     health = remember_health(probes, health_path, now)
     stream_of = {t.pipeline: _with_capture(t, slots, sources, specs, connect) for t in wh.streams}
@@ -214,6 +219,15 @@ def connect_view(connect) -> Probe:
     except Exception as exc:  # ConnectError: refused, timed out, an error page
         broken = error_text(exc)
     return Probe("connect", "connect", CONN_CONNECT, connect.url, broken)
+
+
+def spark_view(master: str | BaseException | None) -> Probe | None:
+    """The Spark master's probe, when the jobs run on a standalone one (``spark://``; local mode: None)."""
+    if isinstance(master, BaseException):
+        return Probe("spark", "spark", CONN_SPARK, None, f"connection {CONN_SPARK}: {error_text(master)}")
+    if master is None or not master.startswith("spark://"):
+        return None
+    return Probe("spark", "spark", CONN_SPARK, master, probe_spark_master(master))
 
 
 # --- text, for `make status` and logs ---------------------------------------------------------

@@ -133,7 +133,7 @@ def status_report(s: Settings, health_path=None):
                    lambda _conn_id: psycopg2.connect(s.dsn(s.source_db), connect_timeout=timeout),
                    open_warehouse=lambda: psycopg2.connect(s.dsn(WAREHOUSE_DB), connect_timeout=timeout),
                    kafka_bootstrap=s.kafka_bootstrap, connect=ConnectClient(s.connect_url, timeout_s=timeout),
-                   health_path=health_path or s.state_dir / "status" / "health.json")
+                   spark_master=s.spark_master, health_path=health_path or s.state_dir / "status" / "health.json")
 
 
 def status_report_lines(s: Settings, health_path=None) -> tuple[list[str], list[str]]:
