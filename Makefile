@@ -86,8 +86,8 @@ unit:
 	@if [[ ! -x $(PY) || "$$(cat $(STATE)/venv/.requirements.sha256 2>/dev/null)" != "$$(sha256sum requirements.txt | cut -d' ' -f1)" ]]; then \
 	  bash stack/bootstrap.sh; fi
 	@$(PY) -m ruff check --quiet
-	@if command -v mvn >/dev/null; then $(MAKE) --no-print-directory java-test; \
-	  else echo "make unit: mvn is not on PATH: the Java tests (make java-test) are skipped"; fi
+	@if command -v mvn >/dev/null && command -v javac >/dev/null; then $(MAKE) --no-print-directory java-test; \
+	  else echo "make unit: mvn or javac (a JDK) is not on PATH: the Java tests (make java-test) are skipped"; fi
 	@$(STACK) run -- $(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
 # Tidemark's Java (stack/java): its JUnit tests, with Maven's own repository (~/.m2) as the cache. Starts nothing.

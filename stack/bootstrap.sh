@@ -31,7 +31,7 @@ fi
 
 java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
 if [[ -z $java_major || $java_major -lt 17 ]]; then
-  say "Java 17 or newer is needed (found '${java_major:-none}'): apt-get install openjdk-17-jre-headless" >&2
+  say "Java 17 or newer is needed (found '${java_major:-none}'): apt-get install openjdk-17-jdk-headless (Maven compiles stack/java with it)" >&2
   exit 1
 fi
 

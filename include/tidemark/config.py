@@ -45,7 +45,7 @@ class Environment(BaseSettings):
     # is installed under (include/tidemark -> the project), as in the Astro layout.
     project_dir: Path = Path(__file__).resolve().parents[2]
     # Both jobs stream: the extract holds no window in memory and the sink at most one micro-batch.
-    spark_driver_memory: str = Field("1g", pattern=r"^[0-9]+[kmgtKMGT]?$")
+    spark_driver_memory: str = Field("1g", pattern=r"(?i)^[0-9]+([kmgtp]b?|b)?$")
     # How long a step waits for the broker before it fails (its task's retries try again later).
     kafka_timeout_s: PositiveFloat = 30.0
     # From how many records in the sink's previous micro-batch the next one's record checks run on
@@ -66,7 +66,8 @@ def environment() -> Environment:
     """The environment as Tidemark reads it, validated whole; ``ConfigError`` names each variable that is
     wrong. Parsed again only when a ``TIDEMARK_`` variable changed (tests and the stack set them per
     process; a sink reads some on every micro-batch, and a parse costs a millisecond)."""
-    return _parsed(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))))
+    # pydantic-settings reads names in any case: so does the key
+    return _parsed(tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX))))
 
 
 @functools.lru_cache(maxsize=8)

@@ -56,7 +56,7 @@ _IN_WORDS = (
     (("timeout expired",), "a database did not answer in time"),
     (("statement timeout",), "a query ran past its statement timeout"),
     (("password authentication failed",), "a database refused the login (wrong password?)"),
-    (("permission denied",), "a database refused the login's rights"),
+    (("permission denied for",), "a database refused the login's rights"),
     (("numeric field overflow",), "a value does not fit its target column's type"),
     (("value too long",), "a text value is longer than its target column allows"),
     (("deadlock detected",), "two transactions deadlocked; one was cancelled"),

@@ -36,12 +36,12 @@ class OncePerCause(logging.Filter):
             self._held[cause] = self._held.get(cause, 0) + 1
             return False
         self._last[cause] = now
+        if record.levelno == logging.WARNING and record.getMessage().endswith(": retrying"):
+            record.levelno, record.levelname = logging.INFO, "INFO"  # librdkafka heals it itself: no warning
         held = self._held.pop(cause, 0)
         if held:
             record.msg = f"{record.getMessage()} (and {held} more like it in the last {self.every_s:.0f}s)"
             record.args = ()
-        if record.levelno == logging.WARNING and record.getMessage().endswith(": retrying"):
-            record.levelno, record.levelname = logging.INFO, "INFO"  # librdkafka heals it itself: no warning
         return True
 
 

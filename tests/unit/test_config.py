@@ -59,3 +59,16 @@ def test_the_core_reads_no_variable_outside_its_environment_but_secrets():
     named = {m for path in core.rglob("*.py") for m in re.findall(r"\"(TIDEMARK_[A-Z_]+)\"", path.read_text())}
     assert named - fields - secrets - {"TIDEMARK_"} == set()
     assert not [p for p in core.rglob("*.py") if p.name != "config.py" and "os.environ.get(\"TIDEMARK_" in p.read_text()]
+
+
+@pytest.mark.parametrize("size", ["1g", "512m", "2gb", "512MB", "1p", "1024"])
+def test_driver_memory_takes_what_spark_takes(monkeypatch, size):
+    monkeypatch.setenv("TIDEMARK_SPARK_DRIVER_MEMORY", size)
+    assert config.spark_driver_memory() == size
+
+
+def test_a_variable_in_lower_case_is_read_and_its_change_seen(monkeypatch):
+    monkeypatch.setenv("tidemark_kafka_timeout_s", "5")
+    assert config.kafka_timeout_s() == 5.0
+    monkeypatch.setenv("tidemark_kafka_timeout_s", "7")
+    assert config.kafka_timeout_s() == 7.0

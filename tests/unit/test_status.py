@@ -597,3 +597,16 @@ def test_a_standalone_spark_master_is_a_health_row_and_local_mode_is_none():
     assert "start the Spark master" in next_step("spark", "tidemark_spark", down.error)
     unresolved = spark_view(KeyError("tidemark_spark"))
     assert unresolved.address is None and unresolved.error.startswith("connection tidemark_spark")
+
+
+def test_the_report_with_a_standalone_spark_master_lists_it_whatever_its_state(tmp_path):
+    """A `spark://` master (compose's) or an unreadable connection is a health row, and the page is whole."""
+    from tidemark.status.health import probe_spark_master
+    from tidemark.status.report import collect
+
+    for master in ("spark://127.0.0.1:9", "spark://127.0.0.1:9,127.0.0.1:10", KeyError("tidemark_spark")):
+        report = collect([], None, lambda _c: (_ for _ in ()).throw(OSError("no source")),
+                         open_warehouse=lambda: (_ for _ in ()).throw(OSError("no warehouse")),
+                         health_path=tmp_path / "health.json", spark_master=master)
+        assert [h.component for h in report.health if h.component == "spark"] == ["spark"], report.health
+    assert "no master accepts a connection" in probe_spark_master("spark://127.0.0.1:9,127.0.0.1:10")

@@ -45,16 +45,19 @@ def _cannot_connect(error: str | None) -> bool:
 
 
 def probe_spark_master(master: str, timeout_s: float = 2.0) -> str | None:
-    """Whether a standalone master (``spark://host:port``) accepts a connection: None, or why not."""
+    """Whether a standalone master (``spark://host:port``, or with standbys ``spark://h1:7077,h2:7077``)
+    accepts a connection: None when one of them does, else why none does."""
     import socket
-    from urllib.parse import urlsplit
 
-    parts = urlsplit(master)
-    try:
-        socket.create_connection((parts.hostname or "", parts.port or 7077), timeout=timeout_s).close()
-    except OSError as exc:
-        return f"{master}: {getattr(exc, 'strerror', None) or exc}"
-    return None
+    refused = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            socket.create_connection((host or address, int(port) if port.isdigit() else 7077), timeout=timeout_s).close()
+            return None
+        except (OSError, ValueError) as exc:
+            refused.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    return f"{master}: no master accepts a connection ({'; '.join(refused)})"
 
 
 def next_step(kind: str, conn_id: str, error: str | None) -> str:

@@ -15,7 +15,7 @@ def pipeline_holds(p: PipelineStatus, *, health: Iterable[Health], source: Sourc
     if p.error:
         return []
     holds = []
-    for h in sorted(health, key=lambda h: ("warehouse", "source", "broker", "connect").index(h.kind)):
+    for h in sorted(health, key=lambda h: ("warehouse", "source", "broker", "connect", "spark").index(h.kind)):
         if h.reachable or not (h.kind in ("warehouse", "broker")
                                or (h.kind == "source" and h.conn_id == p.source_conn_id)
                                or (h.kind == "connect" and stream is not None and stream.capture is not None)):  # CDC only
