@@ -119,7 +119,7 @@ def _control(api: RestApi, browser: Browser, pipeline: str, action: str, reason:
     succeeds. Who clicked, as Airflow names them."""
     before = {r["dag_run_id"] for r in api.runs(CONTROL)}
     dialog = browser.trigger_dialog(CONTROL)
-    browser.type_into(browser.field("pipeline", dialog), pipeline)
+    browser.choose(browser.field_root("pipeline", dialog), pipeline)  # a select of the standing pipelines
     field = browser.field_root("action", dialog)
     if action != "pause":  # the select's default
         browser.choose(field, action)
