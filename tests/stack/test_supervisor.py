@@ -56,13 +56,15 @@ def test_a_standing_sink_is_started_restarted_after_kill_9_and_stays_stopped_whe
         # heartbeat keeps the pipeline, no second instance starts beside it until it ends
         by_hand = LocalLauncher(tmp_path / "by-hand")
         copy = by_hand.start(name, *command(pipe.spec))
-        until("the copy's heartbeat naming its JVM", lambda: " jvm " in str((pipe.query_wh(
+        holder = until("the copy's heartbeat naming its JVM", lambda: next((h for (h,) in pipe.query_wh(
             "SELECT holder FROM tidemark_control.stream_heartbeats WHERE pipeline = %s AND ended_at IS NULL",
-            (name,)) or [("",)])[0][0]), timeout=120)
+            (name,)) if " jvm " in h), None), timeout=120)
         decision = cycle()
         assert decision.action == "wait" and "no second one starts" in decision.reason, decision
         assert not launcher.status(name).alive and by_hand.status(name).alive
-        assert f":{group_process(copy.pid, 'python')} jvm {group_process(copy.pid, 'java')}" in decision.reason, decision
+        assert holder in decision.reason, decision  # host:<driver pid> jvm <java pid>: both processes of the copy
+        driver, jvm = int(holder.split(" ")[0].rpartition(":")[2]), int(holder.split(" jvm ")[1])
+        assert os.getpgid(driver) == os.getpgid(jvm) == copy.pid, (holder, copy.pid)
         by_hand.stop(name)  # SIGTERM, as a person ends it: its heartbeat is recent, but its process is gone
         assert not by_hand.status(name).alive
         assert cycle().action == "start"

@@ -204,3 +204,31 @@ def test_a_heartbeat_is_a_live_instance_only_while_fresh_unended_and_its_process
     assert other_instance(dead, NOW, minute) is None
     elsewhere = {**beat, "holder": "another-host:4242"}  # its processes cannot be seen: its beat is the sign
     assert other_instance(elsewhere, NOW, minute) is not None
+
+
+def test_a_killed_holder_left_as_a_zombie_is_no_live_instance():
+    """A killed driver whose parent died lingers as a zombie until init reaps it; signal 0 still reaches it
+    (the fresh-clone CI's supervisor waited on such a one): it is no live instance."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from tidemark.streams.cycle import other_instance
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child.send_signal(signal.SIGKILL)
+        import time
+
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] != "Z":  # not reaped: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(child.pid, 0)  # signal 0 still reaches it
+        beat = {"holder": f"{socket.gethostname()}:{child.pid} jvm 1", "fence": 1, "heartbeat_at": NOW,
+                "ended_at": None}
+        assert other_instance(beat, NOW, timedelta(minutes=1)) is None
+    finally:
+        child.wait()

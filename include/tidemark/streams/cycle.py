@@ -10,7 +10,6 @@ passes the command that launches a pipeline's sink (built from its connections).
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 from tidemark import catalog, ledger
 from tidemark.cdc.groups import captures
 from tidemark.kafka_io import probe_broker
-from tidemark.streams.launch import Launcher
+from tidemark.streams.launch import Launcher, process_alive
 from tidemark.spec import PipelineSpec
 from tidemark.streams.lag import sink_lag
 from tidemark.streams.policy import OUTAGE_START, Actual, Decision, History, Policy, decide
@@ -117,19 +116,9 @@ def other_instance(beat: dict[str, Any] | None, now: datetime, timeout: timedelt
         return None
     holder = str(beat["holder"] or "")
     host, _, pid = holder.split(" ")[0].rpartition(":")
-    if host == socket.gethostname() and pid.isdigit() and not _process_alive(int(pid)):
+    if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
         return None  # it died without ending its lease: its heartbeat is merely recent
     return f"{holder}, fence {beat['fence']}, last heartbeat {beat['heartbeat_at']:%H:%M:%S}"
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process
-    return True
 
 
 def _act(spec: PipelineSpec, decision: Decision, state: ledger.StreamState, instance, beat: dict[str, Any] | None,

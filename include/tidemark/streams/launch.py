@@ -205,6 +205,12 @@ def _start_ticks(pid: int) -> str | None:
     return fields[19] if fields else None  # field 22, starttime
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host: it exists and is not a zombie (a killed process whose parent died
+    lingers as one until init reaps it, and signal 0 still reaches it)."""
+    return not _zombie(pid)
+
+
 def _zombie(pid: int) -> bool:
     fields = _stat(pid)
     return fields is None or fields[0] in ("Z", "X")
