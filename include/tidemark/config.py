@@ -82,7 +82,7 @@ def _parsed(_variables: tuple[tuple[str, str], ...]) -> Environment:
 
 
 class _ErrorFile(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore")
+    model_config = Environment.model_config  # read as the whole environment reads it
     job_error_file: Path | None = None
 
 
