@@ -69,7 +69,7 @@ status:
 
 # what the source's owner runs for a CDC pipeline's capture (P=<pipeline>): pipe it into psql as the tables' owner
 grants:
-	@$(STACK) run -- $(PY) -m tidemark.cdc.grants $(P) --role $${TIDEMARK_CDC_USER:-tidemark_cdc}
+	@$(STACK) run -- $(PY) -m tidemark.realtime.cdc.grants $(P) --role $${TIDEMARK_CDC_USER:-tidemark_cdc}
 
 logs:
 	@$(STACK) logs $(C)

@@ -47,15 +47,15 @@ from pathlib import Path
 import psutil
 import psycopg2
 
+from tidemark.ledger.catalog import ensure_target
+from tidemark.protocol.kafka_io import delete_topic, ensure_topic
+from tidemark.protocol.progress import parse_summaries
+from tidemark.protocol.spec import PipelineSpec, load_spec, quote
+from tidemark.protocol.window import predicate
 from tidemark_workshop import bank
-from tidemark.kafka_io import delete_topic, ensure_topic
 from tidemark_workshop.settings import WAREHOUSE_DB, Settings
-from tidemark.catalog import ensure_target
-from tidemark.spec import PipelineSpec, load_spec, quote
 from tidemark_workshop.stack.batchrun import Pipeline
 from tidemark_workshop.stack.spark import PeakRss, Submitted, submit, submit_command
-from tidemark.progress import parse_summaries
-from tidemark.window import predicate
 
 BENCH = Path(__file__).resolve().parent
 SCHEMAS = {"tidemark": "bench_tidemark", "standing": "bench_tidemark_standing", "local1": "bench_tidemark_local1",

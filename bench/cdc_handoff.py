@@ -43,18 +43,26 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from tidemark import ledger
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import connector_config, connector_name
-from tidemark.kafka_io import end_offsets
+from tidemark.protocol.kafka_io import end_offsets
+from tidemark.protocol.spec import load_spec, quote
+from tidemark.realtime.cdc.connect import ConnectClient
+from tidemark.realtime.cdc.connector import connector_config
+from tidemark.realtime.cdc.groups import connector_name
 from tidemark.spark import jobs
-from tidemark.spec import load_spec, quote
 from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import Pipeline, until
-from tidemark_workshop.stack.cdcrun import SourceWriters, captured, grant, make_cdc_pipeline, remove_capture, source_endpoint
+from tidemark_workshop.stack.cdcrun import (
+    SourceWriters,
+    captured,
+    grant,
+    make_cdc_pipeline,
+    remove_capture,
+    source_endpoint,
+)
 from tidemark_workshop.stack.spark import submit_command
 
 

@@ -15,8 +15,8 @@ import sys
 
 
 def main(argv: list[str]) -> int:
+    from tidemark.protocol.progress import summary_line
     from tidemark.spark.entry import database_args, jdbc_url, password, session
-    from tidemark.progress import summary_line
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     database_args(p)

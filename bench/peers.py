@@ -31,9 +31,9 @@ from typing import Iterator
 
 import psycopg2
 
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import write_secret
-from tidemark.kafka_io import delete_topic, ensure_topic, produce_waiting, producer_config
+from tidemark.protocol.kafka_io import delete_topic, ensure_topic, produce_waiting, producer_config
+from tidemark.realtime.cdc.connect import ConnectClient
+from tidemark.realtime.cdc.connector import write_secret
 from tidemark_workshop.settings import WAREHOUSE_DB, Settings
 from tidemark_workshop.stack.cdcrun import drop_capture
 from tidemark_workshop.stack.connect import DEBEZIUM_POSTGRES, JDBC_SINK

@@ -34,8 +34,8 @@ from pathlib import Path
 import psycopg2
 
 from tidemark import reconcile
-from tidemark.spec import load_spec
-from tidemark.window import Bound, Window
+from tidemark.protocol.spec import load_spec
+from tidemark.protocol.window import Bound, Window
 from tidemark_workshop.settings import WAREHOUSE_DB, Settings
 
 DDL = """CREATE UNLOGGED TABLE {table} (

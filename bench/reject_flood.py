@@ -28,10 +28,9 @@ from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import batch_load as bench  # noqa: E402  (the batch benchmark's pipelines, source and checks)
-
-from tidemark.kafka_io import ensure_topic, produce_waiting, producer_config  # noqa: E402
 from tidemark.ledger import consumer_for  # noqa: E402
-from tidemark.window import predicate  # noqa: E402
+from tidemark.protocol.kafka_io import ensure_topic, produce_waiting, producer_config  # noqa: E402
+from tidemark.protocol.window import predicate  # noqa: E402
 from tidemark_workshop import bank  # noqa: E402
 from tidemark_workshop.settings import WAREHOUSE_DB, Settings  # noqa: E402
 

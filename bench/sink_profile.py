@@ -6,10 +6,10 @@ settings, that batch-reads the whole topic and times each of these ``--rounds`` 
 
   1 kafka read        the Kafka source alone (every raw column, written to Spark's noop sink)
   2 + headers, hash   the sink's columns: control, batch and attempt headers, the row hash
-  3 + decode, checks  Avro decoded and checked in the JVM (tidemark.avro.decode)
+  3 + decode, checks  Avro decoded and checked in the JVM (tidemark.protocol.avro.decode)
   4 + to Python       every column to a Python worker and back, nothing done (mapInArrow)
   5 + split, encode   the stage's split and binary encoding, no COPY; only totals come back
-  6 + COPY            the sink's job: the tasks COPY into the stage (tidemark.stage)
+  6 + COPY            the sink's job: the tasks COPY into the stage (tidemark.batch.stage)
 
 A step's cost is its time minus the step before. The first round warms the JVM and is left out of
 the medians. The last line printed is one JSON object: per step, the median seconds and records/s.
@@ -51,8 +51,8 @@ def _profile(args) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import batch_load as bench
     from tidemark import ledger
+    from tidemark.protocol.spec import quote
     from tidemark.sink import stage_table
-    from tidemark.spec import quote
     from tidemark_workshop import bank
     from tidemark_workshop.settings import WAREHOUSE_DB, Settings
     from tidemark_workshop.stack.spark import submit_command
@@ -96,12 +96,13 @@ def _job(database: str, user: str, spec_path: str, bootstrap: str, *, rounds: in
     from pyspark.sql.pandas.types import from_arrow_schema
     from pyspark.sql.types import StructField, StructType
 
-    from tidemark import avro, pgbinary, stage, totals
-    from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring
-    from tidemark.spark.jobs import PASSWORD_ENV
+    from tidemark.batch import stage
+    from tidemark.protocol import avro, pgbinary, totals
+    from tidemark.protocol.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring
+    from tidemark.protocol.spec import load_spec
     from tidemark.sink import BatchSink
     from tidemark.spark.entry import connect, connect_params, password, session
-    from tidemark.spec import load_spec
+    from tidemark.spark.jobs import PASSWORD_ENV
 
     secret = password(argparse.Namespace(password_env=PASSWORD_ENV))  # as submit_command passes it
     spec = load_spec(Path(spec_path))

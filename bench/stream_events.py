@@ -40,11 +40,11 @@ import time
 from pathlib import Path
 
 from tidemark import ledger
+from tidemark.protocol.kafka_io import delete_topic, ensure_topic, produce_waiting, producer_config
+from tidemark.protocol.spec import quote
 from tidemark.spark import jobs
-from tidemark.kafka_io import delete_topic, ensure_topic, produce_waiting, producer_config
-from tidemark.streams.launch import LocalLauncher
-from tidemark.spec import quote
 from tidemark.streams.cycle import prepare_stream_tables
+from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeline
 from tidemark_workshop.stack.spark import submit_command

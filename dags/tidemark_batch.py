@@ -36,8 +36,8 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
-from tidemark.config import pipelines_dir
-from tidemark.spec import PipelineSpec, load_specs
+from tidemark.protocol.config import pipelines_dir
+from tidemark.protocol.spec import PipelineSpec, load_specs
 from tidemark_airflow.batch import batch_pipeline
 from tidemark_airflow.batch_tasks import last_word
 

@@ -46,8 +46,8 @@ import pendulum
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
 
-from tidemark.config import pipelines_dir
-from tidemark.spec import PipelineSpec, load_specs
+from tidemark.protocol.config import pipelines_dir
+from tidemark.protocol.spec import PipelineSpec, load_specs
 from tidemark_airflow.batch import batch_asset
 from tidemark_airflow.reconcile import REPAIR_BATCH, ReconcileOperator
 

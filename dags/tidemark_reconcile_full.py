@@ -21,8 +21,8 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG, Param
 
-from tidemark.config import pipelines_dir
-from tidemark.spec import PipelineSpec, load_specs
+from tidemark.protocol.config import pipelines_dir
+from tidemark.protocol.spec import PipelineSpec, load_specs
 from tidemark_airflow.reconcile import ReconcileOperator
 
 

@@ -22,11 +22,10 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Connection, dag, task
 
-from tidemark import smoke
-from tidemark.config import CONN_KAFKA, CONN_WAREHOUSE
-from tidemark.progress import summary_line
+from tidemark.protocol.config import CONN_KAFKA, CONN_WAREHOUSE
+from tidemark.protocol.progress import summary_line
+from tidemark.status import smoke
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
-
 
 
 def _bootstrap() -> str:
@@ -48,7 +47,7 @@ def tidemark_smoke():
     def seed_source() -> dict:
         from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-        from tidemark import kafka_io
+        from tidemark.protocol import kafka_io
 
         bootstrap = _bootstrap()
         kafka_io.ensure_topic(bootstrap, smoke.TOPIC, smoke.PARTITIONS)
@@ -63,7 +62,7 @@ def tidemark_smoke():
 
     @task
     def verify(seeded: dict) -> dict:
-        from tidemark import kafka_io
+        from tidemark.protocol import kafka_io
 
         start = {int(p): o for p, o in seeded["start_offsets"].items()}
         records = list(kafka_io.read_committed(_bootstrap(), smoke.TOPIC, start))

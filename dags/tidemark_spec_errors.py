@@ -9,8 +9,8 @@ DAGs come from `tidemark_batch.py` and keep working. Defines no DAG.
 
 from __future__ import annotations
 
-from tidemark.config import pipelines_dir
-from tidemark.spec import SpecError, load_specs
+from tidemark.protocol.config import pipelines_dir
+from tidemark.protocol.spec import SpecError, load_specs
 
 _, _errors = load_specs(pipelines_dir())
 if _errors:

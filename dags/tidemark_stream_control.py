@@ -25,8 +25,8 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from tidemark.config import pipelines_dir
-from tidemark.spec import load_specs
+from tidemark.protocol.config import pipelines_dir
+from tidemark.protocol.spec import load_specs
 
 # the form's select: the pipelines with a standing sink (the specs are read anyway by the batch DAGs' file)
 STANDING = sorted(spec.name for _, spec in load_specs(pipelines_dir())[0] if spec.sink.mode == "standing")

@@ -23,7 +23,7 @@ GRANT CONNECT ON DATABASE tidemark_source TO tidemark_reader;
 
 -- The replication role Debezium reads the source's WAL as (change data capture), as in the local
 -- stack (create_cdc_role): LOGIN REPLICATION and nothing more. Each CDC pipeline's publication and
--- SELECT on its table are granted apart by the table's owner (tidemark.cdc.source.grant_sql).
+-- SELECT on its table are granted apart by the table's owner (tidemark.realtime.cdc.source.grant_sql).
 \getenv cdc_password TIDEMARK_CDC_PASSWORD
 \if :{?cdc_password}
 \else

@@ -9,7 +9,7 @@ The driver's body is ``tidemark.sink.job``; this script only parses its argument
 
 ``--available-now`` processes what is on the topic and stops (the nightly DAG runs it so);
 without it the sink *stands*: it runs until stopped, with a heartbeat and lease
-(``tidemark.streams.lifeline``), trigger and intake from the spec's ``sink`` section, and stops between two
+(``tidemark.sink.lifeline``), trigger and intake from the spec's ``sink`` section, and stops between two
 micro-batches when its desired state leaves ``running`` or SIGTERM arrives (exit 0), or when
 another instance took its fence (exit 3). The ``tidemark_supervisor`` DAG launches it so.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from tidemark.protocol.spec import DEAD_LETTER_TOPIC
     from tidemark.spark.entry import database_args
-    from tidemark.spec import DEAD_LETTER_TOPIC
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     database_args(p)

@@ -5,7 +5,7 @@ as JSON (protocol version 1) or Avro (version 2, ``--avro-schema``) keyed by pri
 partition Kafka's murmur2 partitioner gives the key, tagged with the batch id and attempt in
 headers, and in the same pass counts rows and sums 64-bit row hashes per partition. The totals go
 to ``--report`` (JSON) for the END step. Any inconsistency (rows outside the window, Kafka offsets
-that moved by other amounts than counted) exits 3. The driver's body is ``tidemark.extract.job``;
+that moved by other amounts than counted) exits 3. The driver's body is ``tidemark.batch.extract.job``;
 this script only parses its arguments.
 
   spark-submit spark_jobs/extract_window.py --database 'host=127.0.0.1 port=25432 dbname=src' \
@@ -47,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from tidemark.extract.job import run
+    from tidemark.batch.extract.job import run
 
     return run(parse_args(argv))
 

@@ -29,9 +29,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from tidemark.spark.entry import JSON_OPTIONS, JobError, jdbc_url, password, session
-    from tidemark.spec import quote
-    from tidemark.progress import summary_line
+    from tidemark.protocol.avro import JSON_OPTIONS
+    from tidemark.protocol.progress import summary_line
+    from tidemark.protocol.spec import quote
+    from tidemark.spark.entry import JobError, jdbc_url, password, session
 
     secret = password(args)
     table = quote(args.table)  # validated identifier: nothing else reaches Spark's SQL

@@ -151,9 +151,9 @@ def warehouse_conn(settings: Settings):
 @pytest.fixture
 def topic(bootstrap: str) -> str:
     """A fresh 3-partition topic per test, so tests never see each other's records."""
-    from tidemark.kafka_io import ensure_topic
-
     from confluent_kafka.admin import AdminClient
+
+    from tidemark.protocol.kafka_io import ensure_topic
 
     name = f"tidemark.test.{uuid.uuid4().hex[:12]}"
     ensure_topic(bootstrap, name, partitions=3)

@@ -14,7 +14,7 @@ import re
 import pytest
 import yaml
 
-from tidemark.config import CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS
+from tidemark.protocol.config import CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS
 from tidemark_workshop.settings import AIRFLOW_DB, DATABASES, REPO_ROOT, Settings
 
 COMPOSE = REPO_ROOT / "docker-compose.yaml"

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import psycopg2
 import psycopg2.extensions
 
-from tidemark.spec import quote
+from tidemark.protocol.spec import quote
 
 SCHEMA = "bank"
 CURRENCIES = ("EUR", "USD", "GBP")
@@ -390,7 +390,7 @@ def source_totals(conn: Connection, table: str = "ledger_entries", *, where: str
 
     ``table`` is ``ledger_entries`` / ``daily_balances`` (schema ``bank``) or a qualified name of
     a table with the same columns (e.g. the warehouse copy). ``where`` is an optional SQL
-    condition such as ``tidemark.window.predicate(spec, window)``. Other tables: count only.
+    condition such as ``tidemark.protocol.window.predicate(spec, window)``. Other tables: count only.
     """
     qualified = table if "." in table else f"{SCHEMA}.{table}"
     expression = _SUMMED.get(qualified.rsplit(".", 1)[1])

@@ -23,8 +23,17 @@ import psycopg2
 import psycopg2.extensions
 
 from tidemark_workshop.bank import (
-    BALANCES_FORWARD, BALANCES_UPSERT, MAX_AMOUNT_CENTS, SCHEMA, Connection, as_columns, business_day,
-    open_accounts, random_customer_name, require_even, transaction,
+    BALANCES_FORWARD,
+    BALANCES_UPSERT,
+    MAX_AMOUNT_CENTS,
+    SCHEMA,
+    Connection,
+    as_columns,
+    business_day,
+    open_accounts,
+    random_customer_name,
+    require_even,
+    transaction,
 )
 
 UPDATE_PROBABILITY = 0.2  # per post_transfers call: also edit one customer or account row
@@ -229,7 +238,7 @@ def publish_events(conn: Connection, bootstrap: str, entry_ids: list[int], topic
     """Publish the payment events of committed entries (as the application that wrote them would)."""
     from confluent_kafka import Producer
 
-    from tidemark.kafka_io import producer_config
+    from tidemark.protocol.kafka_io import producer_config
 
     producer = Producer(producer_config(bootstrap))
     with conn, conn.cursor() as cur:
@@ -271,7 +280,7 @@ class Simulator:
         if self._threads:
             raise RuntimeError("simulator already started")
         if self._events is not None:  # the broker creates no topic by itself
-            from tidemark.kafka_io import ensure_topic
+            from tidemark.protocol.kafka_io import ensure_topic
 
             ensure_topic(self._events, self._events_topic, self._events_partitions)
         self._started = time.monotonic()
@@ -294,7 +303,7 @@ class Simulator:
             if self._events is not None:
                 from confluent_kafka import Producer
 
-                from tidemark.kafka_io import producer_config
+                from tidemark.protocol.kafka_io import producer_config
 
                 producer = Producer(producer_config(self._events))
             while not self._stop.is_set():

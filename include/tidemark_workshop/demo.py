@@ -24,10 +24,10 @@ import subprocess
 import sys
 import time
 
+from tidemark.protocol.progress import parse_summaries
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.proc import StackError
-from tidemark.progress import parse_summaries
 
 PIPELINES = ("bank_customers", "bank_accounts", "bank_ledger_entries", "bank_daily_balances")
 
@@ -57,7 +57,7 @@ def _run_pipeline(settings: Settings, api, name: str, *, quiet: bool = False) ->
     stop must compare and pass."""
     import psycopg2
 
-    from tidemark import batch
+    from tidemark.batch import steps as batch
     from tidemark.ledger import batch_id_for
     from tidemark_workshop.settings import WAREHOUSE_DB
 
@@ -182,8 +182,8 @@ def _prove(settings: Settings) -> list[str]:
     import psycopg2
 
     from tidemark.ledger import committed_watermark
+    from tidemark.protocol.spec import load_spec, quote
     from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
-    from tidemark.spec import load_spec, quote
 
     def keyed(conn, spec, table):
         cols = ", ".join(quote(c) for c in (*spec.primary_key, spec.cursor.column))
@@ -224,13 +224,12 @@ def _start_afresh(settings: Settings) -> None:
     target, ledger, offsets or topic of the demo pipelines (the benchmark also reuses the source)."""
     import psycopg2
 
-    from tidemark_workshop import bank
-    from tidemark.kafka_io import delete_topic
-    from tidemark.cdc.groups import captures
     from tidemark.ledger import ensure_control_schema, forget_capture, forget_pipeline
+    from tidemark.protocol.kafka_io import delete_topic
+    from tidemark.protocol.spec import load_spec, quote
+    from tidemark.realtime.cdc.groups import captures
+    from tidemark_workshop import bank
     from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
-    from tidemark.spec import load_spec, quote
-
     from tidemark_workshop.stack.__main__ import stop_streams
     from tidemark_workshop.stack.cdcrun import grant, remove_capture
 
@@ -320,11 +319,12 @@ def _events(settings: Settings, api, published: int) -> bool:
     import psycopg2
     from confluent_kafka import Producer
 
-    from tidemark.kafka_io import producer_config
-    from tidemark.spec import DEAD_LETTER_TOPIC
+    from tidemark.protocol.kafka_io import producer_config
+    from tidemark.protocol.spec import DEAD_LETTER_TOPIC
     from tidemark_workshop.bank_traffic import EVENTS_TOPIC, entry_events
     from tidemark_workshop.settings import WAREHOUSE_DB
-    from tidemark_workshop.stack.batchrun import dead_letters, query as db_query
+    from tidemark_workshop.stack.batchrun import dead_letters
+    from tidemark_workshop.stack.batchrun import query as db_query
 
     columns = "entry_id, txn_id, account_id, business_date, amount, currency, side, created_at"
 
@@ -390,10 +390,10 @@ def _changes(settings: Settings, api, closed_in_error: int) -> bool:
 
     import psycopg2
 
-    from tidemark.cdc.connect import ConnectClient
-    from tidemark.cdc.connector import connector_name
     from tidemark.ledger import committed_handoff
-    from tidemark.spec import load_spec
+    from tidemark.protocol.spec import load_spec
+    from tidemark.realtime.cdc.connect import ConnectClient
+    from tidemark.realtime.cdc.groups import connector_name
     from tidemark_workshop.settings import REPO_ROOT, WAREHOUSE_DB
     from tidemark_workshop.stack.batchrun import query as db_query
     from tidemark_workshop.stack.cdcrun import read_slot

@@ -2,7 +2,7 @@
 
 One pipeline with a stream; each trial publishes events (good ones, malformed ones, redeliveries)
 and now and then a nightly batch, starts the standing sink (the real Spark job) and kills its whole
-process group at a seeded moment: at a lifecycle point the job reaches (``tidemark.faults``:
+process group at a seeded moment: at a lifecycle point the job reaches (``tidemark.protocol.faults``:
 between staging and commit, just before the PostgreSQL commit, between the commit and the
 dead-letter write, between the dead-letter write and its mark) or after a random delay (start-up,
 mid-stream). A last start without a fault lets it catch up; then the real-time table holds every
@@ -23,11 +23,11 @@ from decimal import Decimal
 from pathlib import Path
 
 from tidemark import ledger
+from tidemark.protocol.faults import ENV as KILL_AT
+from tidemark.protocol.kafka_io import end_offsets, ensure_topic, producer_config
 from tidemark.spark import jobs
-from tidemark.faults import ENV as KILL_AT
-from tidemark.kafka_io import end_offsets, ensure_topic, producer_config
-from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.cycle import prepare_stream_tables
+from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, dead_letters, insert_payments, make_pipeline
 from tidemark_workshop.stack.spark import submit_command

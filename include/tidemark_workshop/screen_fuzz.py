@@ -1,4 +1,4 @@
-"""Events for fuzzing the JVM's screen (``tidemark.records.RecordRules.screen``): a table of every
+"""Events for fuzzing the JVM's screen (``tidemark.protocol.records.RecordRules.screen``): a table of every
 type the screen has a pattern for, its rules, events near and past each column's edges as a producer
 might write them, and Python's ``re`` standing in for what ``tidemark.sink.job.screened`` computes in
 the JVM. Used by the unit test of the screen and by the stack test that runs it in Spark."""
@@ -9,9 +9,9 @@ import json
 import random
 import re
 
-from tidemark.columns import Column
-from tidemark.records import RecordRules
-from tidemark.spec import PipelineSpec
+from tidemark.protocol.columns import Column
+from tidemark.protocol.records import RecordRules
+from tidemark.protocol.spec import PipelineSpec
 
 COLUMNS = [
     Column("id", "bigint", True),
@@ -110,7 +110,7 @@ def widest(columns=COLUMNS) -> tuple[RecordRules, list[tuple[bytes, bytes]]]:
     """The rules of a table of SCREEN_FIELDS columns (the widest screened; COLUMNS' types over and
     over), and the events that recurse deepest in Java's matcher: every field, in the table's order
     (the ordered path) and reversed (the any-order path), with and without spaces between."""
-    from tidemark.screen import SCREEN_FIELDS
+    from tidemark.protocol.screen import SCREEN_FIELDS
 
     wide = list(columns)
     kinds = [c for c in columns if not c.not_null]

@@ -16,10 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from tidemark.config import (  # noqa: F401 (re-exported: the stack wires these names)
-    CONN_CONTROL, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE, CONNECTION_IDS, pipelines_dir,
+from tidemark.protocol.config import (  # noqa: F401 (re-exported: the stack wires these names)
+    CONN_CONTROL,
+    CONN_KAFKA,
+    CONN_SOURCE,
+    CONN_SPARK,
+    CONN_WAREHOUSE,
+    CONNECTION_IDS,
+    pipelines_dir,
 )
-from tidemark.control import CONTROL_KEYS_ENV, Keyring
+from tidemark.protocol.control import CONTROL_KEYS_ENV, Keyring
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: the stack's scripts, poms and state
 

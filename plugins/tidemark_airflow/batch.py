@@ -19,12 +19,13 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from tidemark.protocol.config import CONN_CDC, CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.spark import jobs
-from tidemark.config import CONN_CDC, CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.spark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
-from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 from tidemark_airflow.batch_tasks import NEXT_FIX_THEN_CLEAR, failure_line, on_call, run_attempt, run_plan, run_tag
+from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
+
 
 def batch_asset(pipeline: str) -> Asset:
     """The Asset a committed batch of ``pipeline`` updates (reconciliation is scheduled on it)."""
@@ -43,7 +44,7 @@ class _PipelineOperator(BaseOperator):
 
     @property
     def spec(self):
-        from tidemark.spec import SpecError, load_spec
+        from tidemark.protocol.spec import SpecError, load_spec
 
         try:
             return load_spec(Path(self.spec_path))
@@ -55,7 +56,7 @@ class PlanWindowOperator(_PipelineOperator):
     """Plan the batch window on the source's clock (backfill runs: their data interval)."""
 
     def execute(self, context) -> dict[str, Any]:
-        from tidemark import batch
+        from tidemark.batch import steps as batch
 
         spec = self.spec
         run = context["dag_run"]
@@ -82,7 +83,7 @@ class PlanWindowOperator(_PipelineOperator):
 
     def _repair(self, spec, run, batch_id: str) -> dict[str, Any]:
         """A run with ``repair_batch``: the repair batch a reconciliation planned (its keys are in the ledger)."""
-        from tidemark import repair
+        from tidemark.batch import repair
 
         tag = f"pipeline={spec.name} run={run.run_id} repair_batch={batch_id}"
         with on_call(self.log, tag, f"run tidemark_reconcile_{spec.name} with repair=true: it plans the repair "
@@ -109,7 +110,7 @@ class BeginBatchOperator(_PipelineOperator):
 def open_attempt(op: BaseOperator, spec, plan, context) -> int:
     """BEGIN for a new attempt of the run's batch. A committed batch is never reopened: clearing a
     successful run skips the rest of it and changes nothing."""
-    from tidemark import batch
+    from tidemark.batch import steps as batch
     from tidemark.ledger import AlreadyCommitted
 
     with on_call(op.log, run_tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
@@ -144,8 +145,8 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         import json
         import tempfile
 
-        from tidemark import batch
-        from tidemark.spec import load_spec
+        from tidemark.batch import steps as batch
+        from tidemark.protocol.spec import load_spec
 
         spec, plan = load_spec(Path(self.spec_path)), run_plan(context)
         bootstrap = kafka_bootstrap(self.kafka_conn_id)
@@ -159,7 +160,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
             report_path = Path(tmp) / "report.json"
             keys_path = Path(tmp) / "repair_keys.json" if plan.repair else None
             if keys_path is not None:  # a repair batch: the extract reads only the ledger's keys
-                from tidemark import repair
+                from tidemark.batch import repair
 
                 source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
                 try:
@@ -203,7 +204,7 @@ class EndBatchOperator(_PipelineOperator):
     """Seal the attempt with the extract's totals (from the ledger) and send END to every partition."""
 
     def execute(self, context) -> int:
-        from tidemark import batch
+        from tidemark.batch import steps as batch
 
         spec, plan, attempt = self.spec, run_plan(context), run_attempt(context)
         with on_call(self.log, run_tag(spec, plan, attempt), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
@@ -229,7 +230,7 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
         self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context) -> None:
-        from tidemark.spec import load_spec
+        from tidemark.protocol.spec import load_spec
 
         spec, plan = load_spec(Path(self.spec_path)), run_plan(context)
         tag = run_tag(spec, plan, run_attempt(context))
@@ -237,7 +238,7 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
             self.log.info("%s: the standing sink (supervised by tidemark_supervisor) applies this batch; "
                           "%s waits for it", tag, COMMITTED)
             return
-        from tidemark.control import CONTROL_KEYS_ENV
+        from tidemark.protocol.control import CONTROL_KEYS_ENV
 
         self.job_args = jobs.sink_args(self.spec_path, kafka_bootstrap(self.kafka_conn_id))
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
@@ -267,8 +268,8 @@ class SinkBackpressureSensor(BaseSensorOperator):
     def poke(self, context) -> bool:
         from datetime import datetime, timezone
 
-        from tidemark.spec import load_spec
-        from tidemark.streams.lag import backpressure
+        from tidemark.protocol.spec import load_spec
+        from tidemark.sink.lag import backpressure
 
         spec = load_spec(Path(self.spec_path))
         warehouse = pg_connect(self.warehouse_conn_id)
@@ -311,7 +312,7 @@ class PipelineTurnSensor(BaseSensorOperator):
 
     def poke(self, context) -> bool:
         from tidemark import ledger
-        from tidemark.spec import load_spec
+        from tidemark.protocol.spec import load_spec
 
         name, run_id = load_spec(Path(self.spec_path)).name, context["dag_run"].run_id
         warehouse = pg_connect(self.warehouse_conn_id)
@@ -363,8 +364,8 @@ class BatchCommittedSensor(BaseSensorOperator):
         self.warehouse_conn_id = warehouse_conn_id
 
     def poke(self, context) -> bool:
-        from tidemark import batch
-        from tidemark.spec import load_spec
+        from tidemark.batch import steps as batch
+        from tidemark.protocol.spec import load_spec
 
         spec, plan, attempt = load_spec(Path(self.spec_path)), run_plan(context), run_attempt(context)
         # A refused batch says in its message what to do (alter the target, or load a new attempt).
@@ -405,7 +406,7 @@ class AbortUnfinishedOperator(_PipelineOperator):
             warehouse.close()
 
     def _abort(self, context, spec) -> None:
-        from tidemark import batch
+        from tidemark.batch import steps as batch
 
         try:
             plan = run_plan(context, required=False)
@@ -463,7 +464,7 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: 
         """Emit the Asset event for the committed batch (reconciliation is scheduled on it).
 
         An empty batch says so (``empty: true``), so nobody takes it for fresh data."""
-        from tidemark.progress import summary_line
+        from tidemark.protocol.progress import summary_line
 
         facts = ti.xcom_pull(task_ids=COMMITTED, key="summary")
         facts = {**facts, "empty": not facts.get("rows")}

@@ -25,10 +25,10 @@ class BatchTaskError(RuntimeError):
 
 def deterministic(exc: BaseException) -> bool:
     """Errors that the same input reproduces: retrying only delays the page. Tidemark's own say so by
-    their kind (``tidemark.errors``); a Spark job's by its exit code."""
+    their kind (``tidemark.protocol.errors``); a Spark job's by its exit code."""
     import psycopg2
 
-    from tidemark.errors import Terminal, Transient
+    from tidemark.protocol.errors import Terminal, Transient
 
     if isinstance(exc, SparkJobFailed):
         return exc.deterministic
@@ -94,7 +94,7 @@ SHORT = 160  # what the log view shows without scrolling sideways (1,400 px wide
 def closing_lines(text: str, retried: bool, try_number: int | None, tries: int) -> list[str]:
     """A failed task's last lines: the whole line (every detail, the raw error in it); then what failed and
     why in words, and whether Airflow retries and what to do, each short enough to read in the log view."""
-    from tidemark.errors import in_words
+    from tidemark.protocol.errors import in_words
 
     whole = truthful(text, retried, try_number, tries)
     head, _, rest = text.partition(": ") if text.startswith("pipeline=") else ("", "", text)
@@ -135,7 +135,7 @@ def truthful(text: str, retried: bool, try_number: int | None, tries: int) -> st
 
 
 def run_plan(context, *, required: bool = True) -> Any:
-    from tidemark.batch import Plan
+    from tidemark.batch.steps import Plan
 
     raw = context["ti"].xcom_pull(task_ids=PLAN)
     if not raw:

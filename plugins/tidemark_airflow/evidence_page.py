@@ -9,13 +9,13 @@ behind the same Airflow login, under ``/tidemark/evidence``:
   figures, the differing rows, every run of the batch and the repairs planned from them;
 - ``/tidemark/evidence/_api/<pipeline>/<batch id>``: the same as JSON;
 - ``/tidemark/evidence/_docs/...``: Great Expectations' Data Docs site, as static files, each page
-  made to render offline (``tidemark.evidence.offline_html``: its CDN scripts and styles inlined as
+  made to render offline (``tidemark.reconcile.evidence.offline_html``: its CDN scripts and styles inlined as
   small local equivalents) and sandboxed by its Content-Security-Policy: a Data Docs page shows
   warehouse values, so its scripts run in an origin of their own, never with the Airflow session;
 - ``/tidemark/evidence/_reports/<pipeline>/<run id>/differences.csv`` (or ``.html``): a run's report.
 
 A path that leaves its folder (``..``, a symbolic link out) is refused. Like the status page, this
-module imports nothing heavy at Airflow's plugin import; the work is ``tidemark.evidence``.
+module imports nothing heavy at Airflow's plugin import; the work is ``tidemark.reconcile.evidence``.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the handlers' annotations (``Request``, imported
@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tidemark.config import CONN_WAREHOUSE
+from tidemark.protocol.config import CONN_WAREHOUSE
 
 EVIDENCE = "/evidence"  # under the status app's url_prefix: /tidemark/evidence
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ DOCS_CSP = ("sandbox allow-scripts allow-popups allow-popups-to-escape-sandbox; 
 
 
 def reconcile_root() -> Path:
-    from tidemark.config import reconcile_dir
+    from tidemark.protocol.config import reconcile_dir
 
     return reconcile_dir()
 
@@ -50,9 +50,10 @@ def _session(conn) -> None:
 
 
 def read_evidence(pipeline: str, batch_id: str | None, *, latest: bool = False):
-    """``tidemark.evidence.batch_evidence`` over a read-only warehouse session of its own; with
+    """``tidemark.reconcile.evidence.batch_evidence`` over a read-only warehouse session of its own; with
     ``latest`` the batch of the pipeline's newest reconciliation (or its last committed batch)."""
-    from tidemark import evidence, ledger
+    from tidemark import ledger
+    from tidemark.reconcile import evidence
     from tidemark_airflow.hooks import page_connect
 
     conn = page_connect(CONN_WAREHOUSE)
@@ -76,9 +77,9 @@ def read_evidence(pipeline: str, batch_id: str | None, *, latest: bool = False):
 
 
 def verdicts_for(report) -> dict[str, Any]:
-    """{pipeline: ``tidemark.evidence.VerdictLine``} of each pipeline's last committed batch on the
+    """{pipeline: ``tidemark.reconcile.evidence.VerdictLine``} of each pipeline's last committed batch on the
     status page ``report``; {} when the warehouse cannot tell (the cells then show the ledger's word)."""
-    from tidemark import evidence
+    from tidemark.reconcile import evidence
     from tidemark.status import error_text
     from tidemark_airflow.hooks import page_connect
 
@@ -101,14 +102,14 @@ def verdicts_for(report) -> dict[str, Any]:
 
 def evidence_href(pipeline: str, batch_id: str | None, prefix: str = "/tidemark") -> str:
     """The evidence page of a batch, for links from other pages (``prefix``: the status app's mount)."""
-    from tidemark.evidence import batch_path
+    from tidemark.reconcile.evidence import batch_path
 
     return f"{prefix}{EVIDENCE}/{batch_path(pipeline, batch_id)}"
 
 
 def links_for(request) -> Any:
     """Where an evidence page's links go, from the mount point the request came through."""
-    from tidemark import evidence
+    from tidemark.reconcile import evidence
 
     root = request.scope.get("root_path", "")
     base = f"{root}{EVIDENCE}"
@@ -131,14 +132,14 @@ def _page(text: str, status: int = 200):
 
 
 def _missing(request, what: str):
-    from tidemark import evidence
+    from tidemark.reconcile import evidence
 
     return _page(evidence.render_message("Tidemark evidence: not found", what,
                                          f"{request.scope.get('root_path', '')}/"), 404)
 
 
 def _unavailable(request, exc: BaseException):
-    from tidemark import evidence
+    from tidemark.reconcile import evidence
     from tidemark.status import error_text
 
     log.warning("Tidemark evidence unavailable: %s", error_text(exc))
@@ -151,8 +152,8 @@ def add_file_routes(app) -> None:
     from fastapi import Request
     from fastapi.responses import FileResponse, HTMLResponse, Response
 
-    from tidemark import evidence
-    from tidemark.spec import NAME_PATTERN
+    from tidemark.protocol.spec import NAME_PATTERN
+    from tidemark.reconcile import evidence
 
     @app.get(EVIDENCE + "/_assets/{name}")
     def asset(name: str):
@@ -192,8 +193,8 @@ def add_batch_routes(app) -> None:
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
-    from tidemark import evidence
-    from tidemark.spec import NAME_PATTERN
+    from tidemark.protocol.spec import NAME_PATTERN
+    from tidemark.reconcile import evidence
     from tidemark.status import error_text, jsonable
 
     @app.get(EVIDENCE + "/_api/{pipeline}/{batch_id:path}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from airflow.sdk import Connection
 
-from tidemark.config import CONN_CDC, CONN_CONNECT, CONN_CONTROL, CONN_KAFKA
+from tidemark.protocol.config import CONN_CDC, CONN_CONNECT, CONN_CONTROL, CONN_KAFKA
 
 
 def pg_connect(conn_id: str, *, application_name: str = "tidemark-airflow", connect_timeout: int = 10):
@@ -43,7 +43,7 @@ def kafka_bootstrap(conn_id: str = CONN_KAFKA) -> str:
 def control_keyring(conn_id: str = CONN_CONTROL):
     """The control messages' keyring: the password of the ``tidemark_control`` connection (a secrets
     backend serves it like any connection). Only the orchestrator signs; sinks get it to verify."""
-    from tidemark.control import Keyring
+    from tidemark.protocol.control import Keyring
 
     return Keyring.parse(Connection.get(conn_id).password, source=f"Airflow connection {conn_id} (its password)")
 
@@ -53,8 +53,8 @@ def capture(conn_id: str = CONN_CONNECT, cdc_conn_id: str = CONN_CDC):
     role's connection, its password and the key change records are signed with (derived from the
     control keyring's signing key) written (0600) where the worker resolves them (the Connect
     connection's extra ``secrets_dir``), never into a connector config."""
-    from tidemark.cdc.connector import SourceEndpoint, write_secret
-    from tidemark.cdc.signing import signing_key
+    from tidemark.realtime.cdc.connector import SourceEndpoint, write_secret
+    from tidemark.realtime.cdc.signing import signing_key
 
     connect, cdc = Connection.get(conn_id), Connection.get(cdc_conn_id)
     secrets_dir = connect.extra_dejson.get("secrets_dir")
@@ -70,7 +70,7 @@ def capture(conn_id: str = CONN_CONNECT, cdc_conn_id: str = CONN_CDC):
 
 def connect_client(conn_id: str = CONN_CONNECT, *, timeout_s: float = 10.0):
     """Kafka Connect's REST client, from the Connect connection (host, port; schema: http or https)."""
-    from tidemark.cdc.connect import ConnectClient
+    from tidemark.realtime.cdc.connect import ConnectClient
 
     connect = Connection.get(conn_id)
     return ConnectClient(f"{connect.schema or 'http'}://{connect.host}:{connect.port or 8083}", timeout_s=timeout_s)

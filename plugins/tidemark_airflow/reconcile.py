@@ -10,7 +10,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, Connection
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tidemark.config import CONN_WAREHOUSE
+from tidemark.protocol.config import CONN_WAREHOUSE
 from tidemark_airflow.hooks import pg_connect
 
 NEXT_MISMATCH = ("open the report, find why the target differs from the source (a manual edit, a source row "
@@ -109,9 +109,9 @@ class ReconcileOperator(BaseOperator):
 
     def execute(self, context) -> dict[str, Any]:
         from tidemark import ledger, reconcile
-        from tidemark.config import code_version, reconcile_dir
-        from tidemark.expectations import sqlalchemy_url
-        from tidemark.spec import load_spec
+        from tidemark.protocol.config import code_version, reconcile_dir
+        from tidemark.protocol.spec import load_spec
+        from tidemark.reconcile.expectations import sqlalchemy_url
 
         spec = load_spec(Path(self.spec_path))
         params = context["params"]
@@ -170,7 +170,7 @@ class ReconcileOperator(BaseOperator):
         return result
 
     def _plan_repair(self, spec, outcome, what: str, context) -> str:
-        from tidemark import repair
+        from tidemark.batch import repair
 
         warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
         apply_deletes = bool(context["params"].get("apply_source_deletes"))

@@ -12,9 +12,9 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
-from tidemark.config import CONN_SPARK, spark_driver_memory, spark_jars, spark_job
-from tidemark.spark.jobs import PASSWORD_ENV, database_args, spark_conf
+from tidemark.protocol.config import CONN_SPARK, spark_driver_memory, spark_jars, spark_job
 from tidemark.spark.entry import ERROR_FILE_ENV, EXIT_JOB_ERROR
+from tidemark.spark.jobs import PASSWORD_ENV, database_args, spark_conf
 
 
 class SparkJdbcSubmitOperator(SparkSubmitOperator):

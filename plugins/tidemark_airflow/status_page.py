@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from tidemark.config import CONN_WAREHOUSE
+from tidemark.protocol.config import CONN_WAREHOUSE
 
 URL_PREFIX = "/tidemark"
 NAME = "Tidemark status"
@@ -50,7 +50,7 @@ def spark_master() -> str | BaseException:
     scheme, and its port), or why it cannot be read."""
     from airflow.sdk import Connection
 
-    from tidemark.config import CONN_SPARK
+    from tidemark.protocol.config import CONN_SPARK
 
     try:
         conn = Connection.get(CONN_SPARK)
@@ -61,7 +61,7 @@ def spark_master() -> str | BaseException:
 
 
 def current_status():
-    from tidemark.config import pipelines_dir
+    from tidemark.protocol.config import pipelines_dir
     from tidemark.status import collect, health_file, load_pipelines
     from tidemark_airflow.hooks import page_connect
 
@@ -120,8 +120,8 @@ def _snapshot(lag) -> str:
 
 
 def _pipeline_row(p, now=None, verdict=None) -> str:
+    from tidemark.reconcile.evidence import verdict_link
     from tidemark.status import utc_iso
-    from tidemark.evidence import verdict_link
     from tidemark_airflow.evidence_page import evidence_href
 
     name = f"<td title='{_e(p.spec_path)}'><b>{_e(p.name)}</b></td>"
@@ -327,13 +327,13 @@ def render_error(exc: BaseException) -> str:
 # --- the app and the plugin -------------------------------------------------------------------
 
 def build_app():
+    from airflow.api_fastapi.core_api.security import get_user
     from fastapi import Depends, FastAPI
     from fastapi.responses import HTMLResponse, JSONResponse
 
-    from airflow.api_fastapi.core_api.security import get_user
-
     from tidemark.status import error_text
-    from tidemark_airflow.evidence_page import add_routes as add_evidence_routes, verdicts_for
+    from tidemark_airflow.evidence_page import add_routes as add_evidence_routes
+    from tidemark_airflow.evidence_page import verdicts_for
 
     app = FastAPI(title=NAME, dependencies=[Depends(get_user)], docs_url=None, redoc_url=None, openapi_url=None)
 

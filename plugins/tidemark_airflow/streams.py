@@ -14,8 +14,16 @@ from pathlib import Path
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowFailException
 
+from tidemark.protocol.config import (
+    CONN_KAFKA,
+    CONN_SPARK,
+    CONN_WAREHOUSE,
+    pipelines_dir,
+    spark_jars,
+    spark_job,
+    streams_dir,
+)
 from tidemark.spark import jobs
-from tidemark.config import CONN_KAFKA, CONN_SPARK, CONN_WAREHOUSE, pipelines_dir, spark_jars, spark_job, streams_dir
 from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
 
 log = logging.getLogger(__name__)
@@ -23,7 +31,7 @@ ACTIONS = {"pause": "paused", "resume": "running", "stop": "stopped", "clear": N
 
 
 def _standing_specs():
-    from tidemark.spec import load_specs
+    from tidemark.protocol.spec import load_specs
 
     valid, _ = load_specs(pipelines_dir())  # an invalid spec is the DAG processor's import error
     return [(path, spec) for path, spec in valid if spec.sink.mode == "standing"]
@@ -34,7 +42,7 @@ def sink_command(paths: dict[str, Path]):
     builds it from the ``tidemark_spark`` connection, the password only in the environment."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    from tidemark.control import CONTROL_KEYS_ENV
+    from tidemark.protocol.control import CONTROL_KEYS_ENV
 
     warehouse = Connection.get(CONN_WAREHOUSE)
     bootstrap = kafka_bootstrap(CONN_KAFKA)
@@ -120,10 +128,10 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
         return []
     from datetime import datetime, timezone
 
-    from tidemark.cdc.groups import captures
-    from tidemark.kafka_io import probe_broker
+    from tidemark.protocol.config import CONN_CDC
+    from tidemark.protocol.kafka_io import probe_broker
+    from tidemark.realtime.cdc.groups import captures
     from tidemark.streams.capture import supervise_capture
-    from tidemark.config import CONN_CDC
     from tidemark.streams.cycle import policy_for
     from tidemark_airflow.hooks import capture
 

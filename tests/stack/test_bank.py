@@ -14,8 +14,8 @@ from datetime import date, timedelta
 import psycopg2
 import pytest
 
+from tidemark.protocol.window import read_source_clock
 from tidemark_workshop import bank, bank_traffic
-from tidemark.window import read_source_clock
 
 pytestmark = [pytest.mark.stack, pytest.mark.serial("holds a source transaction open")]
 

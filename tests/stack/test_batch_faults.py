@@ -10,9 +10,9 @@ import time
 import psycopg2
 import pytest
 
-from tidemark import control
-from tidemark.batch import BatchFailed, commit_state
-from tidemark.kafka_io import end_offsets
+from tidemark.batch.steps import BatchFailed, commit_state
+from tidemark.protocol import control
+from tidemark.protocol.kafka_io import end_offsets
 from tidemark.sink import stage_table
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 from tidemark_workshop.stack.spark import submit_command

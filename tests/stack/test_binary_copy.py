@@ -1,4 +1,4 @@
-"""The stage's binary COPY (tidemark.pgbinary) against the real PostgreSQL: every type protocol
+"""The stage's binary COPY (tidemark.protocol.pgbinary) against the real PostgreSQL: every type protocol
 version 2 carries lands exactly as the same values sent as CSV text do, extremes and NULLs
 included; what PostgreSQL would refuse is refused."""
 
@@ -14,8 +14,8 @@ import psycopg2
 import pyarrow as pa
 import pytest
 
-from tidemark.pgbinary import Unencodable, copy_binary
-from tidemark.stage import copy_csv
+from tidemark.batch.stage import copy_csv
+from tidemark.protocol.pgbinary import Unencodable, copy_binary
 
 pytestmark = pytest.mark.stack
 

@@ -7,7 +7,7 @@ timestamp no longer has to fit in one batch.
 
 from __future__ import annotations
 
-from tidemark.window import predicate
+from tidemark.protocol.window import predicate
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 
 AT = "'2026-01-01T12:00:00Z'::timestamptz"

@@ -30,12 +30,12 @@ import psycopg2
 import pytest
 
 from tidemark import ledger
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.groups import capture_of
-from tidemark.batch import GroupNotStreaming
-from tidemark.cdc.tables import ensure_cdc_serving_view
+from tidemark.batch.steps import GroupNotStreaming
+from tidemark.protocol.spec import load_spec
+from tidemark.realtime.cdc.connect import ConnectClient
+from tidemark.realtime.cdc.groups import capture_of
+from tidemark.realtime.cdc.tables import ensure_cdc_serving_view
 from tidemark.spark import jobs
-from tidemark.spec import load_spec
 from tidemark.status import collect, load_pipelines, status_lines
 from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle

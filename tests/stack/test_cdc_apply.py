@@ -21,13 +21,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tidemark import ledger
-from tidemark.cdc import signing
+from tidemark.protocol.kafka_io import end_offsets, producer_config
+from tidemark.realtime.cdc import signing
 from tidemark.spark import jobs
-from tidemark.kafka_io import end_offsets, producer_config
-from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
+from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.stack.batchrun import dead_letters, until
-from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, remove_capture, signature, start_connector
+from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, remove_capture, signature, start_connector
 from tidemark_workshop.stack.spark import submit_command
 
 
@@ -340,7 +340,7 @@ def test_a_column_added_or_widened_at_the_source_lands_before_its_rows_and_a_nar
 
 def test_the_sink_killed_at_seeded_moments_of_its_apply_loses_and_duplicates_no_change(settings, cdc_pipeline):
     """Issue 31's tests, the sink's half: kill -9 of the standing sink while writers commit, once after
-    a seeded delay, once just before its micro-batch's commit and once just after it (``tidemark.faults``,
+    a seeded delay, once just before its micro-batch's commit and once just after it (``tidemark.protocol.faults``,
     on a seeded pass). The micro-batch in flight commits nothing; the next start reads again from the
     offsets in the warehouse; the supervisor's cycle restarts the last. Every change is applied once
     (each DELETE audited once), and the serving view ends equal to the source.
@@ -349,7 +349,7 @@ def test_the_sink_killed_at_seeded_moments_of_its_apply_loses_and_duplicates_no_
     import random
     import time
 
-    from tidemark.faults import ENV as KILL_AT
+    from tidemark.protocol.faults import ENV as KILL_AT
 
     seed = int(os.environ.get("TIDEMARK_KILL_SEED", "31"))
     rng = random.Random(seed)

@@ -17,10 +17,9 @@ import psycopg2
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from tidemark.cdc.connector import connector_name
-from tidemark.cdc.groups import capture_of
-from tidemark.cdc.source import CaptureNotReady, check_capture
-from tidemark_workshop.stack.cdcrun import make_cdc_pipeline, grant, read_slot, remove_capture, start_connector
+from tidemark.realtime.cdc.groups import capture_of, connector_name
+from tidemark.realtime.cdc.source import CaptureNotReady, check_capture
+from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, read_slot, remove_capture, start_connector
 
 
 def _events(bootstrap: str, topic: str, count: int) -> list[dict]:

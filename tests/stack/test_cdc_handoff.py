@@ -1,5 +1,5 @@
 """The handoff's foundation against the real source: a slot created with an exported snapshot
-(tidemark.cdc.handoff). What the snapshot shows and what the slot streams split the writes exactly,
+(tidemark.realtime.cdc.handoff). What the snapshot shows and what the slot streams split the writes exactly,
 whoever writes meanwhile; a read outside a transaction block fails instead of reading the present;
 a failed handoff leaves no slot; a slot in the way is refused, or replaced when stale."""
 
@@ -11,9 +11,9 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark.cdc.handoff import HandoffError, exported_snapshot
-from tidemark.extract.snapshot import import_snapshot, snapshot_init
-from tidemark.cdc.source import slot_named
+from tidemark.batch.extract.snapshot import import_snapshot, snapshot_init
+from tidemark.realtime.cdc.handoff import HandoffError, exported_snapshot
+from tidemark.realtime.cdc.source import slot_named
 
 pytestmark = pytest.mark.stack
 

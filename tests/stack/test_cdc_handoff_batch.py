@@ -22,10 +22,9 @@ from datetime import datetime, timedelta, timezone
 import psycopg2
 import pytest
 
-from tidemark import ledger
-from tidemark import reconcile
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import connector_name
+from tidemark import ledger, reconcile
+from tidemark.realtime.cdc.connect import ConnectClient
+from tidemark.realtime.cdc.groups import connector_name
 from tidemark.spark import jobs
 from tidemark.status import collect, load_pipelines, status_lines
 from tidemark.streams.capture import supervise_capture
@@ -33,8 +32,15 @@ from tidemark.streams.cycle import prepare_stream_tables, run_cycle
 from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.policy import Policy
 from tidemark_workshop.stack.batchrun import until
-from tidemark_workshop.stack.cdcrun import (SourceWriters, captured, grant, make_cdc_pipeline, read_slot, remove_capture,
-                                            source_endpoint)
+from tidemark_workshop.stack.cdcrun import (
+    SourceWriters,
+    captured,
+    grant,
+    make_cdc_pipeline,
+    read_slot,
+    remove_capture,
+    source_endpoint,
+)
 from tidemark_workshop.stack.spark import submit_command
 
 pytestmark = [pytest.mark.stack]  # holds a source transaction for 20 s: only its own lane's database

@@ -20,17 +20,24 @@ import pytest
 from confluent_kafka import KafkaException
 
 from tidemark import ledger
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import connector_name
-from tidemark.cdc.connector import write_secret as write_secret_file
+from tidemark.protocol.config import CONN_CDC
+from tidemark.protocol.kafka_io import end_offsets
+from tidemark.realtime.cdc.connect import ConnectClient
+from tidemark.realtime.cdc.connector import write_secret as write_secret_file
+from tidemark.realtime.cdc.groups import connector_name
 from tidemark.streams.capture import supervise_capture
 from tidemark.streams.cycle import prepare_stream_tables
-from tidemark.config import CONN_CDC
-from tidemark.kafka_io import end_offsets
 from tidemark.streams.policy import Policy
 from tidemark_workshop.stack.batchrun import query, until
-from tidemark_workshop.stack.cdcrun import (captured, drop_slot, grant, make_cdc_pipeline, remove_capture, source_endpoint,
-                                            write_secret)
+from tidemark_workshop.stack.cdcrun import (
+    captured,
+    drop_slot,
+    grant,
+    make_cdc_pipeline,
+    remove_capture,
+    source_endpoint,
+    write_secret,
+)
 
 POLICY = Policy(trigger_interval=timedelta(seconds=1), restart_budget=1, backoff=timedelta(seconds=1),
                 stall_factor=5, min_stall=timedelta(seconds=5))  # the stall window: 5 s

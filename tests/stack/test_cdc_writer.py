@@ -21,9 +21,9 @@ import pyarrow as pa
 import pytest
 
 from tidemark import ledger
-from tidemark.cdc.apply import ChangeWriter
-from tidemark.cdc.signing import Verifier
-from tidemark.cdc.tables import widen_columns
+from tidemark.realtime.cdc.apply import ChangeWriter
+from tidemark.realtime.cdc.signing import Verifier
+from tidemark.realtime.cdc.tables import widen_columns
 from tidemark.sink.report import MicroBatchReport
 from tidemark.streams.cycle import prepare_stream_tables
 from tidemark_workshop.settings import Settings
@@ -63,7 +63,7 @@ class Source:
 
 
 def _record(topic: str, doc: dict) -> dict:
-    """As the Connect worker writes it: signed (tidemark.cdc.signing) with the stack keyring's key."""
+    """As the Connect worker writes it: signed (tidemark.realtime.cdc.signing) with the stack keyring's key."""
     value = json.dumps(doc).encode()
     return {"topic": topic, "partition": 0, "offset": next(OFFSETS), "key": None, "value": value,
             "signature": signature(Settings.from_env(), topic, value)}

@@ -1,4 +1,4 @@
-"""The dead-letter outbox (tidemark.dead_letters) against the real broker and warehouse: rejects
+"""The dead-letter outbox (tidemark.sink.dead_letters) against the real broker and warehouse: rejects
 spread over several Kafka transactions, some already sent by an instance that died before marking
 them, each reach the dead-letter topic exactly once and are all marked."""
 
@@ -8,9 +8,10 @@ import uuid
 
 import pytest
 
-from tidemark import dead_letters, ledger
-from tidemark.dead_letters import HEADER_REJECT, DeadLetterOutbox
-from tidemark.kafka_io import delete_topic, ensure_topic
+from tidemark import ledger
+from tidemark.protocol.kafka_io import delete_topic, ensure_topic
+from tidemark.sink import dead_letters
+from tidemark.sink.dead_letters import HEADER_REJECT, DeadLetterOutbox
 from tidemark_workshop.stack.batchrun import dead_letters as read_dead_letters
 
 pytestmark = pytest.mark.stack

@@ -8,13 +8,12 @@ import json
 from datetime import datetime, timezone
 
 import pytest
-
-from tidemark.control import ProtocolError
-from tidemark.sink import stage_table
-from tidemark.status import pipeline_ledger
-
 from test_protocol_v2 import payment, stages
 from test_untrusted_input import _corrected_and_loaded, _failed_extract, extracted_batch, produce, rejects, same_rows
+
+from tidemark.protocol.control import ProtocolError
+from tidemark.sink import stage_table
+from tidemark.status import pipeline_ledger
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 
 

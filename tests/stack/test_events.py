@@ -19,11 +19,11 @@ import pytest
 from confluent_kafka import Producer
 
 from tidemark import ledger
-from tidemark.spark import jobs
-from tidemark.kafka_io import end_offsets, ensure_topic, producer_config
-from tidemark.streams.launch import LocalLauncher
+from tidemark.protocol.kafka_io import end_offsets, ensure_topic, producer_config
 from tidemark.sink import BatchSink
+from tidemark.spark import jobs
 from tidemark.streams.cycle import prepare_stream_tables, run_cycle
+from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline, until
 from tidemark_workshop.stack.spark import submit_command
 

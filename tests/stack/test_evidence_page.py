@@ -22,7 +22,8 @@ from urllib.parse import quote
 
 import pytest
 
-from tidemark import evidence, reconcile
+from tidemark import reconcile
+from tidemark.reconcile import evidence
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 
 pytestmark = pytest.mark.stack
@@ -45,9 +46,8 @@ def _reconcile(pipe, root, url, batch_id) -> reconcile.Outcome:
 @pytest.fixture(scope="module")
 def airflow_api():
     """Airflow's API server app as `airflow api-server` builds it, in this process (no server)."""
-    from fastapi.testclient import TestClient
-
     from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
 
     with TestClient(create_app("core")) as client:
         yield client
@@ -61,7 +61,7 @@ def _get(client, path: str) -> str:
 
 def test_the_evidence_page_shows_the_finding_its_row_the_repair_and_offline_data_docs(
         settings, tmp_path, monkeypatch, airflow_api, bootstrap):
-    from tidemark.expectations import sqlalchemy_url
+    from tidemark.reconcile.expectations import sqlalchemy_url
     from tidemark_workshop.settings import WAREHOUSE_DB
 
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, write_mode="append_window_replace", reconcile=RECONCILE)

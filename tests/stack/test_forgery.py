@@ -16,13 +16,12 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-
-from tidemark import control
-from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
-from tidemark.kafka_io import end_offsets
-from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
-
 from test_untrusted_input import INSIDE, produce, rejects, same_rows
+
+from tidemark.protocol import control
+from tidemark.protocol.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL
+from tidemark.protocol.kafka_io import end_offsets
+from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 
 
 def _forged_end(pipe, plan, attempt, rows: int) -> None:

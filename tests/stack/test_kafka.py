@@ -3,7 +3,7 @@
 import pytest
 from confluent_kafka import Producer
 
-from tidemark.kafka_io import end_offsets, producer_config, read_committed
+from tidemark.protocol.kafka_io import end_offsets, producer_config, read_committed
 
 pytestmark = pytest.mark.stack
 

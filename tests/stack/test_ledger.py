@@ -9,10 +9,10 @@ import psycopg2
 import pytest
 
 from tidemark import ledger
-from tidemark.control import PartitionTotals
+from tidemark.protocol.control import PartitionTotals
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import Bound, Window
 from tidemark_workshop.settings import WAREHOUSE_DB
-from tidemark.spec import PipelineSpec
-from tidemark.window import Bound, Window
 
 UTC = timezone.utc
 WINDOW = Window(Bound(datetime(2026, 1, 1, tzinfo=UTC)), Bound(datetime(2026, 1, 2, tzinfo=UTC)))

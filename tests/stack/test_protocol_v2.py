@@ -8,16 +8,15 @@ from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
+from test_untrusted_input import extracted_batch, produce, rejects, same_rows
 
-from tidemark import faults
-from tidemark.spark import jobs
-from tidemark.control import loads_totals
+from tidemark.protocol import faults
+from tidemark.protocol.control import loads_totals
+from tidemark.protocol.window import PlanError
 from tidemark.sink import stage_table
-from tidemark.window import PlanError
+from tidemark.spark import jobs
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 from tidemark_workshop.stack.spark import submit_command
-
-from test_untrusted_input import extracted_batch, produce, rejects, same_rows
 
 WIDE_DDL = """
 CREATE TABLE {table} (
@@ -66,7 +65,7 @@ def test_decimals_at_full_precision_and_microsecond_timestamps_survive_bit_for_b
                              "mid-stage: test_scheduler's worker killed mid-extract")
 def test_rows_the_executors_staged_for_a_micro_batch_that_never_committed_are_never_applied(settings, tmp_path):
     """The Spark tasks COPY into the stage and commit before the sink's micro-batch transaction does
-    (tidemark.stage). Killed in between, their rows stay in the stage under loads nobody accepted;
+    (tidemark.batch.stage). Killed in between, their rows stay in the stage under loads nobody accepted;
     the restart stages the records again, and the apply reads the accepted loads only. Upserts: a
     second copy of each row would not break a key, only the counts."""
     pipe = make_pipeline(settings, tmp_path, PAYMENTS_DDL, write_mode="upsert")

@@ -17,8 +17,8 @@ import psycopg2
 import pytest
 
 from tidemark import ledger, reconcile
-from tidemark.spec import load_spec
-from tidemark.window import Window
+from tidemark.protocol.spec import load_spec
+from tidemark.protocol.window import Window
 from tidemark_workshop.stack.batchrun import make_pipeline
 
 LEDGER_DDL = """
@@ -195,7 +195,7 @@ def test_splitting_large_ranges_still_localises_exactly(loaded):
 def test_a_run_records_evidence_renders_data_docs_and_reports_the_rows(loaded, settings, tmp_path):
     """reconcile.run as the DAG runs it: Great Expectations' declarative checks beside the SQL
     ones, every result in the append-only evidence table, the verdict on the ledger, a report."""
-    from tidemark.expectations import sqlalchemy_url
+    from tidemark.reconcile.expectations import sqlalchemy_url
     from tidemark_workshop.settings import WAREHOUSE_DB
 
     pipe, plan, attempt = loaded

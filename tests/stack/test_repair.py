@@ -10,7 +10,8 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from tidemark import reconcile, repair
+from tidemark import reconcile
+from tidemark.batch import repair
 from tidemark.spark import jobs
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline
 

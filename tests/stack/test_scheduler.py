@@ -11,15 +11,15 @@ metadata database would fight over which DAGs exist).
 from __future__ import annotations
 
 import time
-from urllib.parse import quote, urlencode
 from datetime import datetime, timedelta, timezone
+from urllib.parse import quote, urlencode
 
 import pytest
 
+from tidemark.sink import stage_table
+from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.batchrun import make_pipeline
-from tidemark.streams.launch import LocalLauncher
-from tidemark.sink import stage_table
 
 UTC = timezone.utc
 DDL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, "
@@ -309,7 +309,7 @@ def _extract_writing(api: RestApi, dag_id: str, run_id: str, pipe, rows: int):
     first attempt's stage) some but not all of the rows."""
     import psutil
 
-    from tidemark.kafka_io import end_offsets
+    from tidemark.protocol.kafka_io import end_offsets
 
     def extracting():
         ti = next((t for t in api.task_instances(dag_id, run_id) if t["task_id"] == "extract"), None)

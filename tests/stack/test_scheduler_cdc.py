@@ -21,17 +21,17 @@ import urllib.request
 
 import pytest
 from selenium.webdriver.common.by import By
+from ui_driver import Browser
 
 from tidemark import ledger
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import connector_name
-from tidemark.config import CONN_CDC
-from tidemark.kafka_io import end_offsets
+from tidemark.protocol.config import CONN_CDC
+from tidemark.protocol.kafka_io import end_offsets
+from tidemark.realtime.cdc.connect import ConnectClient
+from tidemark.realtime.cdc.groups import connector_name
 from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
-from tidemark_workshop.stack.proc import StackError
 from tidemark_workshop.stack.cdcrun import grant, make_cdc_pipeline, read_slot, remove_capture
-from ui_driver import Browser
+from tidemark_workshop.stack.proc import StackError
 
 pytestmark = pytest.mark.stack
 SUPERVISOR, CONTROL = "tidemark_supervisor", "tidemark_stream_control"

@@ -8,10 +8,10 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark import batch
+from tidemark.batch import steps as batch
+from tidemark.protocol.window import PlanError
 from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
-from tidemark.window import PlanError
 
 pytestmark = pytest.mark.stack
 DDL = "CREATE TABLE {table} (id bigint PRIMARY KEY, amount numeric(18,2) NOT NULL, updated_at timestamptz NOT NULL)"
@@ -84,7 +84,7 @@ def test_first_runs_creating_one_schema_and_table_at_once_take_turns(settings, t
     (the demo's plan failed with pg_namespace_nspname_index)."""
     import threading
 
-    from tidemark import catalog
+    from tidemark.ledger import catalog
 
     schemas = [f"wh_race_{uuid.uuid4().hex[:8]}" for _ in range(8)]
     specs = [make_pipeline(settings, tmp_path, DDL, target_table=f"{schema}.payments", create_target_schema=True).spec

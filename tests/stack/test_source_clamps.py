@@ -13,8 +13,8 @@ import uuid
 import psycopg2
 import pytest
 
+from tidemark.protocol.window import PlanError
 from tidemark_workshop.stack.batchrun import make_pipeline
-from tidemark.window import PlanError
 
 pytestmark = [pytest.mark.stack]  # holds prepared and idle source transactions: only its own lane's database
 

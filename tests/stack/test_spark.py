@@ -7,8 +7,8 @@ import sys
 import pytest
 from confluent_kafka import Producer
 
-from tidemark import smoke
-from tidemark.kafka_io import end_offsets, producer_config, read_committed
+from tidemark.protocol.kafka_io import end_offsets, producer_config, read_committed
+from tidemark.status import smoke
 from tidemark_workshop.settings import REPO_ROOT
 
 pytestmark = pytest.mark.stack
@@ -28,7 +28,7 @@ def _submit(settings, topic: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def spark_round_trip(settings, bootstrap, source_conn_module):
     """Seed the source once, run the real Spark job once; the tests below inspect the result."""
-    from tidemark.kafka_io import ensure_topic
+    from tidemark.protocol.kafka_io import ensure_topic
 
     topic = "tidemark.test.spark-round-trip"
     ensure_topic(bootstrap, topic, partitions=3)

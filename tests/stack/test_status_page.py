@@ -17,11 +17,11 @@ import pytest
 
 from tidemark import ledger
 from tidemark.ledger import consumer_for
-from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark.sink import stage_table
+from tidemark.status import APPLICATION_NAME
+from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
 from tidemark_workshop.stack.cdcrun import make_cdc_pipeline
-from tidemark.status import APPLICATION_NAME
 
 pytestmark = [pytest.mark.stack, pytest.mark.serial("holds a source transaction; stops the broker; lists every stage table")]
 
@@ -37,9 +37,8 @@ CREATE TABLE {table} (
 def airflow_api():
     """Airflow's API server app as `airflow api-server` builds it: plugins mounted, login enforced
     (locally every user is an admin: AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS)."""
-    from fastapi.testclient import TestClient
-
     from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
 
     with TestClient(create_app("core")) as client:
         yield client
@@ -349,8 +348,8 @@ def test_great_expectations_progress_never_reaches_stderr_or_an_error_log(settin
     (they show), then as it is (nothing on stderr, no log record at ERROR)."""
     import logging
 
-    from tidemark import expectations
-    from tidemark.expectations import sqlalchemy_url
+    from tidemark.reconcile import expectations
+    from tidemark.reconcile.expectations import sqlalchemy_url
 
     pipe = make_pipeline(settings, tmp_path, DDL)
     url = sqlalchemy_url(settings.pg_host, settings.pg_port, WAREHOUSE_DB, settings.pg_user, settings.pg_password)

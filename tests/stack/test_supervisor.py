@@ -16,11 +16,11 @@ import time
 import pytest
 
 from tidemark import ledger
+from tidemark.protocol.kafka_io import ensure_topic
+from tidemark.sink.lag import backpressure
 from tidemark.spark import jobs
-from tidemark.kafka_io import ensure_topic
-from tidemark.streams.launch import LocalLauncher
 from tidemark.streams.cycle import run_cycle
-from tidemark.streams.lag import backpressure
+from tidemark.streams.launch import LocalLauncher
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, insert_payments, make_pipeline, until
 from tidemark_workshop.stack.proc import group_process
 from tidemark_workshop.stack.spark import submit_command

@@ -28,12 +28,12 @@ from urllib.parse import quote
 
 import pytest
 from selenium.webdriver.common.by import By
+from ui_driver import SWITCH_INPUT, Browser
 
+from tidemark.protocol.window import MICROSECOND
 from tidemark.streams.launch import LocalLauncher
-from tidemark.window import MICROSECOND
 from tidemark_workshop.stack.airflow import AirflowUI, RestApi
 from tidemark_workshop.stack.batchrun import make_pipeline
-from ui_driver import SWITCH_INPUT, Browser
 
 pytestmark = pytest.mark.stack
 
@@ -329,7 +329,7 @@ def test_a_backfill_from_the_dialog_loads_exactly_its_three_days(ui, browser):
     assert len(days) == 3 * ROWS_PER_DAY
     assert _rows(pipe, "target") == {**before, **days}  # nothing of Oct 1 or Oct 5, every row of Oct 2-4
     backfills = _batches(pipe, backfill=True)
-    # each window is its interval [start, end), kept as (start - 1 µs, end - 1 µs] (tidemark.window)
+    # each window is its interval [start, end), kept as (start - 1 µs, end - 1 µs] (tidemark.protocol.window)
     assert sorted((lo + MICROSECOND, hi + MICROSECOND) for *_, lo, hi in backfills) == intervals
     assert [(state, rows) for _, state, rows, *_ in backfills] == [("committed", ROWS_PER_DAY)] * 3
     assert pipe.query_wh("SELECT DISTINCT transport FROM tidemark_control.batches WHERE pipeline = %s AND backfill",

@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 from confluent_kafka import Producer
 from pydantic import ValidationError
 
-from tidemark import batch
-from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, ControlMessage
-from tidemark.kafka_io import producer_config
+from tidemark.batch import steps as batch
+from tidemark.protocol.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, ControlMessage
+from tidemark.protocol.kafka_io import producer_config
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
 
 INSIDE = "2026-01-01T00:00:00.000000Z"  # inside every window planned here (from 2000 to now)
@@ -54,7 +54,7 @@ def extracted_batch(settings, tmp_path, **fields):
 
 def test_malformed_records_of_another_producer_go_to_the_dlq_and_the_genuine_batch_loads(settings, tmp_path,
                                                                                             monkeypatch):
-    # Checked on Spark's executors, as a backlog is (tidemark.records.Checker); the other tests'
+    # Checked on Spark's executors, as a backlog is (tidemark.protocol.records.Checker); the other tests'
     # small micro-batches are checked in the sink's own process.
     monkeypatch.setenv("TIDEMARK_EXECUTOR_CHECKS_FROM", "0")
     # Version 1's per-value checks of JSON records; version 2's forged Avro records are

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tidemark.avro import SchemaError, SourceColumn, drift, fit, schema, sql_type
+from tidemark.protocol.avro import SchemaError, SourceColumn, drift, fit, schema, sql_type
 
 C = SourceColumn
 PAYMENTS = [C("id", "bigint", True), C("amount", "numeric(18,2)", True), C("currency", "character(3)", True),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tidemark.cdc.changes import boundary, change, text
+from tidemark.realtime.cdc.changes import boundary, change, text
 
 FIELDS = [{"type": "int64", "field": "id"}, {"type": "string", "field": "amount"},
           {"type": "int32", "name": "io.debezium.time.Date", "field": "day"},
@@ -90,7 +90,7 @@ def _field(name: str, kind: str, length: int = 0, scale: int = 0) -> dict:
 
 def test_a_column_added_at_the_source_comes_with_its_type_and_any_other_schema_change_is_refused_with_both():
     """Issue 31, item 6: Debezium's column.propagate.source.type parameters give each column's source type."""
-    from tidemark.cdc.changes import Shape, shape_of_column
+    from tidemark.realtime.cdc.changes import Shape, shape_of_column
 
     table = {"id": shape_of_column("bigint", 64, 0, None), "amount": shape_of_column("numeric", 18, 2, None),
              "note": shape_of_column("character varying", None, None, 20)}
@@ -115,7 +115,7 @@ def test_a_column_added_at_the_source_comes_with_its_type_and_any_other_schema_c
 
 
 def test_a_column_widened_at_the_source_comes_with_its_new_type_and_a_narrowed_or_padded_one_is_refused():
-    from tidemark.cdc.changes import Shape, shape_of_column
+    from tidemark.realtime.cdc.changes import Shape, shape_of_column
 
     table = {"id": shape_of_column("integer", 32, 0, None), "amount": shape_of_column("numeric", 18, 2, None),
              "note": shape_of_column("character varying", None, None, 20),
@@ -140,7 +140,7 @@ def test_a_column_widened_at_the_source_comes_with_its_new_type_and_a_narrowed_o
 
 def test_a_record_s_type_parameters_are_not_trusted():
     """A forged length or scale never reaches the warehouse's DDL: the shape is then the bare type."""
-    from tidemark.cdc.changes import Shape, shape_of_field
+    from tidemark.realtime.cdc.changes import Shape, shape_of_field
 
     huge = {"parameters": {"__debezium.source.column.type": "NUMERIC", "__debezium.source.column.length": "1e400"}}
     assert shape_of_field(huge) == Shape("NUMERIC")
@@ -151,17 +151,17 @@ def test_a_record_s_type_parameters_are_not_trusted():
 
 
 def test_a_wal_position_is_spelled_as_postgresql_spells_it():
-    from tidemark.cdc.changes import lsn_text
+    from tidemark.realtime.cdc.changes import lsn_text
 
     assert lsn_text(0x16B3748) == "0/16B3748" and lsn_text((1 << 32) + 0xA0) == "1/A0"
 
 
 
 def test_a_record_read_in_two_halves_reads_as_the_whole_and_any_other_form_is_read_whole():
-    """tidemark.cdc.schemas: the schema parsed once per table version, the payload per record."""
+    """tidemark.realtime.cdc.schemas: the schema parsed once per table version, the payload per record."""
     import json
 
-    from tidemark.cdc.schemas import Schemas
+    from tidemark.realtime.cdc.schemas import Schemas
 
     schema = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
         {"field": "name", "type": "string", "default": 'caf\u00e9 ,"payload": {'}]}]}  # escaped: never the cut
@@ -195,6 +195,6 @@ def test_a_record_read_in_two_halves_reads_as_the_whole_and_any_other_form_is_re
 ])
 def test_the_commit_streamed_before_an_events_transaction_is_read_from_its_sequence(sequence, expected):
     """Issue 52: a genuine change produced again without its END is known as done once the applied
-    position is past this commit (tidemark.cdc.apply drops it as a duplicate instead of keeping it waiting)."""
+    position is past this commit (tidemark.realtime.cdc.apply drops it as a duplicate instead of keeping it waiting)."""
     source = {"txId": 38139, "lsn": 732317904, "ts_ms": 1, **({"sequence": sequence} if sequence else {})}
     assert change(_event(source=source), COLUMNS).after_commit == expected

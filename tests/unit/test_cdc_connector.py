@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tidemark.cdc.connect import ConnectorState, TaskState
-from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
-from tidemark.cdc.groups import capture_of, captures
-from tidemark.cdc.signing import SigningKey
-from tidemark.spec import PipelineSpec
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.realtime.cdc.connect import ConnectorState, TaskState
+from tidemark.realtime.cdc.connector import SourceEndpoint, connector_config
+from tidemark.realtime.cdc.groups import capture_of, captures, connector_name
+from tidemark.realtime.cdc.signing import SigningKey
 
 SPEC = {"name": "ledger", "table": "core.ledger_entries", "primary_key": ["entry_id"],
         "cursor": {"kind": "timestamp", "column": "updated_at"}, "safe_lag": "PT5M", "target_table": "dw.ledger",
@@ -92,7 +92,7 @@ def test_the_grants_command_prints_a_groups_statements_to_pipe_into_psql_and_the
     group's tables when it exists, so the same statements run again when a member joins."""
     import json
 
-    from tidemark.cdc import grants
+    from tidemark.realtime.cdc import grants
 
     for spec in (member("ledger", "core.ledger_entries"), member("balances", "core.balances")):
         (tmp_path / f"{spec.name}.yaml").write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True)))

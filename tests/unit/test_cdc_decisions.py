@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tidemark.cdc.connect import ConnectorState, TaskState
+from tidemark.realtime.cdc.connect import ConnectorState, TaskState
 from tidemark.streams.capture import decide
 from tidemark.streams.policy import Policy
 

@@ -1,12 +1,12 @@
-"""Change records signed by the Connect worker (tidemark.cdc.signing): the sink's check, and the key
+"""Change records signed by the Connect worker (tidemark.realtime.cdc.signing): the sink's check, and the key
 the worker gets."""
 
 from __future__ import annotations
 
 import pytest
 
-from tidemark.cdc.signing import Verifier, record_key, sign, signing_key
-from tidemark.control import Keyring
+from tidemark.protocol.control import Keyring
+from tidemark.realtime.cdc.signing import Verifier, record_key, sign, signing_key
 
 OLD, NEW = "k1:" + "a" * 40, "k2:" + "b" * 40
 TOPIC, VALUE = "tidemark.cdc.payments.public.payments", b'{"payload": {"op": "u"}}'

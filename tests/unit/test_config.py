@@ -1,4 +1,4 @@
-"""The core's environment variables (tidemark.config.Environment): validated together, a bad value
+"""The core's environment variables (tidemark.protocol.config.Environment): validated together, a bad value
 named with its variable at the start of whatever reads them, an empty value counted as unset."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark import config
-from tidemark.config import ConfigError
+from tidemark.protocol import config
+from tidemark.protocol.config import ConfigError
 
 
 def test_defaults_when_nothing_is_set_and_an_empty_value_counts_as_unset(monkeypatch):
@@ -18,7 +18,7 @@ def test_defaults_when_nothing_is_set_and_an_empty_value_counts_as_unset(monkeyp
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TIDEMARK_EXECUTOR_CHECKS_FROM", "")
     assert config.kafka_timeout_s() == 30.0 and config.executor_checks_from() == 50_000
-    assert config.pipelines_dir() == Path(config.__file__).resolve().parents[2] / "include" / "pipelines"
+    assert config.pipelines_dir() == Path(config.__file__).resolve().parents[3] / "include" / "pipelines"
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -39,7 +39,7 @@ def test_a_spark_job_with_a_bad_variable_fails_at_its_start_naming_it(tmp_path):
     cause = tmp_path / "cause.txt"
     code = ("import sys; from tidemark.spark.entry import run; "
             "sys.exit(run(lambda argv: print('the job ran'), [], 'job'))")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(config.__file__).resolve().parents[1]),
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(config.__file__).resolve().parents[2]),
            "TIDEMARK_KAFKA_TIMEOUT_S": "soon", "TIDEMARK_JOB_ERROR_FILE": str(cause)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and "the job ran" not in done.stdout
@@ -52,7 +52,7 @@ def test_the_core_reads_no_variable_outside_its_environment_but_secrets():
     read where they are used and never logged, excepted by name); the workshop's are not read."""
     import re
 
-    core = Path(config.__file__).resolve().parent
+    core = Path(config.__file__).resolve().parents[1]  # the whole core package
     secrets = {"TIDEMARK_JDBC_PASSWORD", "TIDEMARK_WAREHOUSE_PASSWORD", "TIDEMARK_CONTROL_KEYS",
                "TIDEMARK_GX_WAREHOUSE"}  # the last: set here for Great Expectations' config to read
     fields = {f"TIDEMARK_{name.upper()}" for name in config.Environment.model_fields}

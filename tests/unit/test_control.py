@@ -1,4 +1,4 @@
-"""The batch control envelope (tidemark.control): building, encoding and decoding BEGIN/END/ABORT.
+"""The batch control envelope (tidemark.protocol.control): building, encoding and decoding BEGIN/END/ABORT.
 
 Pure logic: no Kafka. ``send`` is not exercised here (it needs a broker).
 """
@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 from pydantic import ValidationError
 
-from tidemark.control import (
+from tidemark.protocol.control import (
     CONTROL_KEYS_ENV,
     HEADER_ATTEMPT,
     HEADER_BATCH,
@@ -28,7 +28,7 @@ from tidemark.control import (
     loads_totals,
     messages,
 )
-from tidemark.window import Bound, Window
+from tidemark.protocol.window import Bound, Window
 
 UTC = timezone.utc
 WINDOW = Window(Bound(datetime(2026, 1, 1, tzinfo=UTC)), Bound(datetime(2026, 1, 2, tzinfo=UTC))).to_json()

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tidemark import evidence
-from tidemark.evidence import DifferingRow, Links, RepairBatch, findings, runs_from_results, verdict_line
+from tidemark.reconcile import evidence
+from tidemark.reconcile.evidence import DifferingRow, Links, RepairBatch, findings, runs_from_results, verdict_line
 
 T0 = datetime(2026, 11, 25, 8, 0, tzinfo=timezone.utc)
 RUN_A, RUN_B, RUN_C = ("00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b",
@@ -177,6 +177,7 @@ def test_the_status_cell_links_the_verdict_and_its_history():
 
 def test_the_status_page_links_each_last_verdict_to_its_evidence():
     from test_status import _report
+
     from tidemark_airflow.status_page import render_html
 
     page = render_html(_report(), {"loaded": evidence.VerdictLine(

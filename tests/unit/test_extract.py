@@ -1,4 +1,4 @@
-"""What the extract decides (tidemark.extract): read ranges, its report, and what it refuses to seal."""
+"""What the extract decides (tidemark.batch.extract): read ranges, its report, and what it refuses to seal."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tidemark.errors import Terminal, Transient
-from tidemark.extract import ExtractError, ExtractInterrupted, check_offsets, check_read_range, edges, report
-from tidemark.window import Bound, Window
+from tidemark.batch.extract import ExtractError, ExtractInterrupted, check_offsets, check_read_range, edges, report
+from tidemark.protocol.errors import Terminal, Transient
+from tidemark.protocol.window import Bound, Window
 
 UTC = timezone.utc
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -53,7 +53,7 @@ def test_offsets_that_moved_by_other_amounts_than_counted_refuse_to_seal_transie
 
 
 def test_balanced_edges_follow_the_source_histogram_and_fall_back_to_even_cuts_where_it_says_nothing():
-    from tidemark.extract import balanced_edges
+    from tidemark.batch.extract import balanced_edges
 
     skewed = [0, 1, 2, 3, 4, 5, 6, 7, 90, 100]  # most rows at small ids: the cuts follow them
     assert balanced_edges(skewed, 0, 100, 4) == [3, 5, 7]

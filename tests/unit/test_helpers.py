@@ -5,9 +5,9 @@ from decimal import Decimal
 
 import pytest
 
-from tidemark import smoke
+from tidemark.protocol.progress import parse_summaries, summary_line
+from tidemark.status import smoke
 from tidemark_workshop.stack.maven import artifact_name
-from tidemark.progress import parse_summaries, summary_line
 
 
 @pytest.mark.parametrize(

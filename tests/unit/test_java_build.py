@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from tidemark.extract.direct import refusal
-from tidemark.stage import STAGE_REFUSED_CLASS
+from tidemark.batch.extract.direct import refusal
+from tidemark.batch.stage import STAGE_REFUSED_CLASS
 from tidemark_workshop.settings import REPO_ROOT
 from tidemark_workshop.stack.maven import JARS, JAVA
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from tidemark.kafka_io import OncePerCause
+from tidemark.protocol.kafka_io import OncePerCause
 
 
 def _record(msg: str) -> logging.LogRecord:
@@ -14,7 +14,7 @@ def _record(msg: str) -> logging.LogRecord:
 
 def test_a_repeated_cause_passes_once_per_interval_and_counts_what_it_held(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("tidemark.kafka_io.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("tidemark.protocol.kafka_io.time.monotonic", lambda: clock[0])
     f = OncePerCause(every_s=60)
     refused = "FAIL [thrd:127.0.0.1:29092/bootstrap]: Connect to ipv4#127.0.0.1:29092 failed: Connection refused (after {}ms)"
     passed = [f.filter(_record(refused.format(ms))) for ms in range(580)]
@@ -34,7 +34,7 @@ def test_a_step_waits_for_a_broker_that_is_not_there_only_as_long_as_configured(
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from tidemark import kafka_io
+    from tidemark.protocol import kafka_io
 
     waits = []
 
@@ -54,7 +54,7 @@ def test_a_step_waits_for_a_broker_that_is_not_there_only_as_long_as_configured(
 
 
 def test_a_full_local_queue_is_waited_out_not_dropped():
-    from tidemark.kafka_io import produce_waiting
+    from tidemark.protocol.kafka_io import produce_waiting
 
     class QueueOfTwo:  # librdkafka's produce raises BufferError while its queue is full
         def __init__(self):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tidemark.protocol.errors import EXIT_OUTAGE, OUTAGE_LINE
 from tidemark.streams.launch import LocalLauncher
-from tidemark.errors import EXIT_OUTAGE, OUTAGE_LINE
 from tidemark.streams.standalone import StandaloneLauncher, cluster_argv
 
 PY = sys.executable

@@ -1,4 +1,4 @@
-"""tidemark.pgbinary against a plain-Python reading of PostgreSQL's binary COPY format: random
+"""tidemark.protocol.pgbinary against a plain-Python reading of PostgreSQL's binary COPY format: random
 values of every width decode to themselves (the stack test proves the server agrees)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import struct
 import pyarrow as pa
 import pytest
 
-from tidemark.pgbinary import HEADER, TRAILER, Unencodable, encode
+from tidemark.protocol.pgbinary import HEADER, TRAILER, Unencodable, encode
 
 
 def _tuples(stream: bytes) -> list[list[bytes | None]]:
@@ -117,7 +117,7 @@ def test_an_arrow_type_that_does_not_hold_the_column_exactly_is_a_bug_not_a_conv
 
 
 def test_every_type_protocol_version_2_carries_has_a_binary_form():
-    from tidemark.avro import sql_type
+    from tidemark.protocol.avro import sql_type
 
     samples = {"smallint": pa.array([1], pa.int32()), "integer": pa.array([1], pa.int32()), "bigint": pa.array([1]),
                "boolean": pa.array([True]), "real": pa.array([1.0], pa.float32()), "double precision": pa.array([1.0]),

@@ -1,4 +1,4 @@
-"""tidemark.pgbinary against the shared vectors (tests/vectors/pgbinary.tsv): PostgreSQL's own bytes for
+"""tidemark.protocol.pgbinary against the shared vectors (tests/vectors/pgbinary.tsv): PostgreSQL's own bytes for
 each value, which the JVM's encoder (tidemark.DirectCopy, stack/java/udf) is held to by its JUnit test too."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tidemark.pgbinary import HEADER, TRAILER, Unencodable, encode
+from tidemark.protocol.pgbinary import HEADER, TRAILER, Unencodable, encode
 
 VECTORS = Path(__file__).parents[1] / "vectors" / "pgbinary.tsv"
 

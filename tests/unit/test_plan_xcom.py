@@ -36,9 +36,9 @@ def test_a_readable_plan_and_a_missing_one():
 def test_a_handoff_plan_travels_whole_and_the_extract_report_must_agree_with_it():
     """Issue 31: the handoff mark survives XCom; END is refused when the extract's report and the
     ledger's plan disagree on it (a handoff position recorded for an ordinary batch, or none for a handoff)."""
-    from tidemark import batch
-    from tidemark.control import ProtocolError
-    from tidemark.spec import PipelineSpec
+    from tidemark.batch import steps as batch
+    from tidemark.protocol.control import ProtocolError
+    from tidemark.protocol.spec import PipelineSpec
 
     raw = {"batch_id": "p:r", "window": {"lo": {"cursor": 1, "pk": None}, "hi": {"cursor": 4, "pk": None}},
            "handoff": True}
@@ -93,7 +93,7 @@ def test_a_failed_tasks_closing_lines_say_the_cause_in_words_and_end_with_the_re
 
 
 def test_raw_errors_in_words():
-    from tidemark.errors import in_words
+    from tidemark.protocol.errors import in_words
 
     assert in_words("OperationalError: connection to server at \"127.0.0.1\", port 25432 failed: Connection "
                     "refused") == "a database or service refused the connection (is it running?)"

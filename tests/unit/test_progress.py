@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidemark.progress import progress_line
+from tidemark.protocol.progress import progress_line
 
 
 def test_a_line_with_a_known_total():
@@ -16,7 +16,7 @@ def test_a_line_without_a_total_or_a_rate():
 
 
 def test_steps_add_up_per_name_in_the_order_they_first_ran():
-    from tidemark.progress import Steps
+    from tidemark.protocol.progress import Steps
 
     steps = Steps()
     for name in ("read", "checks", "read"):

@@ -9,11 +9,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tidemark import batch
-from tidemark.extract import snapshot
+from tidemark.batch import steps as batch
+from tidemark.batch.extract import snapshot
 from tidemark.ledger import LedgerBatch
-from tidemark.spec import PipelineSpec
-from tidemark.window import TOP, Bound, Window
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import TOP, Bound, Window
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 WINDOW = Window(Bound(T0), Bound(T0 + timedelta(hours=1)))

@@ -3,8 +3,8 @@ deletions applied, apart from the databases."""
 
 from __future__ import annotations
 
+from tidemark.protocol.spec import PipelineSpec
 from tidemark.reconcile import Check, Difference, Verdict, deletion_check, differences_csv, write_report
-from tidemark.spec import PipelineSpec
 
 SPEC = PipelineSpec.model_validate({
     "name": "p", "table": "public.src", "primary_key": ["id"], "cursor": {"kind": "timestamp", "column": "updated_at"},

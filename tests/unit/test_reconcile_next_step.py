@@ -57,8 +57,8 @@ def test_a_verdict_that_compared_nothing_says_so_and_what_will_compare():
 
 
 def test_a_starved_key_is_named_with_how_often_it_changed_and_the_next_step():
+    from tidemark.protocol.spec import PipelineSpec
     from tidemark.reconcile import starved_keys
-    from tidemark.spec import PipelineSpec
     from tidemark_airflow.reconcile import NEXT_STARVED
 
     spec = PipelineSpec.model_validate({"name": "p", "table": "public.t", "primary_key": ["id"], "partitions": 1,

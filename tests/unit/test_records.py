@@ -1,4 +1,4 @@
-"""Per-record validation at the sink (tidemark.records): what may be staged, and why not."""
+"""Per-record validation at the sink (tidemark.protocol.records): what may be staged, and why not."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tidemark.columns import Column
-from tidemark.records import RecordRules
-from tidemark.spec import PipelineSpec
-from tidemark.window import Bound, Window
+from tidemark.protocol.columns import Column
+from tidemark.protocol.records import RecordRules
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import Bound, Window
 
 UTC = timezone.utc
 COLUMNS = [
@@ -236,7 +236,7 @@ def _mixed_micro_batch():
 
 
 def test_the_checker_finds_what_the_rules_find_and_leaves_what_it_cannot_check_to_the_sink():
-    from tidemark.records import Checker
+    from tidemark.protocol.records import Checker
 
     checker = Checker("t", RULES, {("b", 1): WINDOW}, "events", RULES)
     out = next(checker([_mixed_micro_batch()])).to_pydict()
@@ -250,10 +250,10 @@ def test_the_checker_finds_what_the_rules_find_and_leaves_what_it_cannot_check_t
 
 
 def test_the_checker_keeps_the_reasons_of_records_spark_checked_already():
-    """Protocol version 2's records arrive checked (``tidemark.avro.decode``): the checker leaves them."""
+    """Protocol version 2's records arrive checked (``tidemark.protocol.avro.decode``): the checker leaves them."""
     import pyarrow as pa
 
-    from tidemark.records import Checker
+    from tidemark.protocol.records import Checker
 
     batch = _mixed_micro_batch()
     spark_checked = [False, True, False, False, False, False]
@@ -268,14 +268,13 @@ def test_the_checker_keeps_the_reasons_of_records_spark_checked_already():
 
 def test_the_checker_travels_to_a_python_without_tidemark_and_gives_the_same_reasons(tmp_path):
     """Spark's executors run it: the sink ships the module by value, as the extract ships its totals."""
+    import importlib
     import subprocess
     import sys
 
     from pyspark import cloudpickle
 
-    import importlib
-
-    from tidemark.records import Checker
+    from tidemark.protocol.records import Checker
     from tidemark.sink.job import EXECUTOR_MODULES
 
     shipped = [importlib.import_module(name) for name in EXECUTOR_MODULES]  # as the sink's job ships them
@@ -307,7 +306,7 @@ def test_the_checker_travels_to_a_python_without_tidemark_and_gives_the_same_rea
 
 
 def test_payload_text_escapes_what_postgresql_text_cannot_hold_and_caps_only_when_asked():
-    from tidemark.records import PAYLOAD_LIMIT, payload_text
+    from tidemark.protocol.records import PAYLOAD_LIMIT, payload_text
 
     assert payload_text(None) is None
     assert payload_text(b"ok \xff\x00") == "ok \\xff\\x00"  # invalid UTF-8 escaped, NUL shown

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tidemark import repair
-from tidemark.spec import PipelineSpec
-from tidemark.window import Bound, Window
+from tidemark.batch import repair
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import Bound, Window
 
 SPEC = {"name": "p", "table": "public.src", "primary_key": ["account_id", "day"],
         "cursor": {"kind": "timestamp", "column": "updated_at"}, "target_table": "public.tgt", "safe_lag": "PT2S"}

@@ -1,4 +1,4 @@
-"""The JVM's screen of events (tidemark.records.RecordRules.screen): every event it passes is one the
+"""The JVM's screen of events (tidemark.protocol.records.RecordRules.screen): every event it passes is one the
 Python checks accept, so passing it is never a silent change of what the sink admits. The patterns
 are read alike by Java and Python's ``re``; here Python's ``re`` stands in for Spark's ``rlike`` and
 ``regexp_extract`` (the stack test of the standing sink runs them in the JVM)."""
@@ -9,8 +9,8 @@ import json
 import random
 import re
 
-from tidemark.columns import Column
-from tidemark.screen import SCREEN_FIELDS
+from tidemark.protocol.columns import Column
+from tidemark.protocol.screen import SCREEN_FIELDS
 from tidemark_workshop.screen_fuzz import COLUMNS, event_fields, event_text, passes, screen_rules
 
 

@@ -64,7 +64,7 @@ def _overlapped(sink, control):
 def _apply(batches, epoch_id):
     import pyarrow as pa
 
-    from tidemark.progress import Steps
+    from tidemark.protocol.progress import Steps
 
     table = pa.table({"topic": ["tidemark.cdc.p.public.t"]})
     return batches._applying.submit(batches._apply_in_turn, table, None, epoch_id, Steps(), 0.0)

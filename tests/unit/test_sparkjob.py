@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from tidemark.spark.jobs import (JAVA_OPTIONS_KEYS, SPARK_CONF, THREAD_STACK_OPTION, UTC_JVM_OPTION, spark_conf,
-                                 thread_stack_options, utc_java_options)
-from tidemark.extract import ExtractInterrupted
+from tidemark.batch.extract import ExtractInterrupted
+from tidemark.protocol.spec import SpecError
 from tidemark.spark.entry import ERROR_FILE_ENV, JobError, TransientJobError, one_line, run
-from tidemark.spec import SpecError
+from tidemark.spark.jobs import (
+    JAVA_OPTIONS_KEYS,
+    SPARK_CONF,
+    THREAD_STACK_OPTION,
+    UTC_JVM_OPTION,
+    spark_conf,
+    thread_stack_options,
+    utc_java_options,
+)
 
 
 def _raising(exc):
@@ -25,7 +32,7 @@ def test_exit_codes_and_the_cause_file(tmp_path, monkeypatch):
     assert run(_raising(JobError("table t has no column c")), [], "job") == 3
     assert cause.read_text() == "table t has no column c"
     assert run(_raising(TransientJobError("offsets moved by 2, counted 1")), [], "job") == 4
-    # any of Tidemark's own errors, by its kind (tidemark.errors): a spec error is not retried
+    # any of Tidemark's own errors, by its kind (tidemark.protocol.errors): a spec error is not retried
     assert run(_raising(SpecError("pipelines/p.yml: table: required")), [], "job") == 3
     assert cause.read_text() == "pipelines/p.yml: table: required"
     assert run(_raising(ExtractInterrupted("offsets moved")), [], "job") == 4
@@ -159,7 +166,7 @@ def test_a_connection_s_tls_options_reach_both_the_job_s_psycopg2_and_jdbc_conne
 
 
 def test_a_connection_that_logs_in_with_a_client_certificate_is_refused_by_name():
-    from tidemark.errors import Terminal
+    from tidemark.protocol.errors import Terminal
     from tidemark.spark.jobs import UnsupportedOption, database_args
 
     with pytest.raises(UnsupportedOption, match="sets sslcert, sslkey: Spark jobs cannot log in with a client") as err:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tidemark.spec import SpecError, load_spec, quote
+from tidemark.protocol.spec import SpecError, load_spec, quote
 
 GOOD = {
     "name": "ledger_entries",
@@ -89,7 +89,7 @@ def test_the_json_only_options_stand_where_json_records_are_checked(tmp_path):
 
 
 def test_two_pipelines_never_write_one_real_time_table(tmp_path):
-    from tidemark.spec import load_specs
+    from tidemark.protocol.spec import load_specs
 
     _write(tmp_path, {**GOOD, "sink": {"mode": "standing"}, "stream": STREAM})
     _write(tmp_path, {**GOOD, "name": "other", "target_table": "dw.other", "sink": {"mode": "standing"},
@@ -197,7 +197,7 @@ def test_quote_only_accepts_validated_identifiers():
 
 
 def test_a_key_in_a_message_is_its_value_or_a_tuple_of_its_columns():
-    from tidemark.spec import key_text
+    from tidemark.protocol.spec import key_text
 
     assert key_text((7,)) == "7" and key_text(("EUR",)) == "'EUR'"
     assert key_text((7, "a b")) == "(7, 'a b')"

@@ -1,6 +1,6 @@
 """docs/spec-reference.md is generated from PipelineSpec's schema: the committed page must be what it renders."""
 
-from tidemark.spec import PipelineSpec
+from tidemark.protocol.spec import PipelineSpec
 from tidemark_workshop import spec_reference
 
 

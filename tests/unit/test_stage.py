@@ -1,12 +1,12 @@
-"""The executors' staging (``tidemark.stage``), its pure parts: which records a task stages and which
+"""The executors' staging (``tidemark.batch.stage``), its pure parts: which records a task stages and which
 it hands on, and the totals it reports. The COPY itself runs against the real warehouse in the
 stack tests (test_protocol_v2, test_batch_faults, test_kill_trials)."""
 
 import pyarrow as pa
 import pytest
 
-from tidemark.stage import StageWriter, Target, _load_rows, _with_load, load_schema
-from tidemark.totals import arrow_totals
+from tidemark.batch.stage import StageWriter, Target, _load_rows, _with_load, load_schema
+from tidemark.protocol.totals import arrow_totals
 
 ROW = pa.struct([("id", pa.int64()), ("amount", pa.decimal128(18, 2))])
 
@@ -78,22 +78,22 @@ def test_the_writer_never_shows_the_password_it_carries(shown):
 
 
 def test_the_writer_travels_to_a_python_without_tidemark_and_chooses_the_same_records(tmp_path):
-    """Spark's executors run it: the sink ships the module, ``tidemark.totals`` and ``tidemark.pgbinary`` by value."""
+    """Spark's executors run it: the sink ships the module, ``tidemark.protocol.totals`` and ``tidemark.protocol.pgbinary`` by value."""
     import subprocess
     import sys
 
     from pyspark import cloudpickle
 
-    import tidemark.pgbinary
-    import tidemark.stage
-    import tidemark.totals
+    import tidemark.batch.stage
+    import tidemark.protocol.pgbinary
+    import tidemark.protocol.totals
 
-    for module in (tidemark.stage, tidemark.totals, tidemark.pgbinary):
+    for module in (tidemark.batch.stage, tidemark.protocol.totals, tidemark.protocol.pgbinary):
         cloudpickle.register_pickle_by_value(module)
     try:
         (tmp_path / "writer.pickle").write_bytes(cloudpickle.dumps(_writer({0: 1})))
     finally:
-        for module in (tidemark.stage, tidemark.totals, tidemark.pgbinary):
+        for module in (tidemark.batch.stage, tidemark.protocol.totals, tidemark.protocol.pgbinary):
             cloudpickle.unregister_pickle_by_value(module)
     batch = _micro_batch([{"partition": 0, "offset": 0}, {"partition": 0, "offset": 1}])
     with pa.ipc.new_file(tmp_path / "in.arrow", batch.schema) as sink:
@@ -147,8 +147,8 @@ class _Savepoints:
 def _isolate(monkeypatch, n: int, bad: set[int], budget: int):
     """``_copy_isolating`` over ``n`` records with ids 0..n-1, where a COPY holding any id in ``bad``
     is refused as the stage's types would: (ids staged, [(ids refused, what)], COPYs tried)."""
-    import tidemark.stage as stage
-    from tidemark.pgbinary import Unencodable
+    import tidemark.batch.stage as stage
+    from tidemark.protocol.pgbinary import Unencodable
 
     copies = []
 

@@ -1,7 +1,7 @@
 """The refusal of a batch whose stage differs from the extract's sealed totals names each
 partition's cause and one next step that fits them (not "check the extract log" for all)."""
 
-from tidemark.totals import staged_mismatch
+from tidemark.protocol.totals import staged_mismatch
 
 
 def test_equal_totals_are_no_mismatch():

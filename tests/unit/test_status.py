@@ -15,10 +15,10 @@ from tidemark.status import (
     PipelineStatus,
     PreparedXact,
     SourceSession,
-    StreamStatus,
     SourceStatus,
     StageTable,
     StatusReport,
+    StreamStatus,
     Watermark,
     format_bytes,
     format_duration,
@@ -449,7 +449,7 @@ def test_a_cdc_pipeline_shows_its_handoff_last_position_and_slot_on_the_page_and
 def test_a_cdc_pipeline_shows_its_connector_and_task_states_and_a_failed_or_missing_one_is_bad():
     """Issue 31, item 8: the connector's state from Connect's REST API, its failed task's own error
     line, a connector missing after the handoff, and Connect unreachable, each named."""
-    from tidemark.cdc.connect import ConnectError, ConnectorState, TaskState
+    from tidemark.realtime.cdc.connect import ConnectError, ConnectorState, TaskState
     from tidemark.status import CaptureStatus
     from tidemark.status.queries import with_connector
 
@@ -489,9 +489,9 @@ def test_a_waiting_re_snapshot_is_on_the_capture_line_in_amber_until_a_handoff_c
     import html
     from dataclasses import replace
 
-    from tidemark.cdc.connect import ConnectorState
-    from tidemark.cdc.source import Slot
     from tidemark.ledger import ResnapshotRequest
+    from tidemark.realtime.cdc.connect import ConnectorState
+    from tidemark.realtime.cdc.source import Slot
     from tidemark.status import CaptureStatus, StatusReport, status_lines
     from tidemark.status.queries import with_connector, with_slot
     from tidemark_airflow.status_page import render_html
@@ -548,13 +548,13 @@ def test_an_extracts_held_snapshot_is_said_against_its_limit():
 def test_kafka_connect_down_is_a_health_row_with_its_next_step_and_holds_the_cdc_pipelines_only():
     """Issue 53, item 5: Connect is checked like the broker (one row, since when, the next step), and a
     CDC pipeline's line is held by it, not a raw urlopen error per connector."""
-    from tidemark.cdc.connect import ConnectClient
+    import socket
+
+    from tidemark.realtime.cdc.connect import ConnectClient
     from tidemark.status import CaptureStatus, health_lines
     from tidemark.status.health import track_health
     from tidemark.status.holds import pipeline_holds
     from tidemark.status.report import connect_view
-
-    import socket
 
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))

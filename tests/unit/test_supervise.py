@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tidemark.streams.policy import Actual, History, Policy, decide, records_behind
+from tidemark.sink.lag import records_behind
+from tidemark.streams.policy import Actual, History, Policy, decide
 
 NOW = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
 S = timedelta(seconds=1)

@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from tidemark.totals import arrow_totals, from_tally
+from tidemark.protocol.totals import arrow_totals, from_tally
 
 HASHES = [2**63 - 1, -(2**63), -1, 0, 1, 123456789012345678, -98765432109876543]
 PARTITIONS = [0, 1, 0, 2, 1, 0, 2]

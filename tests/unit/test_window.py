@@ -1,4 +1,4 @@
-"""Batch windows (tidemark.window): planning on the source clock, SQL predicates, JSON, time zones.
+"""Batch windows (tidemark.protocol.window): planning on the source clock, SQL predicates, JSON, time zones.
 
 Pure logic: no database, no Kafka. Predicates are checked twice: as exact SQL text, and by
 evaluating them (translated to Python) against generated rows to prove that the split parts are
@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tidemark.spec import PipelineSpec
-from tidemark.window import (
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import (
     MICROSECOND,
     SOURCE_CLOCK_SQL,
     Bound,

@@ -6,10 +6,10 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tidemark.avro import SourceColumn, columns_from_json, drift
-from tidemark.avro import schema as avro_schema
-from tidemark.spec import PipelineSpec
-from tidemark.window import Bound, Window
+from tidemark.protocol.avro import SourceColumn, columns_from_json, drift
+from tidemark.protocol.avro import schema as avro_schema
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import Bound, Window
 
 
 def batch_id_for(pipeline: str, run_id: str) -> str:

@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.control import PartitionTotals, dumps_totals, loads_totals
 from tidemark.ledger.batches import AlreadyCommitted
-from tidemark.window import Bound, Window
+from tidemark.protocol.control import PartitionTotals, dumps_totals, loads_totals
+from tidemark.protocol.window import Bound, Window
 
 
 def take_turn(cur, pipeline: str, run_id: str, *, stale: str | None = None) -> tuple[str, Any] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidemark.window import Bound, Window
+from tidemark.protocol.window import Bound, Window
 
 
 def record_reconciliation(cur, *, run_id: str, pipeline: str, batch_id: str | None, attempt: int | None,

@@ -1,10 +1,9 @@
-"""The control schema in the warehouse: created once, from sql/control_schema.sql."""
+"""The control schema in the warehouse: created once, from control_schema.sql beside it."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-
 
 CONTROL_SCHEMA_LOCK = 7_411_000  # advisory lock: concurrent first runs create the schema once
 
@@ -15,7 +14,7 @@ def ensure_control_schema(cur) -> None:
     The script's ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` takes an ACCESS EXCLUSIVE lock even
     when the column exists: run at every plan and sink start, it deadlocked with a sink committing.
     The schema's comment records the script's hash; when it matches, nothing is locked."""
-    script = (Path(__file__).parents[1] / "sql" / "control_schema.sql").read_text()
+    script = (Path(__file__).parent / "control_schema.sql").read_text()
     version = f"tidemark control schema {hashlib.sha256(script.encode()).hexdigest()[:16]}"
     current = "SELECT obj_description(to_regnamespace('tidemark_control'), 'pg_namespace')"
     cur.execute(current)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidemark.avro import Format, columns_from_json
-from tidemark.control import PartitionTotals
 from tidemark.ledger.batches import committed_watermark, consumer_for, records_window
 from tidemark.ledger.streams import heartbeat
-from tidemark.window import Bound, Window
+from tidemark.protocol.avro import Format, columns_from_json
+from tidemark.protocol.control import PartitionTotals
+from tidemark.protocol.window import Bound, Window
 
 
 class LeaseHeld(RuntimeError):
@@ -130,7 +130,7 @@ def forget_staged(cur, batch_id: str, attempt: int) -> None:
 
 
 def add_loads(cur, batch_id: str, attempt: int, loads: list[int]) -> None:
-    """Accept loads the executors staged (``tidemark.stage``): only their rows are applied."""
+    """Accept loads the executors staged (``tidemark.batch.stage``): only their rows are applied."""
     cur.execute("INSERT INTO tidemark_control.staged_loads (batch_id, attempt, load) "
                 "SELECT %s, %s, unnest(%s::bigint[])", (batch_id, attempt, loads))
 

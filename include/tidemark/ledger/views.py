@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidemark.window import Bound, Window
-
+from tidemark.protocol.window import Bound, Window
 
 CONTROL_TABLES = ("tidemark_control.batches", "tidemark_control.batch_attempts", "tidemark_control.watermarks")
 

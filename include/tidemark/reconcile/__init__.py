@@ -7,7 +7,7 @@ exact decimal sums. Separate queries on the target check what one pass cannot: d
 (skipped when a unique index enforces them), double-entry journals that do not sum to zero per
 currency, balance continuity, and balances against the ledger pipeline's movements; given a second
 warehouse connection, these invariants run beside the passes on the target's snapshot. Required
-fields and accepted values are Great Expectations' (``tidemark.expectations``), run by ``run``
+fields and accepted values are Great Expectations' (``tidemark.reconcile.expectations``), run by ``run``
 over the same rows.
 
 When the sides differ, only the key ranges whose count or hash total differ are read again,
@@ -26,15 +26,28 @@ The rooms, each importing only those named before it: ``verdict`` (checks, diffe
 rows), ``compare`` (the whole reconciliation of a window), ``outcome`` (one run: ledger and report).
 """
 
-from tidemark.reconcile.verdict import DELETED_AT_SOURCE, KIND_LABELS, Check, Difference, Verdict
-from tidemark.reconcile.passes import BUCKETS, LEAF_ROWS, compared_columns, key_bounds, key_type, one_pass, set_session
-from tidemark.reconcile.checks import (MAX_MOVED_KEYS, ReconcileError, balance_continuity, deletion_check, double_entry,
-                                       freshness, invariant_checks, left_out, loaded_by_batches, moved_keys,
-                                       movements_match_ledger, starved_keys, tell_deletions_apart, unique_keys,
-                                       unreachable_rows)
-from tidemark.reconcile.localise import differences_csv
+from tidemark.reconcile.checks import (
+                                       MAX_MOVED_KEYS,
+                                       ReconcileError,
+                                       balance_continuity,
+                                       deletion_check,
+                                       double_entry,
+                                       freshness,
+                                       invariant_checks,
+                                       left_out,
+                                       loaded_by_batches,
+                                       moved_keys,
+                                       movements_match_ledger,
+                                       starved_keys,
+                                       tell_deletions_apart,
+                                       unique_keys,
+                                       unreachable_rows,
+)
 from tidemark.reconcile.compare import reconcile
+from tidemark.reconcile.localise import differences_csv
 from tidemark.reconcile.outcome import Outcome, run, write_report
+from tidemark.reconcile.passes import BUCKETS, LEAF_ROWS, compared_columns, key_bounds, key_type, one_pass, set_session
+from tidemark.reconcile.verdict import DELETED_AT_SOURCE, KIND_LABELS, Check, Difference, Verdict
 
 __all__ = [
     "DELETED_AT_SOURCE", "KIND_LABELS", "Check", "Difference", "Verdict",

@@ -7,9 +7,9 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from tidemark.spec import PipelineSpec, key_text, quote
-from tidemark.window import Window, predicate
-from tidemark.reconcile.verdict import Check, DELETED_AT_SOURCE, Difference, Verdict
+from tidemark.protocol.spec import PipelineSpec, key_text, quote
+from tidemark.protocol.window import Window, predicate
+from tidemark.reconcile.verdict import DELETED_AT_SOURCE, Check, Difference, Verdict
 
 MAX_MOVED_KEYS = 100_000
 
@@ -42,7 +42,7 @@ def loaded_by_batches(cur, spec: PipelineSpec, where: str, keys: list[tuple]) ->
     another writer, and stays ``extra``. PostgreSQL keeps a row's ``xmin`` when it freezes it; a
     dump and restore (or a tool that rewrites rows) gives every row a new one, and such rows are
     then reported ``extra``, as before deletions were told apart."""
-    from tidemark.repair import RepairError, key_filter, key_types
+    from tidemark.batch.repair import RepairError, key_filter, key_types
 
     if not keys:
         return {}
@@ -277,7 +277,7 @@ def freshness(spec: PipelineSpec, source_cur, watermark: Any) -> Check | None:
 
 
 def speed_layer_findings(cur, spec: PipelineSpec, batch_id: str) -> list[Check]:
-    """What the batch's commit corrected in a CDC pipeline's speed layer (``tidemark.cdc.compact``):
+    """What the batch's commit corrected in a CDC pipeline's speed layer (``tidemark.realtime.cdc.compact``):
     each key whose real-time version disagreed with the nightly truth at the same cursor, with both
     values, and each deletion the change stream learned that left the batch target. Findings, not
     failures: the batch, which this reconciliation checks against the source, is the truth."""

@@ -6,13 +6,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
-from tidemark.spec import PipelineSpec, quote
-from tidemark.window import Window, predicate
-from tidemark.reconcile.verdict import Check, Verdict
-from tidemark.reconcile.passes import BUCKETS, LEAF_ROWS, compared_columns, key_bounds, key_type, one_pass, set_session
-from tidemark.reconcile.checks import (check_equal, invariant_checks, left_out, moved_keys, tell_deletions_apart,
-                                       unique_keys, unreachable_rows)
+from tidemark.protocol.spec import PipelineSpec, quote
+from tidemark.protocol.window import Window, predicate
+from tidemark.reconcile.checks import (
+    check_equal,
+    invariant_checks,
+    left_out,
+    moved_keys,
+    tell_deletions_apart,
+    unique_keys,
+    unreachable_rows,
+)
 from tidemark.reconcile.localise import localise_range
+from tidemark.reconcile.passes import BUCKETS, LEAF_ROWS, compared_columns, key_bounds, key_type, one_pass, set_session
+from tidemark.reconcile.verdict import Check, Verdict
 
 
 def reconcile(spec: PipelineSpec, window: Window, source_cur, target_cur, *, invariants_cur=None,

@@ -6,9 +6,10 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
-from tidemark.spec import PipelineSpec, quote
-from tidemark.reconcile.verdict import Difference, Verdict
+from tidemark.protocol.spec import PipelineSpec, quote
 from tidemark.reconcile.passes import key_bounds, row_hash
+from tidemark.reconcile.verdict import Difference, Verdict
+
 
 def _range(spec: PipelineSpec, kind: str, lo: Any, hi: Any) -> tuple[str, dict[str, Any]]:
     key = quote(spec.primary_key[0])

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidemark.spec import PipelineSpec
-from tidemark.window import Window
-from tidemark.reconcile.verdict import Check, DELETED_AT_SOURCE, Verdict
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import Window
 from tidemark.reconcile.checks import ReconcileError, freshness, speed_layer_findings, starved_keys
-from tidemark.reconcile.localise import differences_csv
 from tidemark.reconcile.compare import reconcile
+from tidemark.reconcile.localise import differences_csv
+from tidemark.reconcile.verdict import DELETED_AT_SOURCE, Check, Verdict
+
 
 @dataclass
 class Outcome:
@@ -38,7 +39,7 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     import uuid
 
     from tidemark import ledger
-    from tidemark.window import Bound
+    from tidemark.protocol.window import Bound
 
     after_repair, deleted = None, []
     with warehouse_conn, warehouse_conn.cursor() as cur:
@@ -84,7 +85,7 @@ def run(spec: PipelineSpec, source_conn, warehouse_conn, root: Path, *, batch_id
     run_id = str(uuid.uuid4())
     docs = None
     if warehouse_url is not None:
-        from tidemark import expectations
+        from tidemark.reconcile import expectations
 
         failed = [f"{c.check}{f' {c.subject}' if c.subject else ''}: expected {c.expected}, found {c.actual}"
                   for c in verdict.checks if not c.passed]

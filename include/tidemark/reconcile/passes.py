@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from tidemark.spec import PipelineSpec, quote
+from tidemark.protocol.spec import PipelineSpec, quote
 
 BUCKETS = 256  # key ranges of the first pass: 2M rows -> about 8,000 rows per range
 LEAF_ROWS = 10_000  # a differing range with more rows than this is split again before its rows are read

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tidemark.spec import PipelineSpec
+from tidemark.protocol.spec import PipelineSpec
+
 
 @dataclass(frozen=True)
 class Check:

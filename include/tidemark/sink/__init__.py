@@ -7,11 +7,11 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
 2. handles BEGIN and ABORT in offset order. Control messages are trusted only as far as the
    ledger confirms them: a BEGIN must name an attempt the orchestrator opened for a batch it
    planned, with the planned window; anything else goes to the dead-letter topic;
-3. validates every data record of an open attempt (``tidemark.records``: encoding, shape, key,
+3. validates every data record of an open attempt (``tidemark.protocol.records``: encoding, shape, key,
    lossless fit to the target's columns, inside the batch's window) and stages the good ones
    (COPY into the attempt's own table, plus running per-partition counts and checksums); bad
    records, records of unknown batches and late records of committed ones are dead letters.
-   Under protocol version 2 the Spark tasks staged the good records already (``tidemark.stage``):
+   Under protocol version 2 the Spark tasks staged the good records already (``tidemark.batch.stage``):
    the sink accepts their loads and totals here, and the apply reads only accepted loads;
 4. applies the events of the spec's ``stream`` (records outside any batch, from its events
    topic) as they arrive: validated like data records (no window), written to the real-time
@@ -24,7 +24,7 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
    count and first reasons of its dead letters;
 6. writes the dead letters to ``sink_rejects`` with their original bytes, stores the next offset
    of every partition it read, and records the micro-batch id under the fencing token; after the
-   commit, the dead-letter outbox publishes them (``tidemark.dead_letters``: exactly once, however
+   commit, the dead-letter outbox publishes them (``tidemark.sink.dead_letters``: exactly once, however
    the job dies).
 
 Records below the stored offsets, and a micro-batch id already recorded under this token (Spark
@@ -38,11 +38,11 @@ Where each part lives: ``apply`` (``BatchSink``, the steps above), ``intake`` (s
 messages, records, dead letters), ``commit`` (step 5: END, verify, apply or refuse), ``stages`` (the stage tables),
 ``controls`` (what the ledger says of a control message), ``merge`` (the SQL that writes a verified
 batch), ``report`` (``MicroBatchReport`` and the two errors). The totals check is
-``tidemark.totals.staged_mismatch``; the executors' staging is ``tidemark.stage``.
+``tidemark.protocol.totals.staged_mismatch``; the executors' staging is ``tidemark.batch.stage``.
 """
 
 from __future__ import annotations
 
+from tidemark.batch.stage import STAGE_SCHEMA, stage_table  # noqa: F401
 from tidemark.sink.apply import BatchSink  # noqa: F401
 from tidemark.sink.report import FencedError, MicroBatchReport, SinkError  # noqa: F401
-from tidemark.stage import STAGE_SCHEMA, stage_table  # noqa: F401

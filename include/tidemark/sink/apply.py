@@ -2,7 +2,7 @@
 the fence check to the stored offsets. Its two halves: what comes in (``intake``: control messages,
 records, dead letters) and END with what follows (``commit``: verify, then apply or refuse). What
 it delegates: the stage tables (``stages``), what the ledger says of a control message
-(``controls``), the totals check (``tidemark.totals``), and the SQL that writes a verified batch
+(``controls``), the totals check (``tidemark.protocol.totals``), and the SQL that writes a verified batch
 (``merge``)."""
 
 from __future__ import annotations
@@ -13,23 +13,29 @@ import socket
 import time
 from typing import Any
 
-from tidemark import faults, ledger
-from tidemark.control import ControlMessage, Keyring
-from tidemark.dead_letters import DeadLetterOutbox
-from tidemark.cdc.apply import ChangeWriter
-from tidemark.cdc.groups import Capture
-from tidemark.cdc.signing import Verifier
-from tidemark.events import EventWriter
-from tidemark.progress import Steps
-from tidemark.records import RecordRules, payload_text
+from tidemark import ledger
+from tidemark.protocol import faults
+from tidemark.protocol.control import ControlMessage, Keyring
+from tidemark.protocol.progress import Steps
+from tidemark.protocol.records import RecordRules, payload_text
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.realtime.cdc.apply import ChangeWriter
+from tidemark.realtime.cdc.groups import Capture
+from tidemark.realtime.cdc.signing import Verifier
+from tidemark.realtime.events import EventWriter
 from tidemark.sink import controls
+from tidemark.sink.commit import Commit
+from tidemark.sink.dead_letters import DeadLetterOutbox
+from tidemark.sink.intake import Intake
 from tidemark.sink.report import (
-    FencedError, MicroBatchReport, SinkError, extents, loaded, positions,
+    FencedError,
+    MicroBatchReport,
+    SinkError,
+    extents,
+    loaded,
+    positions,
 )
 from tidemark.sink.stages import StageArea
-from tidemark.spec import PipelineSpec
-from tidemark.sink.intake import Intake
-from tidemark.sink.commit import Commit
 
 log = logging.getLogger("tidemark.sink")
 

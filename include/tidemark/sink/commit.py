@@ -10,20 +10,23 @@ from typing import Any
 import psycopg2
 import psycopg2.errors
 
-from tidemark import catalog, ledger
-from tidemark.avro import sql_type, widens
-from tidemark.cdc.changes import lsn_text
-from tidemark.cdc.tables import ensure_cdc_serving_view
-from tidemark.cdc.tables import widen_columns as widen_cdc_columns
-from tidemark.control import ControlMessage
-from tidemark.repair import RepairError
+from tidemark import ledger
+from tidemark.batch.repair import RepairError
+from tidemark.batch.stage import HASH, OFFSET, PARTITION, STAGE_SCHEMA
+from tidemark.ledger import catalog
+from tidemark.protocol.avro import sql_type, widens
+from tidemark.protocol.control import ControlMessage
+from tidemark.protocol.spec import quote
+from tidemark.protocol.totals import staged_mismatch
+from tidemark.realtime.cdc.changes import lsn_text
+from tidemark.realtime.cdc.tables import ensure_cdc_serving_view
+from tidemark.realtime.cdc.tables import widen_columns as widen_cdc_columns
 from tidemark.sink import controls, merge
 from tidemark.sink.report import (
-    FIRST_REASONS, MicroBatchReport, SinkError,
+    FIRST_REASONS,
+    MicroBatchReport,
+    SinkError,
 )
-from tidemark.spec import quote
-from tidemark.stage import HASH, OFFSET, PARTITION, STAGE_SCHEMA
-from tidemark.totals import staged_mismatch
 
 log = logging.getLogger("tidemark.sink")
 GROUP_WAIT_S = 300.0  # how long a capture group member's batch waits for the group's stream to pass its snapshot
@@ -104,7 +107,7 @@ class Commit:
     def _ahead_of_stream(self, cur, batch_id: str, attempt: int) -> bool:
         """Whether a capture group member's attempt must wait: it commits once the group's stream has applied
         every source transaction its snapshot saw, so that its rows never show its table ahead of the
-        group's others (``tidemark.cdc.groups``). The lead, whose own micro-batches move the stream, tries
+        group's others (``tidemark.realtime.cdc.groups``). The lead, whose own micro-batches move the stream, tries
         again with the next one; another member waits here, and past ``GROUP_WAIT_S`` fails its micro-batch
         (nothing committed: the END is read again when the sink starts again)."""
         if self.capture is None or not self.capture.grouped:

@@ -6,8 +6,8 @@ to dead-letter it, or None."""
 from __future__ import annotations
 
 from tidemark import ledger
-from tidemark.control import ControlMessage
-from tidemark.spec import PipelineSpec
+from tidemark.protocol.control import ControlMessage
+from tidemark.protocol.spec import PipelineSpec
 
 
 def unplanned(cur, spec: PipelineSpec, msg: ControlMessage) -> str | None:

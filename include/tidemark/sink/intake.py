@@ -6,17 +6,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-
 from tidemark import ledger
-from tidemark.avro import Format, row_column
-from tidemark.columns import target_columns
-from tidemark.control import ControlMessage, ProtocolError, decode
-from tidemark.records import Checker, RecordRules, checked_upstream
+from tidemark.batch.stage import StageWriter, Target
+from tidemark.protocol.avro import Format, row_column
+from tidemark.protocol.columns import target_columns
+from tidemark.protocol.control import ControlMessage, ProtocolError, decode
+from tidemark.protocol.records import Checker, RecordRules, checked_upstream
 from tidemark.sink import controls
 from tidemark.sink.report import (
-    MicroBatchReport, SinkError, positions,
+    MicroBatchReport,
+    SinkError,
+    positions,
 )
-from tidemark.stage import StageWriter, Target
 
 log = logging.getLogger("tidemark.sink")
 
@@ -144,8 +145,8 @@ class Intake:
 
     def _typed_at_driver(self, cur, batch_id: str, attempt: int, version: int, records, columns: list[str],
                      report: MicroBatchReport) -> None:
-        """Protocol version 2: Spark decoded and checked every record (``tidemark.avro.decode``) and
-        the executors staged the good ones (``tidemark.stage``); what reaches the driver is rejected."""
+        """Protocol version 2: Spark decoded and checked every record (``tidemark.protocol.avro.decode``) and
+        the executors staged the good ones (``tidemark.batch.stage``); what reaches the driver is rejected."""
         name = row_column(version)
         if name not in records.column_names or not checked_upstream(records):
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: records of this "
@@ -184,7 +185,7 @@ class Intake:
             report.staged += rows
 
     def stager(self, typed: dict[tuple[str, int], Format], connect: dict[str, Any]) -> StageWriter:
-        """The executors' staging of the next micro-batch (``tidemark.stage``, run by ``mapInArrow``):
+        """The executors' staging of the next micro-batch (``tidemark.batch.stage``, run by ``mapInArrow``):
         the stage table of every open protocol-version-2 attempt of ``typed`` (``formats()``) made
         ready, and the stored offsets below which records are replays. ``connect``: psycopg2
         keywords for the warehouse, as the executors will connect."""
@@ -197,7 +198,7 @@ class Intake:
 
 
     def formats(self) -> dict[tuple[str, int], Format]:
-        """The record format of every open protocol-version-2 attempt, for ``tidemark.avro.decode``."""
+        """The record format of every open protocol-version-2 attempt, for ``tidemark.protocol.avro.decode``."""
         with self.conn, self.conn.cursor() as cur:
             return ledger.open_formats(cur, self.spec.name)
 

@@ -18,22 +18,22 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from tidemark import avro
-from tidemark.cdc import signing
-from tidemark.config import executor_checks_from
-from tidemark.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
-from tidemark.dead_letters import DeadLetterOutbox
-from tidemark.errors import Outage
-from tidemark.kafka_io import end_offsets, ensure_topic, probe_broker
 from tidemark import ledger
 from tidemark.ledger import LeaseHeld, consumer_for, ensure_control_schema
-from tidemark.progress import Steps, progress_line, summary_line
-from tidemark.screen import Screen
+from tidemark.protocol import avro
+from tidemark.protocol.config import executor_checks_from
+from tidemark.protocol.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
+from tidemark.protocol.errors import Outage
+from tidemark.protocol.kafka_io import end_offsets, ensure_topic, probe_broker
+from tidemark.protocol.progress import Steps, progress_line, summary_line
+from tidemark.protocol.screen import Screen
+from tidemark.protocol.spec import PipelineSpec, load_spec
+from tidemark.realtime.cdc import signing
 from tidemark.sink.apply import BatchSink
+from tidemark.sink.dead_letters import DeadLetterOutbox
+from tidemark.sink.lifeline import StandingControl
 from tidemark.sink.report import MicroBatchReport, loaded
 from tidemark.spark.entry import JobError, connect, connect_params, one_line, password, session
-from tidemark.spec import PipelineSpec, load_spec
-from tidemark.streams.lifeline import StandingControl
 
 
 def run(args: Namespace) -> int:
@@ -163,9 +163,9 @@ CHECKPOINT_CONF = {"spark.sql.streaming.checkpointFileManagerClass":
 
 def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> BatchSink:
     """The sink over ``conn``, its control schema, real-time target and topics in place."""
-    from tidemark.catalog import ensure_stream_target
-    from tidemark.cdc.groups import load_capture
-    from tidemark.cdc.tables import ensure_cdc_serving_view, ensure_cdc_target
+    from tidemark.ledger.catalog import ensure_stream_target
+    from tidemark.realtime.cdc.groups import load_capture
+    from tidemark.realtime.cdc.tables import ensure_cdc_serving_view, ensure_cdc_target
 
     # a capture group's lead applies every member's changes: their real-time tables and topics too
     capture = load_capture(spec, Path(args.spec).parent) if spec.cdc is not None else None
@@ -266,8 +266,8 @@ def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str
 
 
 # The modules the executors run (checks, staging): they travel by value with each task.
-EXECUTOR_MODULES = ("tidemark.records", "tidemark.columns", "tidemark.screen", "tidemark.window", "tidemark.stage",
-                    "tidemark.pgbinary", "tidemark.totals")
+EXECUTOR_MODULES = ("tidemark.protocol.records", "tidemark.protocol.columns", "tidemark.protocol.screen", "tidemark.protocol.window", "tidemark.batch.stage",
+                    "tidemark.protocol.pgbinary", "tidemark.protocol.totals")
 
 
 def ship_to_executors() -> None:
@@ -450,7 +450,7 @@ class MicroBatches:
         from pyspark.sql.pandas.types import from_arrow_schema
         from pyspark.sql.types import StructField, StructType
 
-        from tidemark.stage import load_schema
+        from tidemark.batch.stage import load_schema
 
         if self._load_fields is None:
             self._load_fields = from_arrow_schema(load_schema()).fields

@@ -11,10 +11,10 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from tidemark import ledger
-from tidemark.cdc import compact as cdc_compact
-from tidemark.repair import key_filter, key_types
-from tidemark.spec import PipelineSpec, quote
-from tidemark.window import Window, covered, predicate
+from tidemark.batch.repair import key_filter, key_types
+from tidemark.protocol.spec import PipelineSpec, quote
+from tidemark.protocol.window import Window, covered, predicate
+from tidemark.realtime.cdc import compact as cdc_compact
 
 log = logging.getLogger("tidemark.sink")
 
@@ -159,7 +159,7 @@ def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: lis
 
 def compact(cur, spec: PipelineSpec, batch_id: str, window: Window) -> str | None:
     """The real-time rows the committed batch makes redundant: for events, those inside its window;
-    for change data capture, ``tidemark.cdc.compact.correct``. What was done, for the commit's line."""
+    for change data capture, ``tidemark.realtime.cdc.compact.correct``. What was done, for the commit's line."""
     if spec.cdc is not None:
         return str(cdc_compact.correct(cur, spec, batch_id))
     if spec.stream is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.progress import Steps
+from tidemark.protocol.progress import Steps
 
 
 class FencedError(RuntimeError):
@@ -51,7 +51,7 @@ class MicroBatchReport:
 
 
 def loaded(loads) -> int:
-    """How many records the executors staged (``tidemark.stage`` load rows; None: none)."""
+    """How many records the executors staged (``tidemark.batch.stage`` load rows; None: none)."""
     import pyarrow.compute as pc
 
     return 0 if loads is None or not loads.num_rows else pc.sum(loads["load_rows"]).as_py()

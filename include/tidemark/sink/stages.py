@@ -1,6 +1,6 @@
 """The attempts' stage tables in the warehouse (schema ``tidemark_stage``): one per attempt, made
 when its first record arrives, typed like the source and UNLOGGED under protocol version 2 (the
-executors COPY into it, ``tidemark.stage``), one text column under version 1 (the driver COPYs the
+executors COPY into it, ``tidemark.batch.stage``), one text column under version 1 (the driver COPYs the
 checked values); every row with its provenance (partition, offset, row hash). A stage lives until
 its attempt commits, is refused or aborted, or a sweep finds its attempt finished."""
 
@@ -12,10 +12,10 @@ import psycopg2
 import psycopg2.extensions
 
 from tidemark import ledger
-from tidemark.avro import SourceColumn, sql_type
-from tidemark.spec import PipelineSpec, quote
-from tidemark.stage import LOAD, OFFSET, PROVENANCE, STAGE_SCHEMA, copy_csv, create_typed, provenance, stage_table
-from tidemark.totals import arrow_totals
+from tidemark.batch.stage import LOAD, OFFSET, PROVENANCE, STAGE_SCHEMA, copy_csv, create_typed, provenance, stage_table
+from tidemark.protocol.avro import SourceColumn, sql_type
+from tidemark.protocol.spec import PipelineSpec, quote
+from tidemark.protocol.totals import arrow_totals
 
 log = logging.getLogger("tidemark.sink")
 
@@ -53,7 +53,7 @@ class StageArea:
 
     def accepted(self, cur, batch_id: str, attempt: int) -> str:
         """SQL condition on the attempt's stage rows that count: under version 2 those of accepted
-        loads only (``tidemark.stage``), under version 1 all."""
+        loads only (``tidemark.batch.stage``), under version 1 all."""
         if self.format(cur, batch_id) is None:
             return "true"
         loads = cur.mogrify("SELECT load FROM tidemark_control.staged_loads WHERE batch_id = %s AND attempt = %s",
@@ -65,7 +65,7 @@ class StageArea:
         # An empty window sends no records, so its stage table may not exist yet.
         stage = self.ensure(cur, batch_id, attempt)
         fmt = self.format(cur, batch_id)
-        if fmt is not None:  # typed already: nothing to parse. Only accepted loads count (tidemark.stage)
+        if fmt is not None:  # typed already: nothing to parse. Only accepted loads count (tidemark.batch.stage)
             cols = ", ".join(quote(c.name) for c in fmt[1])
             return f"SELECT {cols} FROM {stage} WHERE {self.accepted(cur, batch_id, attempt)}"
         # json, not jsonb: parsing straight into the record is about twice as fast.

@@ -12,12 +12,11 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from tidemark.config import environment, job_error_file
-from tidemark.errors import EXIT_OUTAGE, OUTAGE_LINE, Outage, Terminal, TidemarkError, Transient
+from tidemark.protocol.config import environment, job_error_file
+from tidemark.protocol.errors import EXIT_OUTAGE, OUTAGE_LINE, Outage, Terminal, TidemarkError, Transient
 from tidemark.spark.jobs import DATABASE_OPTIONS
 
 # Every record's JSON carries timestamps to the microsecond, in UTC, like PostgreSQL stores them.
-JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "ignoreNullFields": "true"}
 
 
 class JobError(Terminal):
@@ -57,7 +56,7 @@ def session(app: str, **conf: Any):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")  # the job's own lines are what the person on call needs
     # When the JVM was ready for work: benchmarks report start-up apart from the job's work.
-    from tidemark.progress import summary_line
+    from tidemark.protocol.progress import summary_line
 
     print(summary_line("spark-session", app=app, ready_at=round(time.time(), 3)), flush=True)
     return spark
@@ -152,10 +151,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def run(main, argv: list[str], name: str) -> int:
-    """Run ``main``; Tidemark's own error (``tidemark.errors``) becomes one clear line on stderr and exit
+    """Run ``main``; Tidemark's own error (``tidemark.protocol.errors``) becomes one clear line on stderr and exit
     code 3, or 4 if ``Transient`` (75 for an ``Outage``). Any failure's one-line cause also goes to the file named by
     TIDEMARK_JOB_ERROR_FILE, if set. The environment is validated first: a bad variable fails the job at
-    its start, named (``tidemark.config.ConfigError``)."""
+    its start, named (``tidemark.protocol.config.ConfigError``)."""
     try:
         environment()
         return main(argv) or 0

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from tidemark.errors import Terminal
-from tidemark.window import Window
+from tidemark.protocol.errors import Terminal
+from tidemark.protocol.window import Window
 
 # plan -> begin -> extract -> end -> sink -> wait_committed, then publish; abort_unfinished is the
 # teardown of the whole chain (whatever ended the run, no attempt stays open).
@@ -37,7 +37,7 @@ UTC_JVM_OPTION = "-Duser.timezone=UTC"
 JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 _USER_TIMEZONE = re.compile(r"""(?:^|\s)["']?-Duser\.timezone=[^\s"']*["']?(?=\s|$)""")
 # The task threads' stack, where Java's regular expressions recurse: the events' screen of a table at its
-# cap (tidemark.screen.SCREEN_FIELDS) needs about 350 KB, more than a third of HotSpot's default 1 MB,
+# cap (tidemark.protocol.screen.SCREEN_FIELDS) needs about 350 KB, more than a third of HotSpot's default 1 MB,
 # and an overflow would stop a standing sink at the same offsets on every restart. A caller's -Xss wins.
 THREAD_STACK_OPTION = "-Xss4m"
 _THREAD_STACK = re.compile(r"""(?:^|\s)["']?-Xss""")
@@ -121,7 +121,7 @@ def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Win
                  repair_keys: Path | str | None = None, writer_schema: str | None = None,
                  handoff: bool = False, warehouse: list[str] | None = None) -> list[str]:
     """spark_jobs/extract_window.py's arguments after the JDBC ones (``repair_keys``: the keys
-    document of a repair batch, ``tidemark.repair.write_document``; ``writer_schema``: the Avro
+    document of a repair batch, ``tidemark.batch.repair.write_document``; ``writer_schema``: the Avro
     schema of a protocol-version-2 batch; ``handoff``: a CDC pipeline's handoff batch, run as the
     replication role; ``warehouse``: ``warehouse_args`` of a direct batch, whose tasks stage its rows)."""
     return [

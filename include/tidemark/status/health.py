@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tidemark.kafka_io import probe_broker  # noqa: F401 (the page's broker check)
+from tidemark.protocol.kafka_io import probe_broker  # noqa: F401 (the page's broker check)
 from tidemark.status.model import Health
 
 log = logging.getLogger(__name__)
@@ -118,7 +117,7 @@ def track_health(probes: Iterable[Probe], state: Mapping[str, Any], now: datetim
 def health_file() -> Path:
     """Where the first failed check of each outage is kept: ``$TIDEMARK_STATUS_DIR/health.json`` (the local
     stack sets it for every process), else a folder in the system's temporary directory."""
-    from tidemark.config import status_dir
+    from tidemark.protocol.config import status_dir
 
     return status_dir() / "health.json"
 

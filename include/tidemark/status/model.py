@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.ledger import ResnapshotRequest
-from tidemark.progress import byte_size
-from tidemark.spec import PipelineSpec, load_specs
-from tidemark.window import SourceClock
+from tidemark.protocol.progress import byte_size
+from tidemark.protocol.spec import PipelineSpec, load_specs
+from tidemark.protocol.window import SourceClock
 
 FAILURE_WINDOW = timedelta(days=7)
 APPLICATION_NAME = "tidemark-status"  # how the page's own sessions show in pg_stat_activity
@@ -131,7 +131,7 @@ class SourceStatus:
     oldest_open_xact: SourceSession | None = None  # the clamp: windows end before its xact_start
     oldest_prepared: PreparedXact | None = None  # holds every window at its watermark until it ends
     error: str | None = None
-    # pipeline -> seconds its extract has held one snapshot of the source (tidemark.extract.snapshot)
+    # pipeline -> seconds its extract has held one snapshot of the source (tidemark.batch.extract.snapshot)
     extract_snapshots: dict[str, float] = field(default_factory=dict)
     clock: SourceClock | None = field(default=None, metadata={"json": False})  # what the planner reads
 
@@ -245,7 +245,7 @@ class CaptureStatus:
     connector_ok: bool | None = None  # False: failed, missing after the handoff, or Connect unreachable
     # a re-snapshot a person asked for that no committed handoff has answered yet (ledger.resnapshot_asked)
     resnapshot: ResnapshotRequest | None = None
-    group: str | None = None  # the capture group the pipeline is captured with (tidemark.cdc.groups)
+    group: str | None = None  # the capture group the pipeline is captured with (tidemark.realtime.cdc.groups)
     members: tuple[str, ...] = ()  # the group's members as its lead's sink registered them
     group_shown: bool | None = None  # the group's serving views show rows (every member's handoff committed)
 
@@ -340,7 +340,7 @@ def jsonable(value: Any) -> Any:
 def utc_iso(value: datetime | None) -> str | None:
     if value is None:
         return None
-    if value.tzinfo is None:  # timestamptz arrives aware; a naive value is UTC, as in tidemark.window
+    if value.tzinfo is None:  # timestamptz arrives aware; a naive value is UTC, as in tidemark.protocol.window
         value = value.replace(tzinfo=timezone.utc)
     return value.astimezone(timezone.utc).isoformat()
 

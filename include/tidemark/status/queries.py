@@ -5,16 +5,34 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from tidemark import catalog, ledger
-from tidemark.cdc.changes import lsn_text
-from tidemark.cdc.connect import ConnectError
-from tidemark.cdc.groups import capture_consumer
-from tidemark.cdc.tables import group_ready
-from tidemark.cdc.source import Slot
-from tidemark.stage import STAGE_SCHEMA, rows_inserted, stage_table
-from tidemark.spec import PipelineSpec
-from tidemark.window import EXTRACT_APPLICATION, read_source_clock
-from tidemark.status.model import APPLICATION_NAME, Attempt, CaptureStatus, CommittedBatch, FAILED, FAILURE_WINDOW, Lag, PipelineLedger, PreparedXact, SourceSession, SourceStatus, StageTable, StreamStatus, UNFINISHED, Watermark
+from tidemark import ledger
+from tidemark.batch.stage import STAGE_SCHEMA, rows_inserted, stage_table
+from tidemark.ledger import catalog
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.protocol.window import EXTRACT_APPLICATION, read_source_clock
+from tidemark.realtime.cdc.changes import lsn_text
+from tidemark.realtime.cdc.connect import ConnectError
+from tidemark.realtime.cdc.groups import capture_consumer
+from tidemark.realtime.cdc.source import Slot
+from tidemark.realtime.cdc.tables import group_ready
+from tidemark.status.model import (
+    APPLICATION_NAME,
+    FAILED,
+    FAILURE_WINDOW,
+    UNFINISHED,
+    Attempt,
+    CaptureStatus,
+    CommittedBatch,
+    Lag,
+    PipelineLedger,
+    PreparedXact,
+    SourceSession,
+    SourceStatus,
+    StageTable,
+    StreamStatus,
+    Watermark,
+)
+
 
 def read_only_session(conn) -> None:
     """Autocommit + read only: one short transaction per query, no lock or snapshot kept between

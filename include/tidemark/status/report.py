@@ -9,13 +9,34 @@ from pathlib import Path
 from typing import Any
 
 from tidemark import ledger
-from tidemark.cdc.connector import connector_name
-from tidemark.cdc.source import Slot, slot_named
-from tidemark.config import CONN_CONNECT, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE
-from tidemark.status.model import FAILURE_WINDOW, Lag, PipelineEntry, PipelineLedger, PipelineStatus, SourceStatus, StatusReport, StreamStatus, error_text, format_duration, utc_iso
-from tidemark.status.queries import with_connector, with_slot, orphan_stage_tables, pipeline_ledger, read_only_session, source_status, stream_status, watermark_lag
+from tidemark.protocol.config import CONN_CONNECT, CONN_KAFKA, CONN_SOURCE, CONN_SPARK, CONN_WAREHOUSE
+from tidemark.realtime.cdc.groups import connector_name
+from tidemark.realtime.cdc.source import Slot, slot_named
 from tidemark.status.health import Probe, pg_address, probe_broker, probe_spark_master, remember_health
 from tidemark.status.holds import hold_text, pipeline_holds
+from tidemark.status.model import (
+    FAILURE_WINDOW,
+    Lag,
+    PipelineEntry,
+    PipelineLedger,
+    PipelineStatus,
+    SourceStatus,
+    StatusReport,
+    StreamStatus,
+    error_text,
+    format_duration,
+    utc_iso,
+)
+from tidemark.status.queries import (
+    orphan_stage_tables,
+    pipeline_ledger,
+    read_only_session,
+    source_status,
+    stream_status,
+    watermark_lag,
+    with_connector,
+    with_slot,
+)
 
 
 def collect(

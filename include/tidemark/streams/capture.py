@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tidemark import ledger
-from tidemark.cdc.connect import ConnectClient, ConnectorState
-from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
-from tidemark.cdc.groups import Capture
-from tidemark.cdc.source import CaptureNotReady, Slot, check_capture, slot_named
-from tidemark.progress import byte_size
-from tidemark.spec import PipelineSpec
+from tidemark.protocol.progress import byte_size
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.realtime.cdc.connect import ConnectClient, ConnectorState
+from tidemark.realtime.cdc.connector import SourceEndpoint, connector_config
+from tidemark.realtime.cdc.groups import Capture, connector_name
+from tidemark.realtime.cdc.source import CaptureNotReady, Slot, check_capture, slot_named
 from tidemark.streams.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
         restarts = ledger.restarts_since(cur, name, policy.budget_window, kind="connector_restart")
         inactive_since = ledger.watch_slot(cur, name, held is not None and not held.active, now)
         # a group streams once any member's handoff made its slot; the other members' handoffs read their
-        # tables in a snapshot taken after the slot (tidemark.cdc.handoff), never making it again
+        # tables in a snapshot taken after the slot (tidemark.realtime.cdc.handoff), never making it again
         handoff = next(filter(None, (ledger.committed_handoff(cur, m.name) for m in capture.members)), None)
         asked = None if capture.grouped else ledger.resnapshot_asked(cur, name)
     state = client.state(connector)

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tidemark import catalog, ledger
-from tidemark.cdc.groups import captures
-from tidemark.kafka_io import probe_broker
+from tidemark import ledger
+from tidemark.ledger import catalog
+from tidemark.protocol.kafka_io import probe_broker
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.realtime.cdc.groups import captures
+from tidemark.sink.lag import sink_lag
 from tidemark.streams.launch import Launcher, process_alive
-from tidemark.spec import PipelineSpec
-from tidemark.streams.lag import sink_lag
 from tidemark.streams.policy import OUTAGE_START, Actual, Decision, History, Policy, decide
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class CycleReport:
 def run_cycle(specs: list[PipelineSpec], warehouse_conn, launcher: Launcher, bootstrap: str,
               command: Command, *, now: datetime | None = None) -> CycleReport:
     report = CycleReport()
-    # a capture group's lead reads the group's change topics, its other members none (tidemark.cdc.groups)
+    # a capture group's lead reads the group's change topics, its other members none (tidemark.realtime.cdc.groups)
     broken = probe_broker(bootstrap)  # once a cycle: a sink is not restarted into an outage
     outage = None if broken is None else f"Kafka ({bootstrap}): {broken}"
     groups = captures(specs)
@@ -165,7 +166,7 @@ def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], A
     is made from the source table: create both before the sink's first start (which may come before
     the first nightly run). A failure is logged, not raised: the sink's start then fails naming it,
     other pipelines go on."""
-    from tidemark.cdc.tables import ensure_cdc_target
+    from tidemark.realtime.cdc.tables import ensure_cdc_target
 
     ensure = catalog.ensure_stream_target if spec.stream is not None else ensure_cdc_target
     realtime = (spec.stream or spec.cdc).target_table

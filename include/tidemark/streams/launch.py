@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tidemark.spec import NAME_PATTERN
+from tidemark.protocol.spec import NAME_PATTERN
 
 # "$0" is the exit-code file, "$@" the command. TERM to the wrapper is passed on to the command;
 # `wait` returns early (128 + signal) when a trap runs, so it waits again for the real exit code.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from tidemark.errors import EXIT_OUTAGE
+from tidemark.protocol.errors import EXIT_OUTAGE
 
 OUTAGE_START = "it ended for an outage"  # how a start after an outage begins its reason (the ledger counts these)
 OUTAGE_STARTS_PER_RESTART = 4  # starts after outages allowed per restart of the budget, within its window
@@ -95,15 +95,6 @@ class Decision:
     details: dict[str, str] = field(default_factory=dict)
 
 
-def records_behind(ends: dict[int, int], stored: dict[int, int], *, transactional: bool = True) -> dict[int, int]:
-    """Per partition, how far the offsets committed in the warehouse are behind the topic's end.
-
-    On a ``transactional`` topic (the pipeline's own), one offset at the end of a partition is not
-    counted: a control message travels in a Kafka transaction, whose commit marker takes an offset
-    that no consumer ever reads, so a sink that has read everything still sits one offset short
-    (a healthy idle sink must show no lag). Events are published without transactions."""
-    marker = 1 if transactional else 0
-    return {p: max(end - stored.get(p, 0) - marker, 0) for p, end in ends.items()}
 
 
 def decide(now: datetime, desired: DesiredState, actual: Actual, history: History, policy: Policy) -> Decision:

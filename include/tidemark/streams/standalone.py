@@ -27,7 +27,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tidemark.errors import EXIT_OUTAGE, OUTAGE_LINE, Transient
+from tidemark.protocol.errors import EXIT_OUTAGE, OUTAGE_LINE, Transient
 from tidemark.streams.launch import Instance, Launcher
 
 RUNNER = "org.apache.spark.deploy.PythonRunner"

@@ -123,8 +123,8 @@ def status_report(s: Settings, health_path=None):
     up after a couple of seconds; outages dated in the same health file as the page's)."""
     import psycopg2
 
-    from tidemark.cdc.connect import ConnectClient
-    from tidemark.config import pipelines_dir
+    from tidemark.protocol.config import pipelines_dir
+    from tidemark.realtime.cdc.connect import ConnectClient
     from tidemark.status import CHECK_TIMEOUT_S, collect, load_pipelines
     from tidemark_workshop.settings import WAREHOUSE_DB
 

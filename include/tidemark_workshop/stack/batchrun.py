@@ -16,10 +16,12 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark import batch, ledger, repair
+from tidemark import ledger
+from tidemark.batch import repair
+from tidemark.batch import steps as batch
+from tidemark.protocol.spec import PipelineSpec, load_spec
 from tidemark.spark import jobs
 from tidemark_workshop.settings import TEST_TRANSPORT_ENV, WAREHOUSE_DB, Settings
-from tidemark.spec import PipelineSpec, load_spec
 from tidemark_workshop.stack.spark import Submitted, submit
 
 
@@ -119,7 +121,7 @@ class Pipeline:
 
     def send_end(self, plan: batch.Plan, attempt: int, report: dict) -> None:
         """END on the topic only, as a duplicated or replayed message would arrive (no ledger step)."""
-        from tidemark.control import loads_totals
+        from tidemark.protocol.control import loads_totals
 
         batch.send_end(self.spec, self.settings.kafka_bootstrap, plan, attempt, loads_totals(report["totals"]),
                        keyring=self.keyring)
@@ -135,7 +137,7 @@ class Pipeline:
     def sink(self) -> dict:
         proc = self._submit(jobs.SINK_JOB, self.sink_args())
         assert proc.returncode == 0, f"sink failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
-        from tidemark.progress import parse_summaries
+        from tidemark.protocol.progress import parse_summaries
 
         return parse_summaries(proc.stdout)[-1]
 
@@ -265,7 +267,7 @@ def dead_letters(bootstrap: str, source_topic: str, dlq_topic: str = "tidemark.d
     """Every dead letter that came from ``source_topic``: its headers, and its value as ``value``."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from tidemark.kafka_io import client_config
+    from tidemark.protocol.kafka_io import client_config
 
     consumer = Consumer(client_config(bootstrap, **{"group.id": "tidemark-test-dlq", "enable.partition.eof": True,
                                                     "isolation.level": "read_committed"}))

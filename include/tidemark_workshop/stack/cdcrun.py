@@ -11,15 +11,15 @@ from pathlib import Path
 
 import psycopg2
 
-from tidemark.cdc.connect import ConnectClient
-from tidemark.cdc.connector import SourceEndpoint, connector_config, connector_name
-from tidemark.cdc.connector import write_secret as write_secret_file
-from tidemark.cdc.signing import sign, signing_key
-from tidemark.cdc.groups import Capture, capture_of
-from tidemark.cdc.source import grant_sql, slot_named
-from tidemark.config import CONN_CDC
-from tidemark.kafka_io import client_config
-from tidemark.spec import PipelineSpec
+from tidemark.protocol.config import CONN_CDC
+from tidemark.protocol.kafka_io import client_config
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.realtime.cdc.connect import ConnectClient
+from tidemark.realtime.cdc.connector import SourceEndpoint, connector_config
+from tidemark.realtime.cdc.connector import write_secret as write_secret_file
+from tidemark.realtime.cdc.groups import Capture, capture_of, connector_name
+from tidemark.realtime.cdc.signing import sign, signing_key
+from tidemark.realtime.cdc.source import grant_sql, slot_named
 from tidemark_workshop.settings import Settings
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, Pipeline, make_pipeline, until
 
@@ -43,7 +43,7 @@ def captured(what: PipelineSpec | Capture) -> Capture:
 
 
 def grant(settings: Settings, what: PipelineSpec | Capture) -> None:
-    """What the tables' owner runs once per capture (tidemark.cdc.source.grant_sql)."""
+    """What the tables' owner runs once per capture (tidemark.realtime.cdc.source.grant_sql)."""
     owner = psycopg2.connect(settings.dsn(settings.source_db))
     try:
         with owner, owner.cursor() as cur:

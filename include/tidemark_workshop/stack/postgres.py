@@ -207,7 +207,7 @@ class Postgres:
     def create_cdc_role(self) -> None:
         """The replication role Debezium reads the source's WAL as: LOGIN REPLICATION and nothing
         else; each CDC pipeline's publication and SELECT on its table are granted apart
-        (tidemark.cdc.source.grant_sql), as a DBA would."""
+        (tidemark.realtime.cdc.source.grant_sql), as a DBA would."""
         with self._source_role(self.s.cdc_user, self.s.cdc_password, "REPLICATION", "replication") as cur:
             cur.execute(f"GRANT CONNECT ON DATABASE {_ident(self.s.source_db)} TO {_ident(self.s.cdc_user)}")
 

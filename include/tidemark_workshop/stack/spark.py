@@ -8,7 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tidemark.config import spark_driver_memory
+from tidemark.protocol.config import spark_driver_memory
 from tidemark_workshop.settings import QUICK_JIT, REPO_ROOT, Settings
 from tidemark_workshop.stack.maven import artifact_name, build_java, install, resolve
 from tidemark_workshop.stack.proc import StackError, say

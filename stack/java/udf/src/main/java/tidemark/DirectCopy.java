@@ -46,7 +46,7 @@ import org.postgresql.copy.CopyIn;
  * (long). Every value goes in its column's own binary form, so the server checks what it checks in
  * text (a numeric's precision, UTF-8 and NUL in text, a char(n)'s length); what cannot be written
  * exactly (a smallint out of range, a uuid not in canonical form) is refused here, as
- * tidemark.pgbinary refuses it. A refusal of the rows themselves, here or by the server, fails the task
+ * tidemark.protocol.pgbinary refuses it. A refusal of the rows themselves, here or by the server, fails the task
  * with a {@link StageRefused}. Replaces the hand-over of every row to a Python worker (Arrow),
  * which cost more CPU than the read and the COPY together.
  */
@@ -122,7 +122,7 @@ public final class DirectCopy {
         return all.toByteArray();
     }
 
-    /** How a column is written: its SQL type. The rows come from the record's own Avro schema (tidemark.avro), so
+    /** How a column is written: its SQL type. The rows come from the record's own Avro schema (tidemark.protocol.avro), so
      *  each SQL type arrives as exactly one Spark type (smallint and integer as int, bigint as long, real as float,
      *  double precision as double);
      *  any other pairing is refused by kind(), not converted. */

@@ -16,7 +16,7 @@ import org.apache.spark.util.AccumulatorV2;
  * largest cursor as a long). The extract sends each record to the partition this returns, so the
  * totals describe exactly the records written, counted in the JVM without a Python round trip.
  * Exact when each task's update counts once: the extract runs with spark.task.maxFailures=1 and
- * tallies in its result stage, as tidemark.totals.TotalsParam did.
+ * tallies in its result stage, as tidemark.protocol.totals.TotalsParam did.
  */
 public final class Tally implements UDF3<Integer, Long, Long, Integer> {
     private static final long serialVersionUID = 1L;
@@ -102,7 +102,7 @@ public final class Tally implements UDF3<Integer, Long, Long, Integer> {
             return byPartition;
         }
 
-        /** "partition rows high low min max" per line: read by tidemark.totals.from_tally. */
+        /** "partition rows high low min max" per line: read by tidemark.protocol.totals.from_tally. */
         public String text() {
             StringBuilder out = new StringBuilder();
             for (Map.Entry<Integer, long[]> e : byPartition.entrySet()) {

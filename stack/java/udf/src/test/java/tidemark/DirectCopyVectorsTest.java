@@ -31,7 +31,7 @@ import org.junit.jupiter.params.provider.Arguments;
 import org.junit.jupiter.params.provider.MethodSource;
 
 /**
- * DirectCopy's encoder against the vectors it shares with tidemark.pgbinary (tests/vectors/pgbinary.tsv):
+ * DirectCopy's encoder against the vectors it shares with tidemark.protocol.pgbinary (tests/vectors/pgbinary.tsv):
  * PostgreSQL's own bytes for each value (its type's send function), or the refusal a value must meet.
  * Each value goes through the Encoder as a task's row does: a Spark InternalRow of the type the record's
  * Avro schema decodes to.

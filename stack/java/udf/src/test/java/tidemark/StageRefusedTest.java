@@ -17,7 +17,7 @@ import java.util.stream.Stream;
 import org.junit.jupiter.api.Test;
 
 /**
- * The refusal's code that crosses to Python: the extract (tidemark.extract.direct) recognises a refused
+ * The refusal's code that crosses to Python: the extract (tidemark.batch.extract.direct) recognises a refused
  * COPY by the exception's class name in the Spark error, held in one constant of include/tidemark,
  * {@code STAGE_REFUSED_CLASS = "..."}. Renaming or moving the class without the constant fails here.
  */

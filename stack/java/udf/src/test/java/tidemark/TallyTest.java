@@ -18,7 +18,7 @@ import org.junit.jupiter.api.Test;
 class TallyTest {
     private static final long NONE_MIN = Long.MAX_VALUE, NONE_MAX = Long.MIN_VALUE;
 
-    /** The exact sum of the hashes, as tidemark.totals.from_tally reads it: high * 2^32 + low. */
+    /** The exact sum of the hashes, as tidemark.protocol.totals.from_tally reads it: high * 2^32 + low. */
     private static BigInteger sum(long[] t) {
         return BigInteger.valueOf(t[1]).shiftLeft(32).add(BigInteger.valueOf(t[2]));
     }

@@ -21,7 +21,7 @@ import org.apache.kafka.connect.storage.Converter;
  * Kafka Connect's JsonConverter, and a signature of what it wrote: each record leaves the worker
  * with the header {@code tidemark.signature} = {@code <key id>:<hex HMAC-SHA256 of topic, NUL,
  * value bytes>}. Tidemark's sink applies a change record only when the signature holds under a key
- * of its own keyring (tidemark.cdc.signing), so a record someone else produced to a CDC topic is a
+ * of its own keyring (tidemark.realtime.cdc.signing), so a record someone else produced to a CDC topic is a
  * dead letter, never a change in the warehouse. The topic is signed with the value: a genuine
  * record copied to another pipeline's topic does not verify there.
  *

@@ -27,10 +27,10 @@ import org.junit.jupiter.api.Test;
 
 /**
  * The converter signs what JsonConverter writes: the header tidemark.signature = "key id:hex HMAC-SHA256 of
- * topic, NUL, value", as tidemark.cdc.signing verifies it.
+ * topic, NUL, value", as tidemark.realtime.cdc.signing verifies it.
  */
 class SigningJsonConverterTest {
-    // record_key(b"a" * 40) of tidemark.cdc.signing: the derived key a worker is given
+    // record_key(b"a" * 40) of tidemark.realtime.cdc.signing: the derived key a worker is given
     private static final String SECRET = "fb85661e496ff440b6a4e8c2a13fdbb3a73225f0a8d31aa87fe3683fcd50e10b";
     private static final String TOPIC = "tidemark.cdc.payments.public.payments";
     private static final Schema ROW = SchemaBuilder.struct().name("payments.Value")
@@ -86,7 +86,7 @@ class SigningJsonConverterTest {
 
     @Test
     void theSignatureIsWhatPythonSignsForTheSameRecord() {
-        // tidemark.cdc.signing.sign(SECRET, TOPIC, b'"hello"'), computed in Python
+        // tidemark.realtime.cdc.signing.sign(SECRET, TOPIC, b'"hello"'), computed in Python
         SigningJsonConverter converter = converter("k1", SECRET, "false");
         Headers headers = new RecordHeaders();  // as the worker hands them over
         byte[] value = converter.fromConnectData(TOPIC, headers, Schema.STRING_SCHEMA, "hello");

@@ -1,0 +1,233 @@
+"""Kafka helpers shared by DAG tasks, Spark drivers and tests (confluent-kafka, no Airflow)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
+
+from tidemark.protocol.config import kafka_timeout_s
+
+# librdkafka's default partitioner (consistent_random, CRC32) differs from Java's (murmur2).
+# Spark writes with the Java client, so every Python producer must hash keys the same way.
+PARTITIONER = "murmur2_random"
+
+
+class OncePerCause(logging.Filter):
+    """librdkafka repeats a failure (say, `Connection refused` while the broker is down) every few
+    milliseconds: let one line per cause through per interval, and say how many were held back."""
+
+    def __init__(self, every_s: float = 60.0):
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cause = re.sub(r"\d+", "#", record.getMessage())[:300]  # offsets, ms, ports: one cause
+        now = time.monotonic()
+        if now - self._last.get(cause, -self.every_s) < self.every_s:
+            self._held[cause] = self._held.get(cause, 0) + 1
+            return False
+        self._last[cause] = now
+        if record.levelno == logging.WARNING and record.getMessage().endswith(": retrying"):
+            record.levelno, record.levelname = logging.INFO, "INFO"  # librdkafka heals it itself: no warning
+        held = self._held.pop(cause, 0)
+        if held:
+            record.msg = f"{record.getMessage()} (and {held} more like it in the last {self.every_s:.0f}s)"
+            record.args = ()
+        return True
+
+
+RDKAFKA_LOG = logging.getLogger("tidemark.rdkafka")
+RDKAFKA_LOG.addFilter(OncePerCause())
+
+
+def client_config(bootstrap: str, **extra: object) -> dict[str, object]:
+    """Settings every confluent-kafka client of ours shares: its log lines go through RDKAFKA_LOG."""
+    return {"bootstrap.servers": bootstrap, "logger": RDKAFKA_LOG, **extra}
+
+
+def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
+    return client_config(bootstrap, partitioner=PARTITIONER, **{"enable.idempotence": True}, **extra)
+
+
+def produce_waiting(producer, topic: str, **record: object) -> None:
+    """``producer.produce`` that waits while the local queue is full (BufferError) instead of
+    failing: a flood larger than ``queue.buffering.max.messages`` is sent, not dropped."""
+    while True:
+        try:
+            producer.produce(topic, **record)
+            return
+        except BufferError:  # let delivered records leave the queue
+            producer.poll(0.1)
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float | None = None) -> None:
+    """Create the topic if missing; refuse if it exists with another partition count. A broker
+    that does not answer within ``timeout_s`` (default: ``config.kafka_timeout_s()``) fails it."""
+    if timeout_s is None:
+        timeout_s = kafka_timeout_s()
+    admin = AdminClient(client_config(bootstrap))
+    meta = admin.list_topics(timeout=timeout_s)
+    existing = meta.topics.get(topic)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) != partitions:
+            raise ValueError(
+                f"topic {topic!r} exists with {len(existing.partitions)} partitions, expected {partitions}"
+            )
+        return
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise
+    _wait_for_leaders(admin, topic, timeout_s)
+
+
+def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
+    """Delete a topic and its data (benchmarks clean up the gigabytes they write); absent is fine."""
+    admin = AdminClient(client_config(bootstrap))  # must outlive the future
+    futures = admin.delete_topics([topic], operation_timeout=timeout_s)
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if "UNKNOWN_TOPIC_OR_PART" not in str(exc):
+            raise
+
+
+# Transient while a new topic's leaders are being elected or metadata is catching up.
+_TRANSIENT = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def _retriable(exc: BaseException) -> bool:
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and (err.code() in _TRANSIENT or err.retriable())
+
+
+def _wait_for_leaders(admin: AdminClient, topic: str, timeout_s: float) -> None:
+    """A created topic is usable only once every partition has a leader."""
+
+    @retry(stop=stop_after_delay(timeout_s), wait=wait_fixed(0.2), reraise=True)
+    def check() -> None:
+        meta = admin.list_topics(topic, timeout=timeout_s).topics[topic]
+        if meta.error is not None or any(p.leader < 0 or p.error for p in meta.partitions.values()):
+            raise TimeoutError(f"topic {topic!r} has partitions without a leader after {timeout_s}s")
+
+    check()
+
+
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """High watermark of every partition (for read_committed: the last stable offset); transient
+    broker errors are retried for at most ``timeout_s`` in all."""
+
+    @retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(timeout_s), wait=wait_fixed(0.5),
+           reraise=True)
+    def read() -> dict[int, int]:
+        consumer = Consumer(
+            client_config(bootstrap, **{"group.id": "tidemark-offsets", "isolation.level": "read_committed"})
+        )
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+            if meta.error is not None:
+                raise KafkaException(meta.error)
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                for p in sorted(meta.partitions)
+            }
+        finally:
+            consumer.close()
+
+    return read()
+
+
+@dataclass(frozen=True)
+class Record:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def read_committed(
+    bootstrap: str, topic: str, start: dict[int, int], *, idle_timeout_s: float = 10.0
+) -> Iterator[Record]:
+    """Committed records from ``start`` offsets up to each partition's end at call time.
+
+    Stops when every partition has reached its end; raises if no progress is made for
+    ``idle_timeout_s`` (the broker stalled or an open transaction blocks the stable offset).
+    """
+    stop = end_offsets(bootstrap, topic)
+    pending = {p: stop[p] for p in stop if stop[p] > start.get(p, 0)}
+    if not pending:
+        return
+    consumer = Consumer(client_config(bootstrap, **{
+        "group.id": f"tidemark-reader-{topic}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+    }))
+    try:
+        consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in pending])
+        while pending:
+            msg = consumer.poll(idle_timeout_s)
+            if msg is None:
+                raise TimeoutError(
+                    f"no progress reading {topic} for {idle_timeout_s}s; still waiting on partitions "
+                    f"{sorted(pending)} up to offsets {pending}"
+                )
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= pending.get(msg.partition(), 0):
+                        pending.pop(msg.partition(), None)
+                    continue
+                raise KafkaException(msg.error())
+            if msg.offset() < pending.get(msg.partition(), -1):
+                yield Record(msg.partition(), msg.offset(), msg.key(), msg.value())
+            if msg.offset() + 1 >= pending.get(msg.partition(), 0):
+                pending.pop(msg.partition(), None)
+    finally:
+        consumer.close()
+
+
+def probe_broker(bootstrap: str, timeout_s: float = 2.0) -> str | None:
+    """None when a broker answers a metadata request, else why not. A TCP connect to the bootstrap
+    servers first (a stopped broker refuses at once, and librdkafka would log every refusal), then
+    the metadata request: at most about twice ``timeout_s`` in all, never longer."""
+    import socket
+
+    servers = [h.strip().split("://")[-1] for h in (bootstrap or "").split(",") if h.strip()]
+    if not servers:
+        return "no bootstrap servers configured"
+    deadline = time.monotonic() + timeout_s
+    refused = []
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]") or "localhost", int(port)),
+                                     timeout=max(0.2, deadline - time.monotonic())).close()
+            break
+        except (OSError, ValueError) as exc:
+            refused.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
+    else:
+        return "no bootstrap server accepts a connection (" + "; ".join(refused) + ")"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000),
+                         "socket.connection.setup.timeout.ms": int(timeout_s * 1000), "log_level": 0})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except Exception as exc:  # KafkaException: the port is open but no broker answers (starting, stopping)
+        return f"the broker accepts connections but does not answer: {' '.join(str(exc).split())}"
+    if not metadata.brokers:
+        return "the cluster's metadata lists no broker"
+    return None
