@@ -46,3 +46,78 @@ def test_the_workshop_is_not_in_the_airflow_image():
               if line.strip().startswith("- ./")]
     assert "- ./include/tidemark:/opt/airflow/include/tidemark" in mounts
     assert not [m for m in mounts if m.startswith("- ./include:") or "tidemark_workshop" in m], mounts
+
+
+# The core's folders from the bottom up, as the README's diagram reads: a module imports (at the top or
+# inside a function alike) only from its own folder or the folders below it.
+LAYERS = ("protocol", "spark", "ledger", "realtime", "batch", "sink", "streams", "reconcile", "status")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(CORE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _core_modules() -> dict[str, Path]:
+    return {_module(path): path for path in CORE.rglob("*.py")}
+
+
+def _imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The core modules ``path`` imports: ``from tidemark.a import b`` names tidemark.a.b when b is a
+    module, else tidemark.a."""
+    found = set()
+    for name in _imports(path):
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name.startswith("tidemark."):
+            found.add(name)
+    return found
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_the_core_has_only_its_layer_folders():
+    assert sorted(p.name for p in CORE.iterdir() if p.name != "__pycache__") == sorted(LAYERS)
+
+
+def test_no_core_module_imports_up_the_layers():
+    modules = _core_modules()
+    upward = {}
+    for module, path in modules.items():
+        mine = LAYERS.index(_layer(module))
+        up = sorted(m for m in _imported_modules(path, modules) if LAYERS.index(_layer(m)) > mine)
+        if up:
+            upward[module] = up
+    assert upward == {}
+
+
+def test_no_import_cycle_among_the_core_modules():
+    modules = _core_modules()
+    graph = {m: _imported_modules(p, modules) - {m} for m, p in modules.items()}
+    # a package's __init__ importing its own modules is how it presents them, not a cycle
+    graph = {m: {d for d in deps if not m.startswith(d + ".") and not d.startswith(m + ".")} if
+             modules[m].name == "__init__.py" else {d for d in deps if not m.startswith(d + ".")}
+             for m, deps in graph.items()}
+    cycles, state = [], {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == "open":
+                cycles.append(trail[trail.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, trail + [dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_the_layer_checks_see_lazy_imports():
+    """A function's own import counts like the module's (the checks above would miss it otherwise)."""
+    modules = _core_modules()
+    assert "tidemark.ledger" in _imported_modules(CORE / "batch" / "repair.py", modules)
