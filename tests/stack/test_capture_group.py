@@ -30,7 +30,7 @@ import psycopg2
 import pytest
 
 from tidemark import ledger
-from tidemark.batch.steps import GroupNotStreaming
+from tidemark.realtime.cdc.layer import GroupNotStreaming
 from tidemark.protocol.spec import load_spec
 from tidemark.realtime.cdc.connect import ConnectClient
 from tidemark.realtime.cdc.groups import capture_of

@@ -17,11 +17,11 @@ from tidemark.ledger import catalog
 from tidemark.protocol import control
 from tidemark.protocol.avro import SchemaError, SourceColumn, fit
 from tidemark.protocol.control import PartitionTotals
-from tidemark.protocol.errors import Terminal, Transient
+from tidemark.protocol.errors import Terminal
 from tidemark.protocol.kafka_io import ensure_topic
 from tidemark.protocol.spec import PipelineSpec
 from tidemark.protocol.window import Bound, PlanError, Window, cap_rows, plan_window, read_source_clock
-from tidemark.realtime.cdc.source import slot_named
+from tidemark.realtime import speed_layer
 
 log = logging.getLogger("tidemark.batch")
 
@@ -79,17 +79,8 @@ def plan(
             wh.connection.commit()  # keep the id observation: it is what lets a later plan move on
             raise
         whole = window
-        # a CDC pipeline with no committed handoff, whose slot is gone or lost, or asked to re-snapshot by a
-        # person since its last handoff: this batch is its (new) handoff
-        handoff = spec.cdc is not None and (ledger.committed_handoff(wh, spec.name) is None
-                                            or (held := slot_named(src, spec.cdc_slot)) is None
-                                            or held.wal_status == "lost"
-                                            or ledger.resnapshot_asked(wh, spec.name) is not None
-                                            # a capture group's slot made again since (by another member)
-                                            or (spec.cdc.group is not None
-                                                and ledger.slot_made_after_handoff(wh, spec.name, spec.cdc_slot)))
-        if handoff and spec.cdc.group is not None:
-            _check_group_streams(src, wh, spec)
+        speed = speed_layer(spec)
+        handoff = speed is not None and speed.handoff_due(src, wh)  # this batch starts the stream (again)
         if spec.max_batch_rows is not None and not handoff:
             types = {name: type_ for name, type_, _ in catalog.source_columns(src, spec.table)}
             window = cap_rows(src, spec, window, types)
@@ -125,29 +116,6 @@ def plan(
     return Plan(planned.batch_id, planned.window, planned.reused, schema_version=planned.schema_version,
                 writer_schema=writer, handoff=planned.handoff, transport=planned.transport,
                 reads_above=planned.reads_above)
-
-
-class GroupNotStreaming(Transient):
-    """A member added to a running capture group, whose table its connector does not capture yet."""
-
-
-def _check_group_streams(src, wh, spec: PipelineSpec) -> None:
-    """A member's handoff reads in a snapshot after which every change to its table is in the group's stream:
-    a connector reading the slot with the group's older table list drops them (Debezium filters by its table
-    list), so a member added to a running group hands off once the supervisor has restarted the connector
-    with its table (``ledger.group_streamed``). A handoff that makes the slot, or one before the connector
-    ever ran, needs no wait: the connector starts with every member's table."""
-    streamed = ledger.group_streamed(wh, spec.cdc.group)
-    held = slot_named(src, spec.cdc_slot)
-    if (held is None or held.wal_status == "lost" or spec.name in (streamed or ())
-            or (streamed is None and not held.active)):
-        return
-    raise GroupNotStreaming(
-        f"pipeline={spec.name}: its handoff waits for capture group {spec.cdc.group}'s connector to capture "
-        f"{spec.table}: it captures {', '.join(streamed) if streamed else 'the members it was started with'} (a "
-        "member added to a running group; a snapshot taken now would lose the table's changes until then). The "
-        "tidemark_supervisor DAG's next cycle stops the connector, adds the table and resumes it, once the source is "
-        "set up for it (its line for the group names what is missing). Next: run this batch after that cycle")
 
 
 def reads_above(spec: PipelineSpec, window: Window, whole: Window, handoff: bool) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tidemark.ledger.batches import consumer_for
 from tidemark.ledger.schema import CONTROL_SCHEMA_LOCK
 from tidemark.protocol.spec import PipelineSpec, quote
 from tidemark.protocol.window import Bound, PlanError
@@ -102,22 +101,6 @@ def _take_ddl_turn(cur) -> None:
     cur.execute("SELECT pg_advisory_xact_lock(%s)", (CONTROL_SCHEMA_LOCK,))
 
 
-STREAM_COLUMNS = ("_tm_partition", "_tm_offset", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")
-
-
-def ensure_stream_target(cur, spec: PipelineSpec) -> bool:
-    """Create the spec's real-time table (``stream.target_table``) if it does not exist: the batch
-    target's columns and primary key, plus each event's source position, fencing token, micro-batch
-    and time applied; and its serving views (``ensure_serving_view``). ``LookupError`` while the
-    batch target does not exist (the supervisor creates it from the source first)."""
-    assert spec.stream is not None
-    created = ensure_realtime_table(cur, spec, spec.stream.target_table, "stream.target_table", """
-        _tm_partition integer NOT NULL, _tm_offset bigint NOT NULL, _tm_fence bigint NOT NULL,
-        _tm_micro_batch bigint, _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp()""")
-    ensure_serving_view(cur, spec)
-    return created
-
-
 def ensure_realtime_table(cur, spec: PipelineSpec, table: str, field: str, columns: str) -> bool:
     """A real-time table made like the batch target (its columns, defaults and primary key) plus
     ``columns``, if it does not exist; whether it was made. ``LookupError`` while the target does not exist."""
@@ -199,53 +182,6 @@ def serving_views_exist(cur, view: str) -> bool:
     """Whether a serving view and its ``<view>_freshness`` both exist (then they are left as they are)."""
     cur.execute("SELECT to_regclass(%s), to_regclass(%s)", (quote(view), quote(f"{view}_freshness")))
     return None not in cur.fetchone()
-
-
-def ensure_serving_view(cur, spec: PipelineSpec) -> None:
-    """The serving view (one row per key over the batch target and the real-time table: the newest
-    version by cursor, the batch's on a tie) and ``<view>_freshness`` (the batch watermark, the
-    stream's event-time watermark, and the later of the two: up to when the view is complete)."""
-    from tidemark.protocol.columns import target_columns
-
-    stream = spec.stream
-    assert stream is not None
-    view, freshness = stream.serving_view, f"{stream.serving_view}_freshness"
-    if serving_views_exist(cur, view):
-        return
-    ensure_schema(cur, spec, view, "stream.serving_view")
-    names = [c.name for c in target_columns(cur, spec.target_table)]
-    batch, live, cursor = quote(spec.target_table), quote(stream.target_table), quote(spec.cursor.column)
-    same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
-    cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
-        SELECT {", ".join(f"b.{quote(c)}" for c in names)} FROM {batch} b
-         WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key} AND r.{cursor} > b.{cursor})
-        UNION ALL
-        SELECT {", ".join(f"r.{quote(c)}" for c in names)} FROM {live} r
-         WHERE NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor})""")
-    cur.execute(f"COMMENT ON VIEW {quote(view)} IS %s",
-                (f"Tidemark pipeline {spec.name}: {spec.target_table} merged with {stream.target_table}, one row "
-                 f"per key, newest {spec.cursor.column} wins; complete up to {freshness}.complete_up_to",))
-    cur.execute(f"""CREATE OR REPLACE VIEW {quote(freshness)} AS
-        SELECT w.batch_watermark, s.stream_watermark, greatest(w.batch_watermark, s.stream_watermark) AS complete_up_to
-          FROM (SELECT (SELECT cursor_ts FROM tidemark_control.watermarks WHERE pipeline = %(pipeline)s)
-                       AS batch_watermark) w,
-               (SELECT CASE WHEN count(*) = %(partitions)s THEN min(event_time) END AS stream_watermark
-                  FROM tidemark_control.stream_event_times WHERE consumer = %(consumer)s AND topic = %(topic)s) s""",
-                {"pipeline": spec.name, "partitions": stream.partitions, "consumer": consumer_for(spec.name),
-                 "topic": stream.topic})
-
-
-def freshness(cur, spec: PipelineSpec) -> dict[str, Any] | None:
-    """The serving view's freshness row (None: the pipeline has no real-time input, or its view is not made yet)."""
-    realtime = spec.stream or spec.cdc
-    if realtime is None:
-        return None
-    view = f"{realtime.serving_view}_freshness"
-    cur.execute("SELECT to_regclass(%s)", (quote(view),))
-    if cur.fetchone()[0] is None:
-        return None
-    cur.execute(f"SELECT batch_watermark, stream_watermark, complete_up_to FROM {quote(view)}")
-    return dict(zip(("batch_watermark", "stream_watermark", "complete_up_to"), cur.fetchone()))
 
 
 def observe_id_high(cur, spec: PipelineSpec) -> tuple[int | None, Any]:

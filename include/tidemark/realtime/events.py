@@ -1,6 +1,6 @@
 """Events outside batches: a pipeline's stream, applied as it arrives to its real-time table.
 
-Applications publish events (JSON objects, keyed by the stream's ``key`` field, with the event
+The speed layer of a spec's ``stream`` (``tidemark.realtime.interface``). Applications publish events (JSON objects, keyed by the stream's ``key`` field, with the event
 time in its ``event_time`` field) to the stream's topic, without Tidemark headers. The sink hands
 each micro-batch's events to ``EventWriter.apply``, inside the transaction that also stores their
 offsets. Each event is validated like a batch record (``tidemark.protocol.records``, no window), then
@@ -11,7 +11,6 @@ row per primary key. Protocol: ``docs/control-protocol.md`` section 12.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
 from typing import Any
 
 import psycopg2
@@ -22,9 +21,11 @@ from tidemark.ledger import catalog
 from tidemark.protocol.columns import target_columns
 from tidemark.protocol.records import RecordRules, checked_upstream
 from tidemark.protocol.spec import PipelineSpec, quote
-from tidemark.protocol.window import covered
+from tidemark.protocol.window import Window, covered, predicate
+from tidemark.realtime.interface import Reject, SpeedLayer, serving_views
 
-Reject = Callable[[dict[str, Any], str], None]  # (the record, the reason): a dead letter
+# each event's source position, fencing token, micro-batch and time applied, beside the target's columns
+STREAM_COLUMNS = ("_tm_partition", "_tm_offset", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")
 TABLE_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.errors.ProgramLimitExceeded)
 
 
@@ -49,14 +50,56 @@ class _Positions:
         return self.record(self._index[position])
 
 
-class EventWriter:
+class EventWriter(SpeedLayer):
+    section = "stream"
+
     def __init__(self, spec: PipelineSpec, consumer: str):
         assert spec.stream is not None
-        self.spec, self.stream, self.consumer = spec, spec.stream, consumer
+        super().__init__(spec, spec.stream.target_table, spec.stream.serving_view)
+        self.stream, self.consumer = spec.stream, consumer
         # Facts (append-only) never change: the first event of a key stands. Entities: the newer
         # version wins by cursor, then source position.
         self.facts = spec.append_only or spec.write_mode == "append_window_replace"
         self._rules: RecordRules | None = None
+
+    @property
+    def topics(self) -> dict[str, int]:
+        return {self.stream.topic: self.stream.partitions}
+
+    def ensure(self, cur) -> bool:
+        """The real-time table (``stream.target_table``): the batch target's columns and primary key, plus
+        ``STREAM_COLUMNS``; and the serving views."""
+        created = catalog.ensure_realtime_table(cur, self.spec, self.stream.target_table, "stream.target_table", """
+            _tm_partition integer NOT NULL, _tm_offset bigint NOT NULL, _tm_fence bigint NOT NULL,
+            _tm_micro_batch bigint, _tm_applied_at timestamptz NOT NULL DEFAULT clock_timestamp()""")
+        self.views(cur)
+        return created
+
+    def views(self, cur, *, again: bool = False) -> None:
+        """The serving views (``serving_views``); the stream's watermark: the events' earliest latest event
+        time over the partitions, once every partition has one."""
+        spec, stream = self.spec, self.stream
+        serving_views(cur, spec, view=stream.serving_view, live=stream.target_table, field="stream.serving_view",
+                      own=STREAM_COLUMNS, again=again,
+                      comment=f"Tidemark pipeline {spec.name}: {spec.target_table} merged with {stream.target_table}, "
+                              f"one row per key, newest {spec.cursor.column} wins",
+                      stream_watermark="SELECT CASE WHEN count(*) = %(partitions)s THEN min(event_time) END "
+                                       "FROM tidemark_control.stream_event_times "
+                                       "WHERE consumer = %(consumer)s AND topic = %(topic)s",
+                      params={"partitions": stream.partitions, "consumer": self.consumer, "topic": stream.topic})
+
+    def widen_target(self, cur, wider: dict[str, str]) -> None:
+        """The real-time table keeps the target's types: both widened, the serving view made again."""
+        catalog.widen_columns(cur, [self.spec.target_table, self.stream.target_table], wider,
+                              view=self.stream.serving_view, remake=lambda: self.views(cur, again=True))
+
+    def read_checks(self, cur) -> tuple[str, RecordRules]:
+        return self.stream.topic, self.rules(cur)
+
+    def compact(self, cur, batch_id: str, window: Window) -> str:
+        """The events inside the committed batch's window: the batch holds their rows now."""
+        cur.execute(f"DELETE FROM {quote(self.stream.target_table)} WHERE {predicate(self.spec, window)}")
+        return f"{cur.rowcount} real-time row(s) it covers compacted away"
 
     def apply(self, cur, events, fence: int, micro_batch: int | None, report, reject: Reject) -> None:
         """Validate the micro-batch's events and write the good ones. An event the committed
@@ -222,7 +265,7 @@ class EventWriter:
         """The checks for the stream's events; ``LookupError`` when the real-time table cannot take
         them (a column missing, or an event time that is not a timestamp or date)."""
         if self._rules is None:
-            columns = [c for c in target_columns(cur, self.stream.target_table) if c.name not in catalog.STREAM_COLUMNS]
+            columns = [c for c in target_columns(cur, self.stream.target_table) if c.name not in STREAM_COLUMNS]
             rules = RecordRules(self.spec, columns, events=True)
             kind = rules.columns[rules.time_column].data_type
             if kind not in ("timestamp with time zone", "timestamp without time zone", "date"):

@@ -19,10 +19,9 @@ from tidemark.protocol.control import ControlMessage, Keyring
 from tidemark.protocol.progress import Steps
 from tidemark.protocol.records import RecordRules, payload_text
 from tidemark.protocol.spec import PipelineSpec
-from tidemark.realtime.cdc.apply import ChangeWriter
-from tidemark.realtime.cdc.groups import Capture
+from tidemark.realtime import speed_layer
 from tidemark.realtime.cdc.signing import Verifier
-from tidemark.realtime.events import EventWriter
+from tidemark.realtime.interface import SpeedLayer
 from tidemark.sink import controls
 from tidemark.sink.commit import Commit
 from tidemark.sink.dead_letters import DeadLetterOutbox
@@ -44,14 +43,14 @@ class BatchSink(Intake, Commit):
     """The sink of one pipeline: ``apply`` one micro-batch at a time, under the pipeline's fence."""
 
     def __init__(self, conn, spec: PipelineSpec, *, keyring: Keyring,
-                 dead_letters: DeadLetterOutbox | None = None, capture: Capture | None = None):
+                 dead_letters: DeadLetterOutbox | None = None, speed: SpeedLayer | None = None):
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
         self.keyring = keyring  # a control message counts only when one of its keys signed it
         self.topic = spec.topic
-        # a CDC pipeline's capture: its own, or its group's, whose lead alone applies the change events
-        self.capture = capture if capture is not None or spec.cdc is None else Capture(spec.name, (spec,))
-        self.realtime_topics = self.capture.realtime_topics(spec) if self.capture else spec.realtime_topics
+        # the real-time input (``tidemark.realtime``): an application's events, or the source table's own changes
+        self.speed = speed if speed is not None else speed_layer(spec, verifier=Verifier(keyring))
+        self.realtime_topics = self.speed.topics if self.speed is not None else {}
         self.topics = [spec.topic, *self.realtime_topics]
         # One consumer per pipeline per warehouse database: a second sink of the pipeline in this
         # database is the same consumer, takes the fence, and the first can no longer commit.
@@ -60,11 +59,7 @@ class BatchSink(Intake, Commit):
         self.fence: int | None = None
         self._rules: RecordRules | None = None
         self.stages = StageArea(spec)
-        self._told_waiting: set[tuple[str, int]] = set()  # a group's attempts the lead said it waits for
-        # the real-time input: an application's events, or the source table's own changes
-        self.events = (EventWriter(spec, self.consumer) if spec.stream else
-                       ChangeWriter(self.capture, self.capture.consumer, Verifier(keyring)) if self.realtime_topics
-                       else None)
+        self._told_waiting: set[tuple[str, int]] = set()  # attempts the log said wait for the stream
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self, lease: Any = None) -> int:
@@ -138,7 +133,7 @@ class BatchSink(Intake, Commit):
                             f"letters were not published ({type(exc).__name__}: {' '.join(str(exc).split())[:500]}). "
                             "Next: when the broker is back, restarting the sink publishes them") from exc
         events = (f"events applied {report.events}, duplicate {report.duplicates}, superseded {report.superseded}, "
-                  if self.events is not None else "")
+                  if self.realtime_topics else "")
         log.info("pipeline=%s micro-batch %s of %s records (%s control, %s replayed): %sstaged %s, discarded %s, "
                  "rejected %s, committed %s, refused %s in %.1f s (%s)", self.spec.name,
                  micro_batch if micro_batch is not None else "-", table.num_rows + staged_upstream, control_count,
@@ -187,17 +182,15 @@ class BatchSink(Intake, Commit):
             faults.point("staged")
         if events.num_rows:  # before any batch commits: its compaction covers these too
             with report.steps.step("events"):
-                self.events.apply(cur, events, self.fence, micro_batch, report,
-                                  lambda rec, reason: self._reject(report, rec, reason))
+                self.speed.apply(cur, events, self.fence, micro_batch, report,
+                                 lambda rec, reason: self._reject(report, rec, reason))
         self._record_rejects(cur, report)  # before verifying: an attempt with dead letters is refused
         complete: list[tuple[str, int]] = []
         for rec, msg in ends:
             if self._end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
                 complete.append((msg.batch_id, msg.attempt))
-        if self.events is not None and self.capture is not None and self.capture.grouped:
-            # a capture group's lead: its own batches that waited for the stream may commit now
-            complete += [a for a in ledger.sealed_with_every_end(cur, self.spec.name, self.spec.partitions)
-                         if a not in complete]
+        if self.speed is not None:  # attempts that waited for the stream
+            complete += [a for a in self.speed.released(cur) if a not in complete]
         for batch_id, attempt in complete:
             with report.steps.step("apply"):
                 self._verify_and_apply(cur, batch_id, attempt, report)
@@ -223,10 +216,10 @@ class BatchSink(Intake, Commit):
         return table if seen is None else table.filter(pc.invert(seen))
 
     def check_stream(self) -> None:
-        """At start: the stream's real-time table can take its events (else ``LookupError``)."""
-        if self.events is not None:
+        """At start: the real-time table can take its records (else ``LookupError``)."""
+        if self.speed is not None:
             with self.conn, self.conn.cursor() as cur:
-                self.events.rules(cur)
+                self.speed.rules(cur)
 
     def _check_fence(self, cur) -> None:
         now = ledger.current_fence(cur, self.consumer)

@@ -18,9 +18,7 @@ from tidemark.protocol.avro import sql_type, widens
 from tidemark.protocol.control import ControlMessage
 from tidemark.protocol.spec import quote
 from tidemark.protocol.totals import staged_mismatch
-from tidemark.realtime.cdc.changes import lsn_text
-from tidemark.realtime.cdc.tables import ensure_cdc_serving_view
-from tidemark.realtime.cdc.tables import widen_columns as widen_cdc_columns
+from tidemark.realtime.interface import StreamBehind
 from tidemark.sink import controls, merge
 from tidemark.sink.report import (
     FIRST_REASONS,
@@ -29,7 +27,6 @@ from tidemark.sink.report import (
 )
 
 log = logging.getLogger("tidemark.sink")
-GROUP_WAIT_S = 300.0  # how long a capture group member's batch waits for the group's stream to pass its snapshot
 
 
 
@@ -93,7 +90,8 @@ class Commit:
         window = planned.window
         moved = ledger.advance_watermark(cur, self.spec.name, batch_id, window)
         # a repair covers its keys only: nothing real-time to compact
-        compacted = merge.compact(cur, self.spec, batch_id, window) if planned.repair_keys is None else None
+        compacted = (self.speed.compact(cur, batch_id, window)
+                     if self.speed is not None and planned.repair_keys is None else None)
         self.stages.drop(cur, batch_id, attempt)
         report.committed.append(f"{batch_id}#{attempt}")
         log.info(
@@ -105,44 +103,13 @@ class Commit:
         )
 
     def _ahead_of_stream(self, cur, batch_id: str, attempt: int) -> bool:
-        """Whether a capture group member's attempt must wait: it commits once the group's stream has applied
-        every source transaction its snapshot saw, so that its rows never show its table ahead of the
-        group's others (``tidemark.realtime.cdc.groups``). The lead, whose own micro-batches move the stream, tries
-        again with the next one; another member waits here, and past ``GROUP_WAIT_S`` fails its micro-batch
-        (nothing committed: the END is read again when the sink starts again)."""
-        if self.capture is None or not self.capture.grouped:
+        """Whether the attempt waits for the stream (``SpeedLayer.holds``: a capture group's member)."""
+        if self.speed is None:
             return False
-        wal = ledger.snapshot_wal(cur, batch_id, attempt)
-        if wal is None:
-            return False  # no snapshot position (a repair's keys, or planned before the pipeline joined the group)
-        lead = self.capture.lead.name == self.spec.name
-        deadline = time.monotonic() + (0 if lead else GROUP_WAIT_S)
-        # the group's running lead must read this member's change topic (a member added to a running group:
-        # the supervisor restarts the lead for it), else the stream passes the snapshot without its changes;
-        # once past it, the position's row is held (FOR SHARE) to the commit: the lead, which takes it FOR UPDATE
-        # before it writes a member's real-time table, waits while this commit compacts that table
-        while True:
-            read = lead or self.spec.name in (ledger.group_members(cur, self.capture.name) or ())
-            position = ledger.stream_position(cur, self.capture.consumer)
-            if read and position >= wal and ledger.stream_position(cur, self.capture.consumer, hold=True) >= wal:
-                return False
-            where = (f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: capture group "
-                     f"{self.capture.name}'s stream has applied up to {lsn_text(position) if position >= 0 else 'nothing'}"
-                     f", short of this attempt's snapshot at {lsn_text(wal)}" if read else
-                     f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: capture group {self.capture.name}'s "
-                     f"running lead {self.capture.lead.name} does not read this member's changes yet (the supervisor "
-                     "restarts it for the group's new members)")
-            if lead:
-                if (batch_id, attempt) not in self._told_waiting:  # once, not at every micro-batch
-                    self._told_waiting.add((batch_id, attempt))
-                    log.info("%s: it waits (committed with a micro-batch once the stream has passed it)", where)
-                return True
-            if time.monotonic() > deadline:
-                raise SinkError(f"{where} after {GROUP_WAIT_S:.0f} s: nothing of it applied. Next: see why the group's "
-                                f"stream is behind (its lead pipeline {self.capture.lead.name}'s line in the "
-                                "tidemark_supervisor task's log, the status page); this sink reads the END again when it "
-                                "starts again")
-            time.sleep(1.0)
+        try:
+            return self.speed.holds(cur, batch_id, attempt, self._told_waiting)
+        except StreamBehind as exc:
+            raise SinkError(str(exc)) from None
 
     def _sealed(self, cur, batch_id: str, attempt: int) -> bool:
         """Whether the attempt is sealed, read under its lock; one no longer open loses its stage."""
@@ -310,11 +277,8 @@ class Commit:
         wider = {c.name: sql_type(c.sql_type) for c in fmt[1] if c.name in target and widens(target[c.name], c.sql_type)}
         if not wider:
             return
-        if self.spec.cdc is not None:
-            widen_cdc_columns(cur, self.spec, self.spec.target_table, wider)
-        elif self.spec.stream is not None:  # the events' real-time table keeps the target's types
-            catalog.widen_columns(cur, [self.spec.target_table, self.spec.stream.target_table], wider,
-                                  view=self.spec.stream.serving_view, remake=lambda: catalog.ensure_serving_view(cur, self.spec))
+        if self.speed is not None:  # with what of the speed layer reads them
+            self.speed.widen_target(cur, wider)
         else:
             catalog.widen_columns(cur, [self.spec.target_table], wider)
         log.warning("pipeline=%s batch=%s: target %s widened column(s) %s (record schema version %s)", self.spec.name,
@@ -342,6 +306,6 @@ class Commit:
                             f", its rows loaded before hold {fill!r} as the source's do" if fill is not None else "",
                             fmt[0])
                 self._rules = None  # the target's columns changed
-                if self.spec.cdc is not None:  # the serving view shows the batch's side of it from now on
-                    ensure_cdc_serving_view(cur, self.spec, again=True)
+                if self.speed is not None:  # the serving view shows the batch's side of it from now on
+                    self.speed.views(cur, again=True)
         return [c.name for c in fmt[1]]

@@ -238,9 +238,8 @@ class Intake:
             rules = self._record_rules(cur) if windows else None
         except LookupError:  # no target table (yet): the micro-batch's own checks say so
             rules = None
-        return Checker(self.topic, rules, windows,
-                       self.spec.stream.topic if self.spec.stream else None,
-                       self.events.rules(cur) if self.spec.stream else None)
+        read_checks = self.speed.read_checks(cur) if self.speed is not None else None
+        return Checker(self.topic, rules, windows, *(read_checks or (None, None)))
 
     def _record_rules(self, cur) -> RecordRules:
         if self._rules is None:

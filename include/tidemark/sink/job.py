@@ -28,7 +28,9 @@ from tidemark.protocol.kafka_io import end_offsets, ensure_topic, probe_broker
 from tidemark.protocol.progress import Steps, progress_line, summary_line
 from tidemark.protocol.screen import Screen
 from tidemark.protocol.spec import PipelineSpec, load_spec
+from tidemark.realtime import speed_layer
 from tidemark.realtime.cdc import signing
+from tidemark.realtime.cdc.signing import Verifier
 from tidemark.sink.apply import BatchSink
 from tidemark.sink.dead_letters import DeadLetterOutbox
 from tidemark.sink.lifeline import StandingControl
@@ -128,13 +130,13 @@ def _run(args: Namespace) -> int:
             signal.signal(signal.SIGTERM, lambda *_: control.request_stop("SIGTERM"))
         starting = sink.starting_offsets()
         # a standing sink of changes or events reads micro-batch N+1 while N applies, on a connection of its own
-        reader = connect(args.database, args.user, password(args)) if control and (spec.cdc or spec.stream) else None
+        reader = connect(args.database, args.user, password(args)) if control and sink.speed is not None else None
         batches = MicroBatches(sink, spec, control, connect_params(args.database, args.user, password(args)),
                                backlog(args.bootstrap, starting), reader=reader)
         spark = session(f"tidemark-batch-sink-{spec.name}", **CHECKPOINT_CONF)
         if control is not None:  # the heartbeat names the JVM too: the process an operator sees in top
             control.holder += f" jvm {spark._jvm.java.lang.ProcessHandle.current().pid()}"
-        records = topic_records(spark, args, spec, starting)
+        records = topic_records(spark, args, spec, starting, signed=sink.speed is not None and sink.speed.signed)
         stream(records, batches, spec, args.available_now, control,
                started=summary_line("sink-started", pipeline=spec.name, offsets=starting, fence=sink.fence,
                                     standing=control is not None))
@@ -163,32 +165,18 @@ CHECKPOINT_CONF = {"spark.sql.streaming.checkpointFileManagerClass":
 
 def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> BatchSink:
     """The sink over ``conn``, its control schema, real-time target and topics in place."""
-    from tidemark.ledger.catalog import ensure_stream_target
-    from tidemark.realtime.cdc.groups import load_capture
-    from tidemark.realtime.cdc.tables import ensure_cdc_serving_view, ensure_cdc_target
-
     # a capture group's lead applies every member's changes: their real-time tables and topics too
-    capture = load_capture(spec, Path(args.spec).parent) if spec.cdc is not None else None
+    speed = speed_layer(spec, specs_dir=Path(args.spec).parent, verifier=Verifier(keyring))
     with conn, conn.cursor() as cur:
         ensure_control_schema(cur)
-        if spec.stream is not None or spec.cdc is not None:
+        if speed is not None:
             try:  # the sink may start before the first event: the topics too (refused if their partitions differ)
-                if spec.stream is not None:
-                    ensure_stream_target(cur, spec)
-                elif capture.lead.name == spec.name:  # the lead applies every member's changes
-                    for member in capture.members:
-                        ensure_cdc_target(cur, member)
-                    if capture.grouped:  # the views show rows once every member's handoff has committed
-                        ledger.register_group(cur, capture.name, [m.name for m in capture.members])
-                        for member in capture.members:
-                            ensure_cdc_serving_view(cur, member, again=True)
-                else:
-                    ensure_cdc_target(cur, spec)
-                for topic, partitions in (capture.realtime_topics(spec) if capture else spec.realtime_topics).items():
+                speed.open(cur)
+                for topic, partitions in speed.topics.items():
                     ensure_topic(args.bootstrap, topic, partitions)
             except (LookupError, ValueError) as exc:
-                raise JobError(f"pipeline {spec.name}: {'stream' if spec.stream else 'cdc'}: {exc}") from None
-    sink = BatchSink(conn, spec, keyring=keyring, capture=capture,
+                raise JobError(f"pipeline {spec.name}: {speed.section}: {exc}") from None
+    sink = BatchSink(conn, spec, keyring=keyring, speed=speed,
                      dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic, consumer_for(spec.name)))
     try:
         sink.check_stream()
@@ -202,9 +190,9 @@ def take_over(sink: BatchSink, spec: PipelineSpec, args: Namespace) -> StandingC
     A live standing sink of this pipeline keeps its lease: a second copy never starts."""
     try:
         sink.acquire_fence(lease=spec.sink.lease)
-        if sink.capture is not None and sink.capture.grouped:  # what it reads: the supervisor compares the group's
+        if sink.speed is not None:  # what it reads, for the supervisor to compare (a capture group's)
             with sink.conn, sink.conn.cursor() as cur:
-                ledger.record_sink_capture(cur, spec.name, sink.fence, sink.capture.signature)
+                sink.speed.fenced(cur, sink.fence)
         if args.available_now:
             return None
         ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
@@ -229,9 +217,10 @@ def backlog(bootstrap: str, starting: dict[str, dict[int, int]]) -> int | None:
     return total
 
 
-def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str, dict[int, int]]):
+def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str, dict[int, int]], *,
+                  signed: bool = False):
     """The streaming read of the pipeline's topics (read_committed, from ``starting``), one row per
-    record with its position, control headers and row hash."""
+    record with its position, control headers and row hash (``signed``: and the signature header)."""
     from pyspark.sql import functions as F
 
     stream = (
@@ -261,7 +250,7 @@ def topic_records(spark, args: Namespace, spec: PipelineSpec, starting: dict[str
         header(HEADER_CONTROL).alias("control"), header(HEADER_BATCH).alias("batch_id"),
         header(HEADER_ATTEMPT).try_cast("int").alias("attempt"),
         F.xxhash64(key, value).alias("row_hash"),
-        *([raw_header(signing.HEADER).alias("signature")] if spec.cdc else []),  # the Connect worker's, checked
+        *([raw_header(signing.HEADER).alias("signature")] if signed else []),  # the Connect worker's, checked
     )
 
 
@@ -357,16 +346,17 @@ class MicroBatches:
         started, steps = time.monotonic(), Steps()
         with self.reader, self.reader.cursor() as cur:
             attempts_open = bool(ledger.open_windows(cur, self.spec.name))
-            events_only = not attempts_open and self.spec.stream is not None
-            screen = self.sink.events.rules(cur).screen() if events_only else None
-            checker = (self.sink.checker({}, cur) if events_only and screen is None
+            # records checked where they are read: only events, and only while no batch attempt is open
+            read_checks = None if attempts_open or self.sink.speed is None else self.sink.speed.read_checks(cur)
+            screen = read_checks[1].screen() if read_checks is not None else None
+            checker = (self.sink.checker({}, cur) if read_checks is not None and screen is None
                        and self.last >= executor_checks_from() else None)
         if attempts_open:  # the read looks at the ledger: after the apply before it
             self.wait_applied()
             table, loads = self.read(batch_df, steps)
         else:
             if screen is not None:  # events the JVM's screen passes need no check in Python
-                batch_df = screened(batch_df, screen, self.spec.stream.topic)
+                batch_df = screened(batch_df, screen, read_checks[0])
             elif checker is not None:  # a backlog of events: checked where they are read
                 batch_df = batch_df.mapInArrow(checker, with_reasons(batch_df.schema))
             with steps.step("spark read and screen" if screen is not None else

@@ -14,7 +14,6 @@ from tidemark import ledger
 from tidemark.batch.repair import key_filter, key_types
 from tidemark.protocol.spec import PipelineSpec, quote
 from tidemark.protocol.window import Window, covered, predicate
-from tidemark.realtime.cdc import compact as cdc_compact
 
 log = logging.getLogger("tidemark.sink")
 
@@ -155,14 +154,3 @@ def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: lis
              "%s written", spec.name, batch_id, attempt, len(keys), window.hi, deleted, without, at_source_deleted,
              cur.rowcount)
     return 0, cur.rowcount
-
-
-def compact(cur, spec: PipelineSpec, batch_id: str, window: Window) -> str | None:
-    """The real-time rows the committed batch makes redundant: for events, those inside its window;
-    for change data capture, ``tidemark.realtime.cdc.compact.correct``. What was done, for the commit's line."""
-    if spec.cdc is not None:
-        return str(cdc_compact.correct(cur, spec, batch_id))
-    if spec.stream is None:
-        return None
-    cur.execute(f"DELETE FROM {quote(spec.stream.target_table)} WHERE {predicate(spec, window)}")
-    return f"{cur.rowcount} real-time row(s) it covers compacted away"

@@ -14,6 +14,7 @@ from tidemark.realtime.cdc.changes import lsn_text
 from tidemark.realtime.cdc.connect import ConnectError
 from tidemark.realtime.cdc.groups import capture_consumer
 from tidemark.realtime.cdc.source import Slot
+from tidemark.realtime import speed_layer
 from tidemark.realtime.cdc.tables import group_ready
 from tidemark.status.model import (
     APPLICATION_NAME,
@@ -72,12 +73,13 @@ def stream_status(cur, spec: PipelineSpec) -> StreamStatus:
     state = ledger.stream_state(cur, spec.name)
     beat = ledger.heartbeat(cur, spec.name) or {}
     restarts = ledger.restarts_since(cur, spec.name, spec.sink.budget_window)
-    fresh = catalog.freshness(cur, spec) or {}
+    speed = speed_layer(spec)
+    fresh = (speed.freshness(cur) if speed is not None else None) or {}
     return StreamStatus(
         spec.name, state.desired, state.changed_by, state.changed_at, state.reason, state.crash_looping_since,
         beat.get("fence"), beat.get("holder"), beat.get("heartbeat_at"), beat.get("progress_at"), beat.get("records"),
         beat.get("lag"), beat.get("ended_at"), len(restarts), spec.sink.restart_budget,
-        (spec.stream or spec.cdc).serving_view if (spec.stream or spec.cdc) else None, fresh.get("complete_up_to"),
+        speed.serving_view if speed is not None else None, fresh.get("complete_up_to"),
         capture_status(cur, spec) if spec.cdc is not None else None)
 
 

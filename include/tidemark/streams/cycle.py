@@ -20,6 +20,7 @@ from tidemark import ledger
 from tidemark.ledger import catalog
 from tidemark.protocol.kafka_io import probe_broker
 from tidemark.protocol.spec import PipelineSpec
+from tidemark.realtime import speed_layer
 from tidemark.realtime.cdc.groups import captures
 from tidemark.sink.lag import sink_lag
 from tidemark.streams.launch import Launcher, process_alive
@@ -166,13 +167,12 @@ def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], A
     is made from the source table: create both before the sink's first start (which may come before
     the first nightly run). A failure is logged, not raised: the sink's start then fails naming it,
     other pipelines go on."""
-    from tidemark.realtime.cdc.tables import ensure_cdc_target
-
-    ensure = catalog.ensure_stream_target if spec.stream is not None else ensure_cdc_target
-    realtime = (spec.stream or spec.cdc).target_table
+    speed = speed_layer(spec)
+    assert speed is not None, f"pipeline {spec.name} has no real-time input"
+    realtime = speed.target_table
     try:
         with wh, wh.cursor() as cur:
-            if ensure(cur, spec):
+            if speed.ensure(cur):
                 log.info("pipeline=%s created the real-time table %s", spec.name, realtime)
             return
     except LookupError:
@@ -182,7 +182,7 @@ def prepare_stream_tables(spec: PipelineSpec, wh, source_connect: Callable[[], A
         try:
             with source, source.cursor() as src, wh, wh.cursor() as cur:
                 catalog.ensure_target(src, cur, spec)
-                ensure(cur, spec)
+                speed.ensure(cur)
         finally:
             source.close()
         log.info("pipeline=%s created the target %s from the source table %s, and the real-time table %s",

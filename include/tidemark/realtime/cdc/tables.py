@@ -16,6 +16,7 @@ from tidemark.protocol.spec import PipelineSpec, quote
 from tidemark.protocol.window import literal
 from tidemark.realtime.cdc.changes import Shape, shape_of_column
 from tidemark.realtime.cdc.groups import capture_consumer
+from tidemark.realtime.interface import serving_views
 
 CDC_COLUMNS = ("_tm_txid", "_tm_lsn", "_tm_deleted", "_tm_fence", "_tm_micro_batch", "_tm_applied_at")
 
@@ -60,55 +61,19 @@ def widen_columns(cur, spec: PipelineSpec, table: str, widened: dict[str, str]) 
 
 
 def ensure_cdc_serving_view(cur, spec: PipelineSpec, *, again: bool = False) -> None:
-    """The serving view, and ``<view>_freshness``: the batch watermark, the source commit time of
-    the last transaction applied, and the later of the two (up to when the view is complete).
-    ``again``: made anew (a column was added to one of its tables). Its columns are the batch
-    target's, then those only the real-time table has yet; each side gives NULL for one it lacks."""
+    """The serving views (``serving_views``): a deleted key hidden, a capture group's shown once all its
+    members' handoffs committed; the stream's watermark: the source commit time of the last transaction
+    applied. ``again``: made anew (a column was added to one of its tables)."""
     cdc = spec.cdc
     assert cdc is not None
-    view, freshness = cdc.serving_view, f"{cdc.serving_view}_freshness"
-    if catalog.serving_views_exist(cur, view) and not again:
-        return
-    catalog.ensure_schema(cur, spec, view, "cdc.serving_view")
-    batch_cols = {c.name: c for c in target_columns(cur, spec.target_table)}
-    live_cols = {c.name: c for c in target_columns(cur, cdc.target_table) if c.name not in CDC_COLUMNS}
-    names = [*batch_cols, *(c for c in live_cols if c not in batch_cols)]
-
-    def side(alias: str, have: dict) -> str:
-        other = live_cols if have is batch_cols else batch_cols
-        return ", ".join(f"{alias}.{quote(c)}" if c in have else f"NULL::{other[c].describe()} AS {quote(c)}"
-                         for c in names)
-
-    batch, live, cursor = quote(spec.target_table), quote(cdc.target_table), quote(spec.cursor.column)
-    same_key = " AND ".join(f"b.{quote(c)} = r.{quote(c)}" for c in spec.primary_key)
-    ready = f" AND {group_ready(cdc.group)}" if cdc.group else ""
-
-    def make() -> None:
-        cur.execute(f"""CREATE OR REPLACE VIEW {quote(view)} AS
-            SELECT {side("b", batch_cols)} FROM {batch} b
-             WHERE NOT EXISTS (SELECT 1 FROM {live} r WHERE {same_key}
-                                 AND (r.{cursor} > b.{cursor} OR (r._tm_deleted AND r.{cursor} >= b.{cursor}))){ready}
-            UNION ALL
-            SELECT {side("r", live_cols)} FROM {live} r
-             WHERE NOT r._tm_deleted
-               AND NOT EXISTS (SELECT 1 FROM {batch} b WHERE {same_key} AND b.{cursor} >= r.{cursor}){ready}""")
-
-    if again and names[:len(shown := _view_columns(cur, view))] != shown:
-        # a column in a new place: a view cannot be replaced with its columns moved; its grants are given back
-        catalog.remake_view(cur, view, make)
-    else:
-        make()
-    cur.execute(f"COMMENT ON VIEW {quote(view)} IS %s",
-                (f"Tidemark pipeline {spec.name}: {spec.target_table} merged with the source's changes in "
-                 f"{cdc.target_table}, one row per key, newest {spec.cursor.column} wins, deleted keys hidden; "
-                 f"complete up to {freshness}.complete_up_to",))
-    cur.execute(f"""CREATE OR REPLACE VIEW {quote(freshness)} AS
-        SELECT w.batch_watermark, s.stream_watermark, greatest(w.batch_watermark, s.stream_watermark) AS complete_up_to
-          FROM (SELECT (SELECT cursor_ts FROM tidemark_control.watermarks WHERE pipeline = %(pipeline)s)
-                       AS batch_watermark) w,
-               (SELECT (SELECT to_timestamp(source_ms / 1000.0) FROM tidemark_control.cdc_positions
-                         WHERE consumer = %(consumer)s) AS stream_watermark) s""",
-                {"pipeline": spec.name, "consumer": capture_consumer(spec)})
+    serving_views(cur, spec, view=cdc.serving_view, live=cdc.target_table, field="cdc.serving_view",
+                  own=CDC_COLUMNS, deleted="r._tm_deleted", ready=group_ready(cdc.group) if cdc.group else "",
+                  again=again,
+                  comment=f"Tidemark pipeline {spec.name}: {spec.target_table} merged with the source's changes in "
+                          f"{cdc.target_table}, one row per key, newest {spec.cursor.column} wins, deleted keys hidden",
+                  stream_watermark="SELECT to_timestamp(source_ms / 1000.0) FROM tidemark_control.cdc_positions "
+                                   "WHERE consumer = %(consumer)s",
+                  params={"consumer": capture_consumer(spec)})
 
 
 def group_ready(group: str) -> str:
@@ -123,8 +88,3 @@ def group_ready(group: str) -> str:
                         JOIN tidemark_control.batches hb ON hb.batch_id = h.batch_id
                                                         AND hb.committed_attempt = h.attempt
                        WHERE h.pipeline = m.pipeline AND hb.state = 'committed')))"""
-
-
-def _view_columns(cur, view: str) -> list[str]:
-    """The view's columns in order (none: no such view)."""
-    return [c.name for c in target_columns(cur, view)]
