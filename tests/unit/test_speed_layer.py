@@ -57,8 +57,9 @@ def test_a_capture_groups_member_reads_nothing_its_lead_applies_everything(tmp_p
 
 
 def test_nothing_above_the_speed_layer_tells_its_kinds_apart():
-    """The sink, the plan, the supervisor's table-making and the status page's freshness go through the
-    interface: no test of ``spec.stream`` or ``spec.cdc`` is left in the sink or the batch steps."""
+    """The sink and the batch's steps (plan, begin, end) reach the speed layer through the interface: no
+    test of ``spec.stream`` or ``spec.cdc`` is left in them. (The extract's handoff read, the capture's
+    supervision and the status page's capture line are CDC's own by nature, and test ``spec.cdc``.)"""
     asks = re.compile(r"\bspec\.(stream|cdc)\b(?!_)")
     found = {str(p.relative_to(CORE)): n for folder in ("sink", "batch")
              for p in (CORE / folder).glob("*.py") if (n := len(asks.findall(p.read_text())))}

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidemark.ledger.schema import CONTROL_SCHEMA_LOCK
+from tidemark.protocol.columns import target_columns
 from tidemark.protocol.spec import PipelineSpec, quote
 from tidemark.protocol.window import Bound, PlanError
 
@@ -136,11 +137,13 @@ def widen_columns(cur, tables: list[str], types: dict[str, str], *, view: str | 
     PostgreSQL retypes no column a view reads: the pipeline's own serving ``view`` is dropped first and
     made again by ``remake`` (if it existed), with the grants it had (``remake_view``); another view on
     the table, or on the serving view, makes PostgreSQL refuse (``psycopg2.Error`` naming it) and nothing
-    changes. A table not made yet is left out."""
+    changes. A table not made yet, or a column a table lacks, is left out."""
     def widen() -> None:
         for table in tables:
-            cur.execute(f"ALTER TABLE IF EXISTS {quote(table)} "
-                        + ", ".join(f"ALTER COLUMN {quote(c)} TYPE {t}" for c, t in types.items()))
+            have = {c.name for c in target_columns(cur, table)}  # none: not made yet
+            if wide := {c: t for c, t in types.items() if c in have}:  # a column the table lacks stays out
+                cur.execute(f"ALTER TABLE {quote(table)} "
+                            + ", ".join(f"ALTER COLUMN {quote(c)} TYPE {t}" for c, t in wide.items()))
 
     def widen_and_remake() -> None:
         widen()

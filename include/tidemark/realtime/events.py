@@ -1,7 +1,7 @@
 """Events outside batches: a pipeline's stream, applied as it arrives to its real-time table.
 
-The speed layer of a spec's ``stream`` (``tidemark.realtime.interface``). Applications publish events (JSON objects, keyed by the stream's ``key`` field, with the event
-time in its ``event_time`` field) to the stream's topic, without Tidemark headers. The sink hands
+The speed layer of a spec's ``stream`` (``tidemark.realtime.interface``). Applications publish events
+(JSON objects, keyed by the stream's ``key`` field, with the event time in its ``event_time`` field) to the stream's topic, without Tidemark headers. The sink hands
 each micro-batch's events to ``EventWriter.apply``, inside the transaction that also stores their
 offsets. Each event is validated like a batch record (``tidemark.protocol.records``, no window), then
 written to ``stream.target_table`` with its source position, fencing token and micro-batch, one

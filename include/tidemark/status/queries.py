@@ -10,11 +10,11 @@ from tidemark.batch.stage import STAGE_SCHEMA, rows_inserted, stage_table
 from tidemark.ledger import catalog
 from tidemark.protocol.spec import PipelineSpec
 from tidemark.protocol.window import EXTRACT_APPLICATION, read_source_clock
+from tidemark.realtime import speed_layer
 from tidemark.realtime.cdc.changes import lsn_text
 from tidemark.realtime.cdc.connect import ConnectError
 from tidemark.realtime.cdc.groups import capture_consumer
 from tidemark.realtime.cdc.source import Slot
-from tidemark.realtime import speed_layer
 from tidemark.realtime.cdc.tables import group_ready
 from tidemark.status.model import (
     APPLICATION_NAME,

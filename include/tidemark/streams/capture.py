@@ -111,7 +111,7 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
     # a group's stream starts once its slot exists and the handoff that made it has let go of it (Debezium
     # cannot read a slot another session holds): its members' handoffs commit only after the stream has passed
-    # their snapshots (tidemark.sink.commit), the first one's included
+    # their snapshots (tidemark.realtime.cdc.layer.Changes.holds), the first one's included
     streams = handoff is not None or (capture.grouped and held is not None and not held.active)
     decision = decide(desired, state, differs, restarts, now, policy,
                       now - unread_since if unread_since is not None else None, handed_off=streams, outage=outage)

@@ -10,6 +10,8 @@ connector on a Kafka Connect worker.
 - ``changes``: Debezium's records, read without trust, grouped by source transaction.
 - ``tables``: the real-time table and its serving view (deleted keys hidden), freshness.
 - ``apply``: ``ChangeWriter``, the standing sink's part: whole source transactions, once, in commit order.
+- ``compact``: what a committed batch corrects in the real-time table.
+- ``layer``: ``Changes``, all of the above behind the speed layer's interface (``tidemark.realtime``).
 
 What the supervisor does about a connector each cycle is ``tidemark.streams.capture``.
 """

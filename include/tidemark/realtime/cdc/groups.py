@@ -71,7 +71,7 @@ class Capture:
         """A group's heartbeat on the source (``schema.tidemark_heartbeat``, in its lead's schema): Debezium
         writes the group's row at every heartbeat (``heartbeat.action.query``), a source transaction in the
         group's stream, so the group's applied position passes every member batch's snapshot even while
-        its tables are quiet (``tidemark.sink.commit``). None for a pipeline captured alone."""
+        its tables are quiet (``tidemark.realtime.cdc.layer.Changes.holds``). None for a pipeline captured alone."""
         if not self.grouped:
             return None
         return f"{_qualified(self.lead.table).split('.')[0]}.{HEARTBEAT_TABLE}"
