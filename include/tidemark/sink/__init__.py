@@ -13,10 +13,10 @@ table, as the Spark sink job hands it over) and, in ONE PostgreSQL transaction:
    records, records of unknown batches and late records of committed ones are dead letters.
    Under protocol version 2 the Spark tasks staged the good records already (``tidemark.batch.stage``):
    the sink accepts their loads and totals here, and the apply reads only accepted loads;
-4. applies the events of the spec's ``stream`` (records outside any batch, from its events
-   topic) as they arrive: validated like data records (no window), written to the real-time
-   table with their source position and micro-batch, one row per primary key (``_apply_events``);
-   events the committed watermark covers are in the batch target already and are skipped;
+4. applies the real-time records (the speed layer's, ``tidemark.realtime``: the events of the spec's
+   ``stream``, or the source's changes of its ``cdc``) as they arrive, to the real-time table, with
+   their source position and micro-batch, one row per primary key; events the committed watermark
+   covers are in the batch target already and are skipped;
 5. records END messages; for every attempt whose END has arrived on all partitions, compares
    per-partition row counts and checksums with what was staged, then either applies the batch
    (merge into the target, ledger, watermark, and the real-time rows inside its window removed:
@@ -34,10 +34,13 @@ A crash anywhere rolls the whole micro-batch back, and the next start resumes fr
 offsets, so every record has exactly one effect. No reader sees part of a batch: the target is
 only touched by step 5, inside the same transaction as the ledger row that says "committed".
 
-Where each part lives: ``apply`` (``BatchSink``, the steps above), ``intake`` (steps 2 to 4: control
-messages, records, dead letters), ``commit`` (step 5: END, verify, apply or refuse), ``stages`` (the stage tables),
-``controls`` (what the ledger says of a control message), ``merge`` (the SQL that writes a verified
-batch), ``report`` (``MicroBatchReport`` and the two errors). The totals check is
+Where each part lives: ``apply`` (``BatchSink``, which sequences the steps above), ``intake`` (steps 2
+and 3: control messages, records), ``verify`` (step 5's END and checks: apply only what the ledger says
+the batch is, or refuse), ``commit`` (step 5's apply: the merge, the ledger, the watermark, the speed
+layer's compaction), ``target`` (the target's columns and record rules), ``report``
+(``MicroBatchReport``, ``Rejects``: every dead letter, and the two errors), ``stages`` (the stage
+tables), ``controls`` (what the ledger says of a control message), ``merge`` (the SQL that writes a
+verified batch). Step 4 is the speed layer's (``tidemark.realtime``). The totals check is
 ``tidemark.protocol.totals.staged_mismatch``; the executors' staging is ``tidemark.batch.stage``.
 """
 

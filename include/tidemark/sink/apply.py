@@ -1,9 +1,9 @@
 """``BatchSink``: one micro-batch in one PostgreSQL transaction (the steps: ``tidemark.sink``), from
-the fence check to the stored offsets. Its two halves: what comes in (``intake``: control messages,
-records, dead letters) and END with what follows (``commit``: verify, then apply or refuse). What
-it delegates: the stage tables (``stages``), what the ledger says of a control message
-(``controls``), the totals check (``tidemark.protocol.totals``), and the SQL that writes a verified batch
-(``merge``)."""
+the fence check to the stored offsets. It sequences three parts, each an object of its own over the
+same stage tables (``stages``) and target (``target``): what comes in (``intake.Intake``: control
+messages, records), END and the checks before an apply (``verify.Verification``), and the apply
+(``commit.Commit``: the merge SQL is ``merge``'s); every dead letter goes through one
+``report.Rejects``; the real-time input is the speed layer's (``tidemark.realtime``)."""
 
 from __future__ import annotations
 
@@ -14,39 +14,34 @@ import time
 from typing import Any
 
 from tidemark import ledger
+from tidemark.batch.stage import StageWriter
 from tidemark.protocol import faults
+from tidemark.protocol.avro import Format
 from tidemark.protocol.control import ControlMessage, Keyring
 from tidemark.protocol.progress import Steps
-from tidemark.protocol.records import RecordRules, payload_text
+from tidemark.protocol.records import Checker, payload_text
 from tidemark.protocol.spec import PipelineSpec
 from tidemark.realtime import speed_layer
 from tidemark.realtime.cdc.signing import Verifier
 from tidemark.realtime.interface import SpeedLayer
-from tidemark.sink import controls
 from tidemark.sink.commit import Commit
 from tidemark.sink.dead_letters import DeadLetterOutbox
 from tidemark.sink.intake import Intake
-from tidemark.sink.report import (
-    FencedError,
-    MicroBatchReport,
-    SinkError,
-    extents,
-    loaded,
-    positions,
-)
+from tidemark.sink.report import FencedError, MicroBatchReport, Rejects, SinkError, extents, loaded, positions
 from tidemark.sink.stages import StageArea
+from tidemark.sink.target import TargetColumns
+from tidemark.sink.verify import Verification
 
 log = logging.getLogger("tidemark.sink")
 
 
-class BatchSink(Intake, Commit):
+class BatchSink:
     """The sink of one pipeline: ``apply`` one micro-batch at a time, under the pipeline's fence."""
 
     def __init__(self, conn, spec: PipelineSpec, *, keyring: Keyring,
                  dead_letters: DeadLetterOutbox | None = None, speed: SpeedLayer | None = None):
         self.conn = conn  # psycopg2 connection owned by the caller
         self.spec = spec
-        self.keyring = keyring  # a control message counts only when one of its keys signed it
         self.topic = spec.topic
         # the real-time input (``tidemark.realtime``): an application's events, or the source table's own changes
         self.speed = speed if speed is not None else speed_layer(spec, verifier=Verifier(keyring))
@@ -57,9 +52,12 @@ class BatchSink(Intake, Commit):
         self.consumer = ledger.consumer_for(spec.name)
         self.dead_letters = dead_letters  # publishes the committed rejects, after each commit and at start
         self.fence: int | None = None
-        self._rules: RecordRules | None = None
         self.stages = StageArea(spec)
-        self._told_waiting: set[tuple[str, int]] = set()  # attempts the log said wait for the stream
+        self.reject = Rejects(spec.name, spec.topic)
+        target = TargetColumns(spec, self.speed)
+        self.intake = Intake(spec, keyring, self.consumer, self.stages, target, self.speed, self.reject)
+        self.verification = Verification(spec, self.consumer, self.stages, self.reject)
+        self.commit = Commit(spec, self.stages, target, self.speed, self.verification)
 
     # --- start-up --------------------------------------------------------------------------
     def acquire_fence(self, lease: Any = None) -> int:
@@ -161,39 +159,35 @@ class BatchSink(Intake, Commit):
         data = table.filter(pc.invert(is_control))
         ends: list[tuple[dict[str, Any], ControlMessage]] = []
         for rec in control_records:
-            msg = self._decode(cur, rec, report)
+            msg = self.intake.decode(cur, rec, report)
             if msg is None:
                 continue
             if msg.kind == "BEGIN":
-                self._begin(cur, rec, msg, report)
+                self.intake.begin(cur, rec, msg, report)
             elif msg.kind == "ABORT":
-                why = controls.unplanned(cur, self.spec, msg)
-                if why is None:
-                    self._abort(cur, msg)
-                else:
-                    self._reject(report, rec, f"{why}: ABORT rejected", msg)
+                self.intake.abort(cur, rec, msg, report)
             else:
                 ends.append((rec, msg))
         if data.num_rows:
-            self._stage(cur, data, report)
+            self.intake.stage(cur, data, report)
         if loaded(loads):
-            self._accept_loads(cur, loads, report)
+            self.intake.accept_loads(cur, loads, report)
         if data.num_rows or loaded(loads):
             faults.point("staged")
         if events.num_rows:  # before any batch commits: its compaction covers these too
             with report.steps.step("events"):
                 self.speed.apply(cur, events, self.fence, micro_batch, report,
-                                 lambda rec, reason: self._reject(report, rec, reason))
+                                 lambda rec, reason: self.reject(report, rec, reason))
         self._record_rejects(cur, report)  # before verifying: an attempt with dead letters is refused
         complete: list[tuple[str, int]] = []
         for rec, msg in ends:
-            if self._end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
+            if self.verification.end(cur, rec, msg, report) and (msg.batch_id, msg.attempt) not in complete:
                 complete.append((msg.batch_id, msg.attempt))
         if self.speed is not None:  # attempts that waited for the stream
             complete += [a for a in self.speed.released(cur) if a not in complete]
         for batch_id, attempt in complete:
             with report.steps.step("apply"):
-                self._verify_and_apply(cur, batch_id, attempt, report)
+                self.commit.verify_and_apply(cur, batch_id, attempt, report)
         self._record_rejects(cur, report)
         self._store_offsets(cur, fresh, loads)
         if micro_batch is not None:
@@ -214,6 +208,25 @@ class BatchSink(Intake, Commit):
                               pc.less(table["offset"], next_offset))
                 seen = old if seen is None else pc.or_(seen, old)
         return table if seen is None else table.filter(pc.invert(seen))
+
+    def stager(self, typed: dict[tuple[str, int], Format], connect: dict[str, Any]) -> StageWriter:
+        """The executors' staging of the next micro-batch (``Intake.stager``), under the fence."""
+        with self.conn, self.conn.cursor() as cur:
+            self._check_fence(cur)
+            return self.intake.stager(cur, typed, connect)
+
+    def formats(self) -> dict[tuple[str, int], Format]:
+        """The record format of every open protocol-version-2 attempt (``Intake.formats``)."""
+        with self.conn, self.conn.cursor() as cur:
+            return self.intake.formats(cur)
+
+    def checker(self, typed: dict[tuple[str, int], Format], cur=None) -> Checker:
+        """The record checks of the next micro-batch (``Intake.checker``). ``cur``: read over the caller's
+        cursor (the overlapped read's own connection, while the apply holds the sink's)."""
+        if cur is None:
+            with self.conn, self.conn.cursor() as cur:
+                return self.intake.checker(cur, typed)
+        return self.intake.checker(cur, typed)
 
     def check_stream(self) -> None:
         """At start: the real-time table can take its records (else ``LookupError``)."""

@@ -9,75 +9,61 @@ from typing import Any
 from tidemark import ledger
 from tidemark.batch.stage import StageWriter, Target
 from tidemark.protocol.avro import Format, row_column
-from tidemark.protocol.columns import target_columns
-from tidemark.protocol.control import ControlMessage, ProtocolError, decode
-from tidemark.protocol.records import Checker, RecordRules, checked_upstream
+from tidemark.protocol.control import ControlMessage, Keyring, ProtocolError, decode
+from tidemark.protocol.records import Checker, checked_upstream
+from tidemark.protocol.spec import PipelineSpec
+from tidemark.realtime.interface import SpeedLayer
 from tidemark.sink import controls
-from tidemark.sink.report import (
-    MicroBatchReport,
-    SinkError,
-    positions,
-)
+from tidemark.sink.report import MicroBatchReport, Rejects, SinkError, positions
+from tidemark.sink.stages import StageArea
+from tidemark.sink.target import TargetColumns
 
 log = logging.getLogger("tidemark.sink")
 
 
-
 class Intake:
-    """``BatchSink``'s intake (its attributes: ``tidemark.sink.apply``)."""
+    def __init__(self, spec: PipelineSpec, keyring: Keyring, consumer: str, stages: StageArea, target: TargetColumns,
+                 speed: SpeedLayer | None, reject: Rejects):
+        self.spec, self.consumer, self.stages, self.target, self.speed = spec, consumer, stages, target, speed
+        self.keyring = keyring  # a control message counts only when one of its keys signed it
+        self.reject = reject
 
-    def _reject(self, report: MicroBatchReport, rec: dict[str, Any], reason: str,
-                msg: ControlMessage | None = None) -> None:
-        report.rejected += 1
-        batch_id = msg.batch_id if msg else rec.get("batch_id")
-        attempt = msg.attempt if msg else _int_or_none(rec.get("attempt"))
-        report.rejects.append({
-            "topic": rec.get("topic") or self.topic,
-            "partition": rec["partition"], "offset": rec["offset"], "batch_id": batch_id, "attempt": attempt,
-            "reason": reason, "payload": rec.get("value"), "key": rec.get("key"), "control": rec.get("control"),
-        })
-        if report.rejected <= 20 or report.rejected % 1000 == 0:  # a flood of bad records: a sample and counts
-            log.error("pipeline=%s batch=%s attempt=%s %s/%s@%s DEAD LETTER (%s so far in this micro-batch): %s",
-                      self.spec.name, batch_id, attempt, rec.get("topic") or self.topic, rec["partition"],
-                      rec["offset"], report.rejected, reason)
-
-    def _decode(self, cur, rec: dict[str, Any], report: MicroBatchReport) -> ControlMessage | None:
+    def decode(self, cur, rec: dict[str, Any], report: MicroBatchReport) -> ControlMessage | None:
         try:
             msg = decode(rec["value"])
         except ProtocolError as exc:
-            self._reject(report, rec, f"{rec['control']} message rejected: {exc}")
+            self.reject(report, rec, f"{rec['control']} message rejected: {exc}")
             return None
         unsigned = self.keyring.verify(msg)
         if unsigned is not None:
-            self._reject(report, rec, f"{msg.describe()} rejected: {unsigned}", msg)
+            self.reject(report, rec, f"{msg.describe()} rejected: {unsigned}", msg)
             return None
         if msg.kind != rec["control"] or msg.partition != rec["partition"] or msg.pipeline != self.spec.name:
-            self._reject(
+            self.reject(
                 report, rec,
                 f"{msg.kind} for batch {msg.batch_id} rejected: header {rec['control']}, pipeline {msg.pipeline}, "
                 f"partition field {msg.partition} do not match this topic's pipeline {self.spec.name} / partition",
             )
             return None
         if msg.partitions != self.spec.partitions:
-            self._reject(report, rec, f"{msg.describe()} rejected: {msg.partitions} partitions, topic has {self.spec.partitions}")
+            self.reject(report, rec, f"{msg.describe()} rejected: {msg.partitions} partitions, topic has {self.spec.partitions}")
             return None
         if msg.parsed_window.lo.kind != self.spec.cursor.kind:
-            self._reject(report, rec, f"{msg.describe()} rejected: its window {msg.parsed_window} has {msg.parsed_window.lo.kind} "
+            self.reject(report, rec, f"{msg.describe()} rejected: its window {msg.parsed_window} has {msg.parsed_window.lo.kind} "
                          f"cursors, pipeline {self.spec.name} has a {self.spec.cursor.kind} cursor", msg)
             return None
         return msg
 
-
-    def _begin(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> None:
+    def begin(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> None:
         """A BEGIN changes nothing in the ledger: the orchestrator opened the attempt (and superseded
         older ones) before sending it. It is checked against the plan, and frees older stages."""
         why = controls.unplanned(cur, self.spec, msg)
         if why is not None:
-            self._reject(report, rec, f"{why}: BEGIN rejected, nothing of it is staged", msg)
+            self.reject(report, rec, f"{why}: BEGIN rejected, nothing of it is staged", msg)
             return
         state = ledger.attempt_state(cur, msg.batch_id, msg.attempt)
         if state == "committed":
-            self._reject(report, rec, controls.replayed(cur, msg), msg)
+            self.reject(report, rec, controls.replayed(cur, msg), msg)
             return
         if state not in ("open", "sealed"):
             log.info("pipeline=%s batch=%s attempt=%s p%s BEGIN of a%s attempt (late or replayed): no-op",
@@ -86,7 +72,12 @@ class Intake:
         for older in range(1, msg.attempt):
             self.stages.drop(cur, msg.batch_id, older)
 
-    def _abort(self, cur, msg: ControlMessage) -> None:
+    def abort(self, cur, rec: dict[str, Any], msg: ControlMessage, report: MicroBatchReport) -> None:
+        """An ABORT of an attempt the orchestrator planned: aborted in the ledger, its stage dropped."""
+        why = controls.unplanned(cur, self.spec, msg)
+        if why is not None:
+            self.reject(report, rec, f"{why}: ABORT rejected", msg)
+            return
         ledger.lock_batch(cur, msg.batch_id)
         aborted_now = ledger.transition(cur, msg.batch_id, msg.attempt, "aborted",
                                         message=f"aborted by producer: {msg.reason or 'no reason given'}")
@@ -95,7 +86,7 @@ class Intake:
             log.warning("pipeline=%s batch=%s attempt=%s ABORT received (%s): staged records discarded",
                         msg.pipeline, msg.batch_id, msg.attempt, msg.reason)
 
-    def _stage(self, cur, data, report: MicroBatchReport) -> None:
+    def stage(self, cur, data, report: MicroBatchReport) -> None:
         """Validate and COPY the records of open attempts into their stage tables, adding to their
         running totals; discard those of superseded, aborted or refused attempts; dead-letter the
         bad ones, those of unknown batches and late ones of committed batches."""
@@ -127,17 +118,17 @@ class Intake:
                 self._typed_at_driver(cur, batch_id, attempt, planned.schema_version, mine, columns, report)
             elif state in ("open", "sealed"):
                 window = planned.records_window  # the one rule, as for Avro records (ledger.open_formats)
-                rules = self._record_rules(cur)
+                rules = self.target.rules(cur)
                 with report.steps.step("checks"):
                     kept = self._checked(mine, columns, lambda rec: rules.check(rec["key"], rec["value"], window),
-                                         lambda rec, reason: self._reject(report, rec, reason))
+                                         lambda rec, reason: self.reject(report, rec, reason))
                 if kept.num_rows:
                     with report.steps.step("stage"):
                         self.stages.copy_in(cur, batch_id, attempt, kept)
                 report.staged += kept.num_rows
             elif state is None:
                 for rec in mine.select(columns).to_pylist():
-                    self._reject(report, rec, why)
+                    self.reject(report, rec, why)
             else:
                 report.discarded += mine.num_rows
                 log.warning("pipeline=%s batch=%s attempt=%s: %s record(s) of a %s attempt discarded (its "
@@ -153,14 +144,14 @@ class Intake:
                             f"protocol-version-2 attempt (schema version {version}) reached the sink undecoded (the "
                             "attempt was not open when the micro-batch was read); rolled back. Next: restart the "
                             "sink: it reads them again from the same offsets")
-        kept = self._checked(records, columns, None, lambda rec, reason: self._reject(report, rec, reason))
+        kept = self._checked(records, columns, None, lambda rec, reason: self.reject(report, rec, reason))
         if kept.num_rows:  # the executors stage every good record of an open attempt: a bug, not bad input
             raise SinkError(f"pipeline={self.spec.name} batch={batch_id} attempt={attempt}: {kept.num_rows} good "
                             f"record(s) of this protocol-version-2 attempt reached the sink's driver unstaged "
                             f"({positions(kept)}); rolled back. Next: restart the sink: it reads them again from "
                             "the same offsets; if this repeats, report it with this log")
 
-    def _accept_loads(self, cur, loads, report: MicroBatchReport) -> None:
+    def accept_loads(self, cur, loads, report: MicroBatchReport) -> None:
         """Accept what the executors staged for attempts still open: their loads and totals. A load of
         an attempt aborted or superseded meanwhile is discarded (its stage is dropped or will be)."""
         by_attempt: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -184,23 +175,19 @@ class Intake:
                 ledger.add_staged(cur, batch_id, attempt, r["partition"], r["load_rows"], int(r["load_checksum"]))
             report.staged += rows
 
-    def stager(self, typed: dict[tuple[str, int], Format], connect: dict[str, Any]) -> StageWriter:
+    def stager(self, cur, typed: dict[tuple[str, int], Format], connect: dict[str, Any]) -> StageWriter:
         """The executors' staging of the next micro-batch (``tidemark.batch.stage``, run by ``mapInArrow``):
         the stage table of every open protocol-version-2 attempt of ``typed`` (``formats()``) made
         ready, and the stored offsets below which records are replays. ``connect``: psycopg2
         keywords for the warehouse, as the executors will connect."""
-        with self.conn, self.conn.cursor() as cur:
-            self._check_fence(cur)
-            targets = {key: Target.of(self.stages.ensure(cur, *key), fmt.version, fmt.columns)
-                       for key, fmt in typed.items()}
-            offsets = ledger.stored_offsets(cur, self.consumer, self.topic)
-        return StageWriter(connect, self.topic, targets, offsets)
+        targets = {key: Target.of(self.stages.ensure(cur, *key), fmt.version, fmt.columns)
+                   for key, fmt in typed.items()}
+        offsets = ledger.stored_offsets(cur, self.consumer, self.spec.topic)
+        return StageWriter(connect, self.spec.topic, targets, offsets)
 
-
-    def formats(self) -> dict[tuple[str, int], Format]:
+    def formats(self, cur) -> dict[tuple[str, int], Format]:
         """The record format of every open protocol-version-2 attempt, for ``tidemark.protocol.avro.decode``."""
-        with self.conn, self.conn.cursor() as cur:
-            return ledger.open_formats(cur, self.spec.name)
+        return ledger.open_formats(cur, self.spec.name)
 
     @staticmethod
     def _checked(records, columns: list[str], check, reject):
@@ -225,30 +212,14 @@ class Intake:
             good.append(reason is None)
         return records if all(good) else records.filter(pa.array(good, pa.bool_()))
 
-    def checker(self, typed: dict[tuple[str, int], Format], cur=None) -> Checker:
+    def checker(self, cur, typed: dict[tuple[str, int], Format]) -> Checker:
         """The record checks of the next micro-batch, to run where its records are (``Checker``):
         with the rules and the planned window of every attempt open now, except the protocol-version-2
-        attempts of ``typed`` (``formats()``: Spark checks those). ``cur``: read over the caller's
-        cursor (the overlapped read's own connection, while the apply holds the sink's)."""
-        if cur is None:
-            with self.conn, self.conn.cursor() as cur:
-                return self.checker(typed, cur)
+        attempts of ``typed`` (``formats()``: Spark checks those)."""
         windows = {k: w for k, w in ledger.open_windows(cur, self.spec.name).items() if k not in typed}
         try:
-            rules = self._record_rules(cur) if windows else None
+            rules = self.target.rules(cur) if windows else None
         except LookupError:  # no target table (yet): the micro-batch's own checks say so
             rules = None
         read_checks = self.speed.read_checks(cur) if self.speed is not None else None
-        return Checker(self.topic, rules, windows, *(read_checks or (None, None)))
-
-    def _record_rules(self, cur) -> RecordRules:
-        if self._rules is None:
-            self._rules = RecordRules(self.spec, target_columns(cur, self.spec.target_table))
-        return self._rules
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
+        return Checker(self.spec.topic, rules, windows, *(read_checks or (None, None)))

@@ -1,12 +1,16 @@
-"""What one micro-batch did (``MicroBatchReport``), the sink's two errors, and the small helpers
-its modules share to describe a micro-batch's records."""
+"""What one micro-batch did (``MicroBatchReport``), its dead letters (``Rejects``), the sink's two
+errors, and the small helpers its modules share to describe a micro-batch's records."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemark.protocol.control import ControlMessage
 from tidemark.protocol.progress import Steps
+
+log = logging.getLogger("tidemark.sink")
 
 
 class FencedError(RuntimeError):
@@ -48,6 +52,37 @@ class MicroBatchReport:
         """The counts and batches, as the sink's summary line gives them."""
         return {**{name: getattr(self, name) for name in self.COUNTS},
                 "committed": list(self.committed), "refused": list(self.refused)}
+
+
+class Rejects:
+    """The micro-batch's dead letters: each record or control message that cannot be used, with its
+    reason, added to the report (the sink writes ``report.rejects`` to sink_rejects) and logged (a
+    sample and counts, in a flood)."""
+
+    def __init__(self, pipeline: str, topic: str):
+        self.pipeline, self.topic = pipeline, topic
+
+    def __call__(self, report: MicroBatchReport, rec: dict[str, Any], reason: str,
+                 msg: ControlMessage | None = None) -> None:
+        report.rejected += 1
+        batch_id = msg.batch_id if msg else rec.get("batch_id")
+        attempt = msg.attempt if msg else _int_or_none(rec.get("attempt"))
+        report.rejects.append({
+            "topic": rec.get("topic") or self.topic,
+            "partition": rec["partition"], "offset": rec["offset"], "batch_id": batch_id, "attempt": attempt,
+            "reason": reason, "payload": rec.get("value"), "key": rec.get("key"), "control": rec.get("control"),
+        })
+        if report.rejected <= 20 or report.rejected % 1000 == 0:  # a flood of bad records: a sample and counts
+            log.error("pipeline=%s batch=%s attempt=%s %s/%s@%s DEAD LETTER (%s so far in this micro-batch): %s",
+                      self.pipeline, batch_id, attempt, rec.get("topic") or self.topic, rec["partition"],
+                      rec["offset"], report.rejected, reason)
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def loaded(loads) -> int:
