@@ -121,3 +121,15 @@ def test_the_layer_checks_see_lazy_imports():
     """A function's own import counts like the module's (the checks above would miss it otherwise)."""
     modules = _core_modules()
     assert "tidemark.ledger" in _imported_modules(CORE / "batch" / "repair.py", modules)
+
+
+def test_only_the_ledger_writes_the_control_schema():
+    """Every INSERT, UPDATE and DELETE on tidemark_control is a statement of ``tidemark.ledger`` (called with
+    the caller's cursor where it shares the data's transaction)."""
+    import re
+
+    write = re.compile(r"(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+tidemark_control\.", re.I)
+    found = {str(p.relative_to(CORE)): len(hits) for p in CORE.rglob("*.py")
+             if p.relative_to(CORE).parts[0] != "ledger" and (hits := write.findall(p.read_text()))}
+    assert found == {}
+    assert any(write.search(p.read_text()) for p in (CORE / "ledger").rglob("*.py"))  # the check sees them

@@ -34,6 +34,7 @@ from tidemark.ledger.batches import (  # noqa: F401
     record_plan,
     record_repair_plan,
     record_schema,
+    recording_repair_deletions,
     records_window,
     register_schema,
     repair,

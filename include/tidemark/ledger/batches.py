@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psycopg2.extensions
+
 from tidemark.protocol.avro import SourceColumn, columns_from_json, drift
 from tidemark.protocol.avro import schema as avro_schema
 from tidemark.protocol.spec import PipelineSpec
@@ -180,6 +182,22 @@ class RepairDeletion:
     kind: str  # "deleted_at_source", "extra" or "unclassified" (a plan recorded before kinds were kept)
     key: list[str]  # the key columns' text
     old_values: dict[str, Any]  # the target row before the repair deleted it
+
+
+def recording_repair_deletions(cur, batch_id: str, pipeline: str, target_table: str, *, deleted: str, kind: str,
+                                key: str, unreplaced: str, order: str) -> str:
+    """The CTE ``kept`` for the caller's statement, in whose transaction a repair deletes: every row its CTE
+    ``deleted`` took that matches ``unreplaced`` (no staged replacement), with its old values, ``kind``
+    (an SQL expression), and ``key`` (the key columns' text, comma-separated SQL), in ``order``, into
+    tidemark_control.repair_deletions; it returns each one's kind. One statement with the delete, so
+    the evidence is exactly what it took."""
+    evidence = cur.mogrify("%s, %s, %s", (batch_id, pipeline, target_table)).decode(
+        psycopg2.extensions.encodings[cur.connection.encoding])
+    return f"""kept AS (INSERT INTO tidemark_control.repair_deletions
+                               (batch_id, pipeline, target_table, kind, key, old_values)
+                        SELECT {evidence}, {kind}, jsonb_build_array({key}), to_jsonb({deleted})
+                          FROM {deleted} WHERE {unreplaced} ORDER BY {order}
+                        RETURNING kind)"""
 
 
 def repair_deletions(cur, batch_id: str) -> list[RepairDeletion]:

@@ -128,9 +128,9 @@ def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: lis
         allowed = key_filter(pk, types, may) if may else "false"
         kind = (f"CASE WHEN {key_filter(pk, types, at_source)} THEN 'deleted_at_source' ELSE 'extra' END"
                 if at_source else "'extra'")
-    evidence = cur.mogrify("%s, %s, %s", (batch_id, spec.name, spec.target_table)).decode(
-        psycopg2.extensions.encodings[cur.connection.encoding])
-    key_texts = ", ".join(f"{quote(c)}::text" for c in pk)
+    kept = ledger.recording_repair_deletions(cur, batch_id, spec.name, spec.target_table, deleted="gone", kind=kind,
+                                             key=", ".join(f"{quote(c)}::text" for c in pk),
+                                             unreplaced=f"NOT ({staged})", order=pks)
     # one statement: the delete, and the evidence of every row it took without a replacement, in key
     # order (the delete returns heap order, which an appended batch leaves unsorted)
     cur.execute(
@@ -138,11 +138,7 @@ def apply_repair(cur, spec: PipelineSpec, batch_id: str, attempt: int, keys: lis
                            WHERE {keyed} AND {covered(spec, window.hi, spec.target_table)}
                              AND ({staged} OR {allowed})
                        RETURNING *),
-                 kept AS (INSERT INTO tidemark_control.repair_deletions
-                                 (batch_id, pipeline, target_table, kind, key, old_values)
-                          SELECT {evidence}, {kind}, jsonb_build_array({key_texts}), to_jsonb(gone)
-                            FROM gone WHERE NOT ({staged}) ORDER BY {pks}
-                          RETURNING kind)
+                 {kept}
             SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM kept),
                    (SELECT count(*) FROM kept WHERE kind = 'deleted_at_source')""")
     deleted, without, at_source_deleted = cur.fetchone()
