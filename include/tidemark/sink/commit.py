@@ -24,6 +24,8 @@ log = logging.getLogger("tidemark.sink")
 
 
 class Commit:
+    """A verified batch into the target, or refused (``Verification.refuse``) when the target cannot take it."""
+
     def __init__(self, spec: PipelineSpec, stages: StageArea, target: TargetColumns, speed: SpeedLayer | None,
                  verification: Verification):
         self.spec, self.stages, self.target, self.speed = spec, stages, target, speed
@@ -76,7 +78,8 @@ class Commit:
         cur.execute("SAVEPOINT merge")
         try:
             if repair_keys is None:
-                columns = self.target.for_batch(cur, batch_id, self.stages.format(cur, batch_id))  # may widen the target: kept by a fallback below
+                # may widen the target: kept by a fallback below
+                columns = self.target.for_batch(cur, batch_id, self.stages.format(cur, batch_id))
                 typed = planned.schema_version is not None  # (a JSON stage would be parsed once more to probe)
                 if typed:
                     cur.execute("SAVEPOINT apply")
@@ -87,16 +90,16 @@ class Commit:
             # the target cannot take it: refuse, no crash-loop
             cur.execute("ROLLBACK TO SAVEPOINT merge")
             self.verification.refuse(cur, batch_id, attempt, report,
-                         f"the target {self.spec.target_table} rejected a record: {' '.join(str(exc).split())}",
-                         f"change the target table {self.spec.target_table} so it can hold the value (the error "
-                         "names the type or constraint; e.g. ALTER TABLE ... ALTER COLUMN ... TYPE a wider type)")
+                                     f"the target {self.spec.target_table} rejected a record: {' '.join(str(exc).split())}",
+                                     f"change the target table {self.spec.target_table} so it can hold the value (the error "
+                                     "names the type or constraint; e.g. ALTER TABLE ... ALTER COLUMN ... TYPE a wider type)")
             return None
         if outside:  # a staged record outside the repair's keys: nothing of it applies
             cur.execute("ROLLBACK TO SAVEPOINT merge")
             self.verification.refuse(cur, batch_id, attempt, report,
-                         f"repair batch: {outside} of {rows} staged record(s) carry keys that are not "
-                         f"among its {len(repair_keys)} repair keys",
-                         "plan the repair again from a new reconciliation (tidemark_reconcile_"
-                         f"{self.spec.name} with repair=true)")
+                                     f"repair batch: {outside} of {rows} staged record(s) carry keys that are not "
+                                     f"among its {len(repair_keys)} repair keys",
+                                     "plan the repair again from a new reconciliation (tidemark_reconcile_"
+                                     f"{self.spec.name} with repair=true)")
             return None
         return applied

@@ -22,6 +22,8 @@ log = logging.getLogger("tidemark.sink")
 
 
 class Intake:
+    """Control messages and records of one micro-batch, before any END is looked at."""
+
     def __init__(self, spec: PipelineSpec, keyring: Keyring, consumer: str, stages: StageArea, target: TargetColumns,
                  speed: SpeedLayer | None, reject: Rejects):
         self.spec, self.consumer, self.stages, self.target, self.speed = spec, consumer, stages, target, speed

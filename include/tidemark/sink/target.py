@@ -17,6 +17,8 @@ log = logging.getLogger("tidemark.sink")
 
 
 class TargetColumns:
+    """The target's columns and record rules, shared by the intake's checks and the commit's columns."""
+
     def __init__(self, spec: PipelineSpec, speed: SpeedLayer | None):
         self.spec, self.speed = spec, speed  # the speed layer reads the target too: its views follow it
         self._rules: RecordRules | None = None

@@ -20,6 +20,8 @@ log = logging.getLogger("tidemark.sink")
 
 
 class Verification:
+    """END recorded per partition, and an attempt's stage checked against the ledger before it applies."""
+
     def __init__(self, spec: PipelineSpec, consumer: str, stages: StageArea, reject: Rejects):
         self.spec, self.consumer, self.stages, self.reject = spec, consumer, stages, reject
 
@@ -46,8 +48,8 @@ class Verification:
         if earlier is not None:
             if earlier != (msg.totals.rows, msg.totals.checksum):
                 self.refuse(cur, msg.batch_id, msg.attempt, report,
-                             f"conflicting END on partition {msg.partition}: first said rows={earlier[0]} "
-                             f"checksum={earlier[1]}, now rows={msg.totals.rows} checksum={msg.totals.checksum}")
+                            f"conflicting END on partition {msg.partition}: first said rows={earlier[0]} "
+                            f"checksum={earlier[1]}, now rows={msg.totals.rows} checksum={msg.totals.checksum}")
                 return False
             log.info("pipeline=%s batch=%s attempt=%s p%s duplicate END (same totals): no-op",
                      msg.pipeline, msg.batch_id, msg.attempt, msg.partition)
@@ -105,15 +107,15 @@ class Verification:
         wrong = staged_mismatch(expected, kept if kept is not None else ledger.staged(cur, batch_id, attempt))
         if wrong and direct:  # no topic between them: the stage itself changed, or a crash emptied it
             self.refuse(cur, batch_id, attempt, report,
-                         "what the extract's tasks staged differs from its totals sealed in the ledger: "
-                         + "; ".join(wrong.findings) + self._restart_since(cur, batch_id, attempt),
-                         "a new attempt stages the batch afresh; unless a warehouse crash emptied the stage, find "
-                         f"who else writes to {STAGE_SCHEMA} and revoke it")
+                        "what the extract's tasks staged differs from its totals sealed in the ledger: "
+                        + "; ".join(wrong.findings) + self._restart_since(cur, batch_id, attempt),
+                        "a new attempt stages the batch afresh; unless a warehouse crash emptied the stage, find "
+                        f"who else writes to {STAGE_SCHEMA} and revoke it")
             return None
         if wrong:
             self.refuse(cur, batch_id, attempt, report,
-                         "what the sink staged differs from the extract's totals sealed in the ledger: "
-                         + "; ".join(wrong.findings), wrong.next_step.format(topic=self.spec.topic))
+                        "what the sink staged differs from the extract's totals sealed in the ledger: "
+                        + "; ".join(wrong.findings), wrong.next_step.format(topic=self.spec.topic))
             return None
         rows = sum(r for r, _ in expected.values())
         checksum = sum(c for _, c in expected.values())
@@ -124,9 +126,9 @@ class Verification:
             (readable,) = cur.fetchone()
             if readable != rows:
                 self.refuse(cur, batch_id, attempt, report,
-                             f"the stage holds {readable} accepted record(s), the staged totals and the ledger say "
-                             f"{rows}" + self._restart_since(cur, batch_id, attempt),
-                             "nothing of this attempt was applied and a new attempt stages its records afresh")
+                            f"the stage holds {readable} accepted record(s), the staged totals and the ledger say "
+                            f"{rows}" + self._restart_since(cur, batch_id, attempt),
+                            "nothing of this attempt was applied and a new attempt stages its records afresh")
                 return None
         return planned, rows, checksum, records
 
