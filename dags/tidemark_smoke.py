@@ -20,16 +20,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import Connection, dag, task
+from airflow.sdk import dag, task
 
 from tidemark.protocol.config import CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.protocol.progress import summary_line
 from tidemark.status import smoke
+from tidemark_airflow.hooks import DatabaseHook, KafkaHook
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
-
-
-def _bootstrap() -> str:
-    return Connection.get(CONN_KAFKA).extra_dejson["bootstrap.servers"]
 
 
 @dag(
@@ -45,14 +42,12 @@ def _bootstrap() -> str:
 def tidemark_smoke():
     @task
     def seed_source() -> dict:
-        from airflow.providers.postgres.hooks.postgres import PostgresHook
-
         from tidemark.protocol import kafka_io
 
-        bootstrap = _bootstrap()
+        bootstrap = KafkaHook(CONN_KAFKA).bootstrap()
         kafka_io.ensure_topic(bootstrap, smoke.TOPIC, smoke.PARTITIONS)
         start = kafka_io.end_offsets(bootstrap, smoke.TOPIC)
-        conn = PostgresHook(postgres_conn_id=CONN_WAREHOUSE).get_conn()
+        conn = DatabaseHook(CONN_WAREHOUSE).get_conn()
         try:
             totals = smoke.seed_source(conn)
         finally:
@@ -65,7 +60,7 @@ def tidemark_smoke():
         from tidemark.protocol import kafka_io
 
         start = {int(p): o for p, o in seeded["start_offsets"].items()}
-        records = list(kafka_io.read_committed(_bootstrap(), smoke.TOPIC, start))
+        records = list(kafka_io.read_committed(KafkaHook(CONN_KAFKA).bootstrap(), smoke.TOPIC, start))
         actual = smoke.totals_of(r.value for r in records)
         expected = smoke.Totals(**seeded["totals"])
         partitions = sorted({r.partition for r in records})
@@ -84,8 +79,8 @@ def tidemark_smoke():
         task_id="extract",
         script="table_to_topic.py",
         jdbc_conn_id=CONN_WAREHOUSE,
-        job_args=["--table", smoke.TABLE, "--key", "id", "--topic", smoke.TOPIC,
-                  "--bootstrap", "{{ conn.tidemark_kafka.extra_dejson['bootstrap.servers'] }}"],
+        kafka_conn_id=CONN_KAFKA,
+        job_args=["--table", smoke.TABLE, "--key", "id", "--topic", smoke.TOPIC],
     )
     seeded >> extract >> verify(seeded)
 

@@ -23,7 +23,7 @@ from tidemark.protocol.config import CONN_CDC, CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.spark import jobs
 from tidemark.spark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark_airflow.batch_tasks import NEXT_FIX_THEN_CLEAR, failure_line, on_call, run_attempt, run_plan, run_tag
-from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
+from tidemark_airflow.hooks import ControlKeysHook, DatabaseHook, KafkaHook
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
 
 
@@ -72,7 +72,8 @@ class PlanWindowOperator(_PipelineOperator):
                + (f"backfill [{interval[0]}, {interval[1]})" if interval else "not planned yet"))
         with on_call(self.log, tag, "fix the cause named here (spec, source table or grants), then clear this task",
                      clear_from=PLAN):
-            source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
+            source = DatabaseHook(spec.source_conn_id).get_conn()
+            warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
                 plan = batch.plan(spec, source, warehouse, run_id=run.run_id, interval=interval)
             finally:
@@ -88,7 +89,7 @@ class PlanWindowOperator(_PipelineOperator):
         tag = f"pipeline={spec.name} run={run.run_id} repair_batch={batch_id}"
         with on_call(self.log, tag, f"run tidemark_reconcile_{spec.name} with repair=true: it plans the repair "
                      "batch and triggers this DAG with it", clear_from=PLAN):
-            warehouse = pg_connect(self.warehouse_conn_id)
+            warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
                 plan, found = repair.load(spec, warehouse, batch_id)
             finally:
@@ -114,9 +115,10 @@ def open_attempt(op: BaseOperator, spec, plan, context) -> int:
     from tidemark.ledger import AlreadyCommitted
 
     with on_call(op.log, run_tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
-        warehouse = pg_connect(op.warehouse_conn_id)
+        warehouse = DatabaseHook(op.warehouse_conn_id).get_conn()
         try:
-            return batch.begin(spec, warehouse, kafka_bootstrap(op.kafka_conn_id), plan, keyring=control_keyring())
+            return batch.begin(spec, warehouse, KafkaHook(op.kafka_conn_id).bootstrap(), plan,
+                               keyring=ControlKeysHook().keyring())
         except AlreadyCommitted as done:
             op.log.info("%s: %s. Nothing to do: the rest of this run is skipped. To load this window again, "
                         "trigger a new run; if this run never published its Asset event, clear only its "
@@ -149,7 +151,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         from tidemark.protocol.spec import load_spec
 
         spec, plan = load_spec(Path(self.spec_path)), run_plan(context)
-        bootstrap = kafka_bootstrap(self.kafka_conn_id)
+        bootstrap = KafkaHook(self.kafka_conn_id).bootstrap()
         attempt = context["ti"].xcom_pull(task_ids=BEGIN)
         if context["ti"].try_number > 1:
             attempt = open_attempt(self, spec, plan, context)
@@ -162,7 +164,8 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
             if keys_path is not None:  # a repair batch: the extract reads only the ledger's keys
                 from tidemark.batch import repair
 
-                source, warehouse = pg_connect(spec.source_conn_id), pg_connect(self.warehouse_conn_id)
+                source = DatabaseHook(spec.source_conn_id).get_conn()
+                warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
                 try:
                     repair.write_document(keys_path, spec, source, warehouse, plan.batch_id)
                 finally:
@@ -179,7 +182,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
             self.log.info("%s: extracting", tag)
             super().execute(context)
             report = json.loads(report_path.read_text())
-            warehouse = pg_connect(self.warehouse_conn_id)
+            warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
                 rows = batch.record_extract(spec, warehouse, plan, attempt, report)
             finally:
@@ -193,9 +196,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         """A direct batch's warehouse arguments (its tasks stage the rows); the password goes apart."""
         if plan.transport != "direct":
             return None
-        from airflow.sdk import Connection
-
-        c = Connection.get(self.warehouse_conn_id)
+        c = DatabaseHook(self.warehouse_conn_id).endpoint()
         self.env_vars = {**(self.env_vars or {}), jobs.WAREHOUSE_PASSWORD_ENV: c.password or ""}
         return jobs.warehouse_args(c.host, c.port, c.schema, c.login or "", c.extra_dejson)
 
@@ -208,10 +209,10 @@ class EndBatchOperator(_PipelineOperator):
 
         spec, plan, attempt = self.spec, run_plan(context), run_attempt(context)
         with on_call(self.log, run_tag(spec, plan, attempt), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
-            warehouse = pg_connect(self.warehouse_conn_id)
+            warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
-                return batch.end(spec, warehouse, kafka_bootstrap(self.kafka_conn_id), plan, attempt,
-                                 keyring=control_keyring())
+                return batch.end(spec, warehouse, KafkaHook(self.kafka_conn_id).bootstrap(), plan, attempt,
+                                 keyring=ControlKeysHook().keyring())
             finally:
                 warehouse.close()
 
@@ -240,10 +241,10 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
             return
         from tidemark.protocol.control import CONTROL_KEYS_ENV
 
-        self.job_args = jobs.sink_args(self.spec_path, kafka_bootstrap(self.kafka_conn_id))
+        self.job_args = jobs.sink_args(self.spec_path, KafkaHook(self.kafka_conn_id).bootstrap())
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             # the sink verifies the control messages' signatures: the keyring only in its environment
-            self.env_vars = {**(self.env_vars or {}), CONTROL_KEYS_ENV: control_keyring().text()}
+            self.env_vars = {**(self.env_vars or {}), CONTROL_KEYS_ENV: ControlKeysHook().keyring().text()}
             super().execute(context)
 
 
@@ -272,9 +273,9 @@ class SinkBackpressureSensor(BaseSensorOperator):
         from tidemark.sink.lag import backpressure
 
         spec = load_spec(Path(self.spec_path))
-        warehouse = pg_connect(self.warehouse_conn_id)
+        warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
         try:
-            go, why = backpressure(spec, warehouse, kafka_bootstrap(self.kafka_conn_id))
+            go, why = backpressure(spec, warehouse, KafkaHook(self.kafka_conn_id).bootstrap())
         finally:
             warehouse.close()
         if go:
@@ -315,7 +316,7 @@ class PipelineTurnSensor(BaseSensorOperator):
         from tidemark.protocol.spec import load_spec
 
         name, run_id = load_spec(Path(self.spec_path)).name, context["dag_run"].run_id
-        warehouse = pg_connect(self.warehouse_conn_id)
+        warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
         try:
             with warehouse, warehouse.cursor() as cur:
                 ledger.ensure_control_schema(cur)
@@ -370,7 +371,7 @@ class BatchCommittedSensor(BaseSensorOperator):
         spec, plan, attempt = load_spec(Path(self.spec_path)), run_plan(context), run_attempt(context)
         # A refused batch says in its message what to do (alter the target, or load a new attempt).
         with on_call(self.log, run_tag(spec, plan, attempt), "see the refusal above for the next step"):
-            warehouse = pg_connect(self.warehouse_conn_id)
+            warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
                 done = batch.commit_state(spec, warehouse, plan.batch_id, attempt)
                 if done:
@@ -396,7 +397,7 @@ class AbortUnfinishedOperator(_PipelineOperator):
         self._abort(context, spec)
         # Then the next run of the pipeline may go: nothing of this one stays open. (If the abort keeps
         # failing, the turn goes when this run has ended: wait_turn takes over an ended run's turn.)
-        warehouse = pg_connect(self.warehouse_conn_id)
+        warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
         try:
             with warehouse, warehouse.cursor() as cur:
                 if ledger.release_turn(cur, spec.name, context["dag_run"].run_id):
@@ -417,14 +418,15 @@ class AbortUnfinishedOperator(_PipelineOperator):
             self.log.info("pipeline=%s: nothing was planned in this run; nothing to clean up", spec.name)
             return
         reason = f"DAG run {context['dag_run'].run_id} ended without committing it (see that run's failed task)"
-        warehouse = pg_connect(self.warehouse_conn_id)
+        warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
         try:  # the ledger row is what fences the attempt: its failure fails this task (and it retries)
             attempt = batch.abort_in_ledger(spec, warehouse, plan, reason)
         finally:
             warehouse.close()
         if attempt is not None:
             try:  # ABORT only lets a running sink drop the stage at once
-                batch.abort(spec, kafka_bootstrap(self.kafka_conn_id), plan, attempt, reason, keyring=control_keyring())
+                batch.abort(spec, KafkaHook(self.kafka_conn_id).bootstrap(), plan, attempt, reason,
+                            keyring=ControlKeysHook().keyring())
             except Exception as exc:
                 self.log.error("%s: could not send ABORT (%s); the ledger marks the attempt aborted, so the sink "
                                "discards its records and drops its stage table at its next start",

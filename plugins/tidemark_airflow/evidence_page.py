@@ -54,9 +54,9 @@ def read_evidence(pipeline: str, batch_id: str | None, *, latest: bool = False):
     ``latest`` the batch of the pipeline's newest reconciliation (or its last committed batch)."""
     from tidemark import ledger
     from tidemark.reconcile import evidence
-    from tidemark_airflow.hooks import page_connect
+    from tidemark_airflow.hooks import DatabaseHook
 
-    conn = page_connect(CONN_WAREHOUSE)
+    conn = DatabaseHook.for_page(CONN_WAREHOUSE).get_conn()
     try:
         _session(conn)
         with conn.cursor() as cur:
@@ -81,14 +81,14 @@ def verdicts_for(report) -> dict[str, Any]:
     status page ``report``; {} when the warehouse cannot tell (the cells then show the ledger's word)."""
     from tidemark.reconcile import evidence
     from tidemark.status import error_text
-    from tidemark_airflow.hooks import page_connect
+    from tidemark_airflow.hooks import DatabaseHook
 
     batches = {p.name: p.ledger.last_committed.batch_id for p in report.pipelines
                if not p.error and p.ledger.last_committed is not None}
     if not batches or report.warehouse_error or not report.control_schema:
         return {}
     try:
-        conn = page_connect(CONN_WAREHOUSE)
+        conn = DatabaseHook.for_page(CONN_WAREHOUSE).get_conn()
         try:
             _session(conn)
             with conn.cursor() as cur:

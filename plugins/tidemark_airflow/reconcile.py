@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator, Connection
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.protocol.config import CONN_WAREHOUSE
-from tidemark_airflow.hooks import pg_connect
+from tidemark_airflow.hooks import DatabaseHook
 
 NEXT_MISMATCH = ("open the report, find why the target differs from the source (a manual edit, a source row "
                  "updated without moving its cursor), fix it, then run this DAG again with batch_id={batch} "
@@ -121,9 +121,9 @@ class ReconcileOperator(BaseOperator):
             before = context["ti"].xcom_pull(task_ids=self.again_after) or {}
             full, batch_id = False, before.get(REPAIR_BATCH) or before.get("batch_id")
         repairing = bool(params.get("repair")) and not self.again_after
-        warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
-        source = pg_connect(spec.source_conn_id, application_name="tidemark-reconcile")
-        invariants = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile-invariants")
+        warehouse = DatabaseHook(self.warehouse_conn_id, application_name="tidemark-reconcile").get_conn()
+        source = DatabaseHook(spec.source_conn_id, application_name="tidemark-reconcile").get_conn()
+        invariants = DatabaseHook(self.warehouse_conn_id, application_name="tidemark-reconcile-invariants").get_conn()
         try:
             if full and getattr(context.get("dag_run"), "run_type", None) == "scheduled":
                 with warehouse, warehouse.cursor() as cur:
@@ -140,7 +140,7 @@ class ReconcileOperator(BaseOperator):
                 batch_id = newest[0]
             what = f"pipeline={spec.name} batch={batch_id}" if batch_id else f"pipeline={spec.name} full table"
             self.log.info("%s: reconciling %s against %s", what, spec.table, spec.target_table)
-            conn = Connection.get(self.warehouse_conn_id)
+            conn = DatabaseHook(self.warehouse_conn_id).endpoint()
             url = sqlalchemy_url(conn.host, conn.port, conn.schema, conn.login or "", conn.password or "")
             try:
                 outcome = reconcile.run(spec, source, warehouse, reconcile_dir(), batch_id=batch_id, warehouse_url=url,
@@ -172,7 +172,7 @@ class ReconcileOperator(BaseOperator):
     def _plan_repair(self, spec, outcome, what: str, context) -> str:
         from tidemark.batch import repair
 
-        warehouse = pg_connect(self.warehouse_conn_id, application_name="tidemark-reconcile")
+        warehouse = DatabaseHook(self.warehouse_conn_id, application_name="tidemark-reconcile").get_conn()
         apply_deletes = bool(context["params"].get("apply_source_deletes"))
         differences = outcome.verdict.differences
         try:

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException
 
 from tidemark.protocol.config import CONN_SPARK, spark_driver_memory, spark_jars, spark_job
-from tidemark.spark.entry import ERROR_FILE_ENV, EXIT_JOB_ERROR
+from tidemark.spark.entry import ERROR_FILE_ENV, EXIT_JOB_ERROR, read_cause
 from tidemark.spark.jobs import PASSWORD_ENV, database_args, spark_conf
+from tidemark_airflow.hooks import DatabaseHook, KafkaHook
 
 
 class SparkJdbcSubmitOperator(SparkSubmitOperator):
@@ -27,26 +26,29 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
     spark-submit (``--password-env``), so it is in no command line, rendered field or log in local or
     standalone mode (on YARN or Kubernetes the Spark provider hands ``env_vars`` to spark-submit as
     ``--conf`` values: masked in the log, but on spark-submit's command line).
+    With ``kafka_conn_id``, ``--bootstrap`` and the broker's bootstrap servers follow the job's arguments.
     The connector jars come from ``TIDEMARK_SPARK_JARS`` (resolved by the stack), so the job
     downloads nothing.
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "job_args")
 
-    def __init__(self, *, script: str, jdbc_conn_id: str, job_args: Sequence[str] = (), **kwargs: Any):
+    def __init__(self, *, script: str, jdbc_conn_id: str, job_args: Sequence[str] = (),
+                 kafka_conn_id: str | None = None, **kwargs: Any):
         kwargs.setdefault("conn_id", CONN_SPARK)
         kwargs.setdefault("driver_memory", spark_driver_memory())
         kwargs.setdefault("name", f"tidemark-{script.removesuffix('.py')}")
         # a DAG's own conf is merged with Tidemark's, never instead of it: its JVMs still run in UTC
         kwargs["conf"] = spark_conf(kwargs.get("conf"))
         super().__init__(application=str(spark_job(script)), **kwargs)
-        self.jdbc_conn_id = jdbc_conn_id
+        self.jdbc_conn_id, self.kafka_conn_id = jdbc_conn_id, kafka_conn_id
         self.job_args = list(job_args)
 
     def execute(self, context: Any) -> None:
-        conn = Connection.get(self.jdbc_conn_id)
+        conn = DatabaseHook(self.jdbc_conn_id).endpoint()
         database = database_args(conn.host, conn.port, conn.schema, conn.login or "", conn.extra_dejson)
-        self.application_args = [*database, *self.job_args]
+        broker = ["--bootstrap", KafkaHook(self.kafka_conn_id).bootstrap()] if self.kafka_conn_id else []
+        self.application_args = [*database, *self.job_args, *broker]
         self.jars = self.jars or ",".join(spark_jars()) or None
         self.log.info("submitting %s against %s as %s", self.application, database[1], conn.login)
         with tempfile.TemporaryDirectory(prefix="tidemark-job-") as tmp:
@@ -54,12 +56,10 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
             self.env_vars = {**(self.env_vars or {}), PASSWORD_ENV: conn.password or "", ERROR_FILE_ENV: str(cause_file)}
             try:
                 super().execute(context)
-            except AirflowException as exc:
-                code = re.search(r"Error code is: (-?\d+)", str(exc))
-                cause = cause_file.read_text().strip() if cause_file.exists() else ""
+            except AirflowException:
+                code, cause = read_cause(cause_file)  # the job's own exit code, not the provider's message
                 raise SparkJobFailed(
-                    int(code.group(1)) if code else None,
-                    cause or "the job printed no cause (killed, or failed before starting); see its output above",
+                    code, cause or "the job printed no cause (killed, or failed before starting); see its output above",
                 ) from None
 
 

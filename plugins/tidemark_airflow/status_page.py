@@ -26,10 +26,10 @@ log = logging.getLogger(__name__)
 
 def broker_bootstrap() -> str | BaseException:
     """The broker the pipelines use (the Kafka connection's bootstrap servers), or why it cannot be read."""
-    from tidemark_airflow.hooks import kafka_bootstrap
+    from tidemark_airflow.hooks import KafkaHook
 
     try:
-        return kafka_bootstrap()
+        return KafkaHook().bootstrap()
     except Exception as exc:  # a missing connection or extra: shown as the broker's health, not a failed page
         return exc
 
@@ -37,10 +37,10 @@ def broker_bootstrap() -> str | BaseException:
 def connect_client() -> Any:
     """Kafka Connect's client for the CDC pipelines' connector states, or why it cannot be made."""
     from tidemark.status import CHECK_TIMEOUT_S
-    from tidemark_airflow.hooks import connect_client as client
+    from tidemark_airflow.hooks import ConnectHook
 
     try:
-        return client(timeout_s=CHECK_TIMEOUT_S)
+        return ConnectHook().client(timeout_s=CHECK_TIMEOUT_S)
     except Exception as exc:  # a missing connection: shown on the CDC pipeline's line, not a failed page
         return exc
 
@@ -48,26 +48,23 @@ def connect_client() -> Any:
 def spark_master() -> str | BaseException:
     """The Spark master the jobs are submitted to (the ``tidemark_spark`` connection: a host that carries its
     scheme, and its port), or why it cannot be read."""
-    from airflow.sdk import Connection
-
-    from tidemark.protocol.config import CONN_SPARK
+    from tidemark_airflow.hooks import SparkHook
 
     try:
-        conn = Connection.get(CONN_SPARK)
+        return SparkHook().cluster().master
     except Exception as exc:  # shown as the master's health, not a failed page
         return exc
-    host = conn.host or ""
-    return f"{host}:{conn.port}" if conn.port and "://" in host else host
 
 
 def current_status():
     from tidemark.protocol.config import pipelines_dir
     from tidemark.status import collect, health_file, load_pipelines
-    from tidemark_airflow.hooks import page_connect
+    from tidemark_airflow.hooks import DatabaseHook
 
     directory = pipelines_dir()
     entries = load_pipelines(directory)
-    return collect(entries, None, page_connect, open_warehouse=lambda: page_connect(CONN_WAREHOUSE),
+    return collect(entries, None, lambda conn_id: DatabaseHook.for_page(conn_id).get_conn(),
+                   open_warehouse=DatabaseHook.for_page(CONN_WAREHOUSE).get_conn,
                    kafka_bootstrap=broker_bootstrap(), health_path=health_file(), pipelines_directory=directory,
                    connect=connect_client() if any(e.spec and e.spec.cdc for e in entries) else None,
                    spark_master=spark_master())

@@ -11,7 +11,6 @@ import logging
 import os
 from pathlib import Path
 
-from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowFailException
 
 from tidemark.protocol.config import (
@@ -24,7 +23,7 @@ from tidemark.protocol.config import (
     streams_dir,
 )
 from tidemark.spark import jobs
-from tidemark_airflow.hooks import control_keyring, kafka_bootstrap, pg_connect
+from tidemark_airflow.hooks import ControlKeysHook, DatabaseHook, KafkaHook, SparkHook
 
 log = logging.getLogger(__name__)
 ACTIONS = {"pause": "paused", "resume": "running", "stop": "stopped", "clear": None, "resnapshot": None}
@@ -40,22 +39,19 @@ def _standing_specs():
 def sink_command(paths: dict[str, Path]):
     """spec -> (argv, env) of its standing sink: spark-submit exactly as the Spark provider's operator
     builds it from the ``tidemark_spark`` connection, the password only in the environment."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
     from tidemark.protocol.control import CONTROL_KEYS_ENV
 
-    warehouse = Connection.get(CONN_WAREHOUSE)
-    bootstrap = kafka_bootstrap(CONN_KAFKA)
-    keyring = control_keyring()  # the sink verifies the control messages' signatures
+    warehouse = DatabaseHook(CONN_WAREHOUSE).endpoint()
+    bootstrap = KafkaHook(CONN_KAFKA).bootstrap()
+    keyring = ControlKeysHook().keyring()  # the sink verifies the control messages' signatures
 
     def command(spec):
         args = [*jobs.database_args(warehouse.host, warehouse.port, warehouse.schema, warehouse.login or "",
                                     warehouse.extra_dejson),
                 *jobs.sink_args(paths[spec.name], bootstrap, available_now=False)]
-        hook = SparkSubmitHook(conn_id=CONN_SPARK, conf=dict(jobs.SPARK_CONF), driver_memory=spec.sink.driver_memory,
-                               jars=",".join(spark_jars()) or None, name=f"tidemark-stream-{spec.name}",
-                               application_args=args)
-        argv = hook._build_spark_submit_command(str(spark_job(jobs.SINK_JOB)))  # the operator's own builder
+        argv = SparkHook(CONN_SPARK).submit_command(
+            str(spark_job(jobs.SINK_JOB)), conf=dict(jobs.SPARK_CONF), driver_memory=spec.sink.driver_memory,
+            name=f"tidemark-stream-{spec.name}", jars=",".join(spark_jars()) or None, application_args=args)
         return argv, {**os.environ, jobs.PASSWORD_ENV: warehouse.password or "", CONTROL_KEYS_ENV: keyring.text()}
 
     return command
@@ -69,27 +65,25 @@ def launcher():
     import shutil
     import sys
 
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
     from tidemark.streams.launch import LocalLauncher
 
-    resolved = SparkSubmitHook(conn_id=CONN_SPARK)._connection  # master and deploy mode, as the operator submits
-    if not (resolved["master"].startswith("spark://") and resolved["deploy_mode"] == "cluster"):
+    cluster = SparkHook(CONN_SPARK).cluster()  # master and deploy mode, as the operator submits
+    if not cluster.standalone_cluster:
         return LocalLauncher(streams_dir())
     from urllib.parse import urlsplit
 
     from tidemark.streams.standalone import StandaloneLauncher
 
-    extra = Connection.get(CONN_SPARK).extra_dejson
+    extra = cluster.extra
     jars = [j for j in spark_jars() if j.endswith(".jar")]
     if not jars:
         raise AirflowFailException("a standalone cluster runs a sink's Python driver through a jar, and "
                                    "TIDEMARK_SPARK_JARS names none; set it to the connector jars (with tidemark-udf.jar)")
     runner = next((j for j in jars if j.endswith("tidemark-udf.jar")), jars[0])
-    master_ui = extra.get("master-ui") or f"http://{urlsplit(resolved['master']).hostname}:8080"
+    master_ui = extra.get("master-ui") or f"http://{urlsplit(cluster.master).hostname}:8080"
     python = extra.get("python") or os.environ.get("PYSPARK_PYTHON") or sys.executable
     spark_class = shutil.which("spark-class") or "spark-class"
-    return StandaloneLauncher(streams_dir(), resolved["master"], master_ui, runner, python, spark_class=spark_class)
+    return StandaloneLauncher(streams_dir(), cluster.master, master_ui, runner, python, spark_class=spark_class)
 
 
 def supervise() -> list[str]:
@@ -102,16 +96,17 @@ def supervise() -> list[str]:
         return []
     from tidemark.ledger import ensure_control_schema
 
-    warehouse = pg_connect(CONN_WAREHOUSE, application_name="tidemark-supervisor")
+    warehouse = DatabaseHook(CONN_WAREHOUSE, application_name="tidemark-supervisor").get_conn()
     try:
         with warehouse, warehouse.cursor() as cur:
             ensure_control_schema(cur)
         for _, spec in standing:
             if spec.stream is not None or spec.cdc is not None:
-                prepare_stream_tables(spec, warehouse, lambda: pg_connect(spec.source_conn_id,
-                                                                          application_name="tidemark-supervisor"))
+                source = DatabaseHook(spec.source_conn_id, application_name="tidemark-supervisor")
+                prepare_stream_tables(spec, warehouse, source.get_conn)
         report = run_cycle([spec for _, spec in standing], warehouse, launcher(),
-                           kafka_bootstrap(CONN_KAFKA), sink_command({spec.name: path for path, spec in standing}))
+                           KafkaHook(CONN_KAFKA).bootstrap(),
+                           sink_command({spec.name: path for path, spec in standing}))
         failures = [*report.crash_looping, *_supervise_capture([spec for _, spec in standing if spec.cdc], warehouse,
                                                                report.lines)]
     finally:
@@ -133,17 +128,17 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
     from tidemark.realtime.cdc.groups import captures
     from tidemark.streams.capture import supervise_capture
     from tidemark.streams.cycle import policy_for
-    from tidemark_airflow.hooks import capture
+    from tidemark_airflow.hooks import ConnectHook
 
-    client, endpoint = capture()
-    bootstrap = kafka_bootstrap(CONN_KAFKA)
+    client, endpoint = ConnectHook().capture()
+    bootstrap = KafkaHook(CONN_KAFKA).bootstrap()
     broken = probe_broker(bootstrap)
     outage = None if broken is None else f"Kafka ({bootstrap}): {broken}"
     failures = []
     for each in captures(specs):
         source = None
         try:
-            source = pg_connect(CONN_CDC, application_name="tidemark-supervisor")
+            source = DatabaseHook(CONN_CDC, application_name="tidemark-supervisor").get_conn()
             line, failure = supervise_capture(each, warehouse, source, client, endpoint, policy_for(each.lead),
                                               datetime.now(timezone.utc), outage)
         except Exception as exc:  # one capture must not hide the others'
@@ -171,7 +166,7 @@ def control(pipeline: str, action: str, reason: str, actor: str) -> str:
     if action == "resnapshot" and specs[pipeline].cdc is None:
         raise AirflowFailException(f"pipeline {pipeline!r} has no cdc section: only a pipeline that captures its "
                                    "table's changes is re-snapshotted")
-    warehouse = pg_connect(CONN_WAREHOUSE, application_name="tidemark-stream-control")
+    warehouse = DatabaseHook(CONN_WAREHOUSE, application_name="tidemark-stream-control").get_conn()
     try:
         with warehouse, warehouse.cursor() as cur:
             ledger.ensure_control_schema(cur)

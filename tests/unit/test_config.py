@@ -11,6 +11,7 @@ import pytest
 
 from tidemark.protocol import config
 from tidemark.protocol.config import ConfigError
+from tidemark.spark.entry import read_cause
 
 
 def test_defaults_when_nothing_is_set_and_an_empty_value_counts_as_unset(monkeypatch):
@@ -44,7 +45,7 @@ def test_a_spark_job_with_a_bad_variable_fails_at_its_start_naming_it(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and "the job ran" not in done.stdout
     assert "job: FAILED: environment variable TIDEMARK_KAFKA_TIMEOUT_S='soon'" in done.stderr
-    assert "TIDEMARK_KAFKA_TIMEOUT_S" in cause.read_text()
+    assert "TIDEMARK_KAFKA_TIMEOUT_S" in read_cause(cause)[1] and read_cause(cause)[0] == 3
 
 
 def test_the_core_reads_no_variable_outside_its_environment_but_secrets():

@@ -8,7 +8,7 @@ import pytest
 
 from tidemark.batch.extract import ExtractInterrupted
 from tidemark.protocol.spec import SpecError
-from tidemark.spark.entry import ERROR_FILE_ENV, JobError, TransientJobError, one_line, run
+from tidemark.spark.entry import ERROR_FILE_ENV, JobError, TransientJobError, one_line, read_cause, run
 from tidemark.spark.jobs import (
     JAVA_OPTIONS_KEYS,
     SPARK_CONF,
@@ -29,16 +29,18 @@ def _raising(exc):
 def test_exit_codes_and_the_cause_file(tmp_path, monkeypatch):
     cause = tmp_path / "cause.txt"
     monkeypatch.setenv(ERROR_FILE_ENV, str(cause))
+    assert read_cause(cause) == (None, None)  # nothing written: killed, or failed before it ran
     assert run(_raising(JobError("table t has no column c")), [], "job") == 3
-    assert cause.read_text() == "table t has no column c"
+    assert read_cause(cause) == (3, "table t has no column c")
     assert run(_raising(TransientJobError("offsets moved by 2, counted 1")), [], "job") == 4
+    assert read_cause(cause) == (4, "offsets moved by 2, counted 1")
     # any of Tidemark's own errors, by its kind (tidemark.protocol.errors): a spec error is not retried
     assert run(_raising(SpecError("pipelines/p.yml: table: required")), [], "job") == 3
-    assert cause.read_text() == "pipelines/p.yml: table: required"
+    assert read_cause(cause) == (3, "pipelines/p.yml: table: required")
     assert run(_raising(ExtractInterrupted("offsets moved")), [], "job") == 4
     with pytest.raises(ZeroDivisionError):
         run(_raising(ZeroDivisionError("division by zero")), [], "job")
-    assert cause.read_text() == "ZeroDivisionError: division by zero"
+    assert read_cause(cause) == (1, "ZeroDivisionError: division by zero")
 
 
 def test_one_line_skips_jvm_frames():

@@ -133,8 +133,10 @@ def side_queries(dsn: str, user: str, secret: str, *, application: str | None = 
         conn.close()
 
 
-# Where a job writes the one-line cause of its failure, for the task that submitted it.
+# Where a job writes its exit code and the one-line cause of its failure, for the task that submitted it
+# (``read_cause``): a JSON object {"exit_code": ..., "cause": ...}.
 ERROR_FILE_ENV = "TIDEMARK_JOB_ERROR_FILE"
+EXIT_UNCAUGHT = 1  # Python's own exit code for an exception nobody caught
 EXIT_JOB_ERROR = 3  # a Terminal error: the same input fails the same way, retrying cannot help
 EXIT_TRANSIENT_JOB_ERROR = 4  # a Transient error: a retry, as a new attempt, may succeed
 
@@ -152,26 +154,42 @@ def one_line(exc: BaseException) -> str:
 
 def run(main, argv: list[str], name: str) -> int:
     """Run ``main``; Tidemark's own error (``tidemark.protocol.errors``) becomes one clear line on stderr and exit
-    code 3, or 4 if ``Transient`` (75 for an ``Outage``). Any failure's one-line cause also goes to the file named by
-    TIDEMARK_JOB_ERROR_FILE, if set. The environment is validated first: a bad variable fails the job at
+    code 3, or 4 if ``Transient`` (75 for an ``Outage``). Any failure's exit code and one-line cause also go to the
+    file named by TIDEMARK_JOB_ERROR_FILE, if set (``read_cause``). The environment is validated first: a bad variable fails the job at
     its start, named (``tidemark.protocol.config.ConfigError``)."""
     try:
         environment()
         return main(argv) or 0
     except TidemarkError as exc:
         print(f"{name}: FAILED: {exc}", file=sys.stderr, flush=True)
-        _write_cause(str(exc))
+        code = (EXIT_OUTAGE if isinstance(exc, Outage) else EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, Transient)
+                else EXIT_JOB_ERROR)
+        _write_cause(code, str(exc))
         if isinstance(exc, Outage):
             print(f"{name}: {OUTAGE_LINE}", file=sys.stderr, flush=True)
-        return (EXIT_OUTAGE if isinstance(exc, Outage) else EXIT_TRANSIENT_JOB_ERROR if isinstance(exc, Transient)
-                else EXIT_JOB_ERROR)
+        return code
     except Exception as exc:
-        _write_cause(one_line(exc))
+        _write_cause(EXIT_UNCAUGHT, one_line(exc))
         raise
 
 
-def _write_cause(text: str) -> None:
+def _write_cause(code: int, text: str) -> None:
+    import json
+
     path = job_error_file()
     if path:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+            json.dump({"exit_code": code, "cause": text}, f)
+
+
+def read_cause(path) -> tuple[int | None, str | None]:
+    """What a job wrote to its TIDEMARK_JOB_ERROR_FILE: its exit code and one-line cause, or (None, None)
+    when it wrote nothing (killed, or failed before ``run``)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            written = json.load(f)
+    except (OSError, ValueError):
+        return None, None
+    return written.get("exit_code"), written.get("cause")

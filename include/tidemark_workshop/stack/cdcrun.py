@@ -59,7 +59,7 @@ def write_secret(settings: Settings) -> str:
 
 
 def source_endpoint(settings: Settings) -> SourceEndpoint:
-    """What a connector on the local stack is given, as the supervisor gives it (``hooks.capture``): the
+    """What a connector on the local stack is given, as the supervisor gives it (``hooks.ConnectHook.capture``): the
     replication role and the key it signs records with, both secrets written where the worker reads them."""
     signing, key = signing_key(settings.control_keyring())
     write_secret_file(settings.connect_secrets_dir, signing.secret_file, key)
