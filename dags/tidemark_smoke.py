@@ -79,7 +79,7 @@ def tidemark_smoke():
         task_id="extract",
         script="table_to_topic.py",
         jdbc_conn_id=CONN_WAREHOUSE,
-        kafka_conn_id=CONN_KAFKA,
+        bootstrap_conn_id=CONN_KAFKA,
         job_args=["--table", smoke.TABLE, "--key", "id", "--topic", smoke.TOPIC],
     )
     seeded >> extract >> verify(seeded)

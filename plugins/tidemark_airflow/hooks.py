@@ -57,11 +57,15 @@ class DatabaseHook(_TidemarkHook):
         return self.get_connection(self.conn_id)
 
     def get_conn(self):
+        """psycopg2, honouring the TLS options among the connection's extras as a Spark job does."""
         import psycopg2
 
+        from tidemark.spark.jobs import DATABASE_OPTIONS
+
         c = self.get_connection(self.conn_id)
+        tls = {k: v for k, v in c.extra_dejson.items() if k in DATABASE_OPTIONS and k != "connect_timeout"}
         return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password,
-                                connect_timeout=self.connect_timeout, application_name=self.application_name)
+                                connect_timeout=self.connect_timeout, application_name=self.application_name, **tls)
 
 
 class KafkaHook(_TidemarkHook):
@@ -151,7 +155,8 @@ class SparkHook(_TidemarkHook):
     conn_type = "spark"
     hook_name = "Tidemark Spark"
 
-    def cluster(self) -> SparkCluster:
+    def cluster(self, *, standing: bool = False) -> SparkCluster:
+        """Where the jobs run; ``standing``: for a standing sink, which refuses what it cannot honour."""
         conn = self.get_connection(self.conn_id)
         if conn.conn_type == "spark" and conn.host and ("://" in conn.host or not conn.port):
             master = conn.host  # the whole master URL in the host (a connection made in the UI)
@@ -163,14 +168,14 @@ class SparkHook(_TidemarkHook):
         if binary not in SPARK_BINARIES:
             raise ValueError(f"Airflow connection {self.conn_id}: extra spark-binary is {binary!r}, one of "
                              f"{', '.join(SPARK_BINARIES)} is needed (on the PATH)")
-        if unsupported := [k for k in UNSUPPORTED_SPARK_EXTRAS if extra.get(k)]:
+        if standing and (unsupported := [k for k in UNSUPPORTED_SPARK_EXTRAS if extra.get(k)]):
             raise ValueError(f"Airflow connection {self.conn_id}: extra {', '.join(unsupported)} is not supported for "
                              "a standing sink (it runs locally or on a Spark standalone cluster); remove it")
         return SparkCluster(master, extra.get("deploy-mode"), binary, extra.get("queue"), extra)
 
     def submit_command(self, application: str, *, conf: dict[str, str], name: str, driver_memory: str | None = None,
                        jars: str | None = None, application_args: list[str] = ()) -> list[str]:
-        cluster = self.cluster()
+        cluster = self.cluster(standing=True)
         argv = [cluster.binary, "--master", cluster.master]
         for key, value in conf.items():
             argv += ["--conf", f"{key}={value}"]

@@ -26,7 +26,8 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
     spark-submit (``--password-env``), so it is in no command line, rendered field or log in local or
     standalone mode (on YARN or Kubernetes the Spark provider hands ``env_vars`` to spark-submit as
     ``--conf`` values: masked in the log, but on spark-submit's command line).
-    With ``kafka_conn_id``, ``--bootstrap`` and the broker's bootstrap servers follow the job's arguments.
+    With ``bootstrap_conn_id`` (a Kafka connection), ``--bootstrap`` and its bootstrap servers follow the job's
+    arguments.
     The connector jars come from ``TIDEMARK_SPARK_JARS`` (resolved by the stack), so the job
     downloads nothing.
     """
@@ -34,20 +35,20 @@ class SparkJdbcSubmitOperator(SparkSubmitOperator):
     template_fields = (*SparkSubmitOperator.template_fields, "job_args")
 
     def __init__(self, *, script: str, jdbc_conn_id: str, job_args: Sequence[str] = (),
-                 kafka_conn_id: str | None = None, **kwargs: Any):
+                 bootstrap_conn_id: str | None = None, **kwargs: Any):
         kwargs.setdefault("conn_id", CONN_SPARK)
         kwargs.setdefault("driver_memory", spark_driver_memory())
         kwargs.setdefault("name", f"tidemark-{script.removesuffix('.py')}")
         # a DAG's own conf is merged with Tidemark's, never instead of it: its JVMs still run in UTC
         kwargs["conf"] = spark_conf(kwargs.get("conf"))
         super().__init__(application=str(spark_job(script)), **kwargs)
-        self.jdbc_conn_id, self.kafka_conn_id = jdbc_conn_id, kafka_conn_id
+        self.jdbc_conn_id, self.bootstrap_conn_id = jdbc_conn_id, bootstrap_conn_id
         self.job_args = list(job_args)
 
     def execute(self, context: Any) -> None:
         conn = DatabaseHook(self.jdbc_conn_id).endpoint()
         database = database_args(conn.host, conn.port, conn.schema, conn.login or "", conn.extra_dejson)
-        broker = ["--bootstrap", KafkaHook(self.kafka_conn_id).bootstrap()] if self.kafka_conn_id else []
+        broker = ["--bootstrap", KafkaHook(self.bootstrap_conn_id).bootstrap()] if self.bootstrap_conn_id else []
         self.application_args = [*database, *self.job_args, *broker]
         self.jars = self.jars or ",".join(spark_jars()) or None
         self.log.info("submitting %s against %s as %s", self.application, database[1], conn.login)

@@ -46,8 +46,8 @@ def connect_client() -> Any:
 
 
 def spark_master() -> str | BaseException:
-    """The Spark master the jobs are submitted to (the ``tidemark_spark`` connection: a host that carries its
-    scheme, and its port), or why it cannot be read."""
+    """The Spark master the jobs are submitted to (the ``tidemark_spark`` connection, read as the Spark
+    provider reads it: ``SparkHook.cluster``), or why it cannot be read."""
     from tidemark_airflow.hooks import SparkHook
 
     try:

@@ -67,7 +67,7 @@ def launcher():
 
     from tidemark.streams.launch import LocalLauncher
 
-    cluster = SparkHook(CONN_SPARK).cluster()  # master and deploy mode, as the operator submits
+    cluster = SparkHook(CONN_SPARK).cluster(standing=True)  # master and deploy mode, as the operator submits
     if not cluster.standalone_cluster:
         return LocalLauncher(streams_dir())
     from urllib.parse import urlsplit

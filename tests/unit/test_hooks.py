@@ -39,8 +39,9 @@ def test_the_spark_hook_says_where_a_sink_runs_and_refuses_what_it_cannot_honour
     monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_SPARK", json.dumps(SPARK["local"]))
     assert not SparkHook().cluster().standalone_cluster
     monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_SPARK", json.dumps({**SPARK["local"], "extra": {"keytab": "eA=="}}))
+    assert SparkHook().cluster().master == "local[2]"  # the status page and batch jobs: the provider honours it
     with pytest.raises(ValueError, match="extra keytab is not supported for a standing sink"):
-        SparkHook().cluster()
+        SparkHook().cluster(standing=True)
 
 
 def test_the_kafka_hook_names_a_missing_bootstrap(monkeypatch):

@@ -192,4 +192,6 @@ def read_cause(path) -> tuple[int | None, str | None]:
             written = json.load(f)
     except (OSError, ValueError):
         return None, None
+    if not isinstance(written, dict):
+        return None, None
     return written.get("exit_code"), written.get("cause")
