@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark_workshop.settings import REPO_ROOT
 from conftest import PARSE_SECONDS
+from tidemark_workshop.settings import REPO_ROOT
 
 DAGS_DIR = REPO_ROOT / "dags"
 DAG_FILES = sorted(p for p in DAGS_DIR.glob("*.py") if not p.name.startswith("_"))
@@ -159,7 +159,7 @@ def test_an_invalid_spec_is_an_import_error_naming_file_and_field_and_breaks_no_
 
 
 def test_a_spec_with_max_lag_gets_the_backpressure_gate_before_plan(tmp_path, monkeypatch):
-    from tidemark.spark.jobs import GATE, TURN
+    from tidemark.batch.sequence import GATE, TURN
 
     (tmp_path / "gated.yaml").write_text(
         "name: gated\ntable: bank.gated\nprimary_key: [id]\ncursor: {kind: timestamp, column: updated_at}\n"
@@ -179,7 +179,8 @@ def test_cron_schedules_give_runs_real_data_intervals():
 
 
 def test_the_batch_dag_follows_the_one_sequence_and_its_jobs_get_the_shared_spark_settings(parsed):
-    from tidemark.spark.jobs import CLEANUP, GATE, PUBLISH, SPARK_CONF, STEPS, TURN
+    from tidemark.batch.sequence import CLEANUP, GATE, PUBLISH, STEPS, TURN
+    from tidemark.spark.jobs import SPARK_CONF
 
     bag, _ = parsed[DAGS_DIR / "tidemark_batch.py"]
     dag = bag.dags["tidemark_batch_bank_ledger_entries"]

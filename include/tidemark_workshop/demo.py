@@ -57,7 +57,7 @@ def _run_pipeline(settings: Settings, api, name: str, *, quiet: bool = False) ->
     stop must compare and pass."""
     import psycopg2
 
-    from tidemark.batch import steps as batch
+    from tidemark.batch import steps
     from tidemark.ledger import batch_id_for
     from tidemark_workshop.settings import WAREHOUSE_DB
 
@@ -90,7 +90,7 @@ def _run_pipeline(settings: Settings, api, name: str, *, quiet: bool = False) ->
         return False
     wh = psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
-        facts = batch.summary(wh, batch_id_for(name, run_id))
+        facts = steps.summary(wh, batch_id_for(name, run_id))
     finally:
         wh.close()
     print(f"  window {facts['window']}\n  batch {facts['batch_id']} attempt {facts['attempt']}: {facts['state']}, "

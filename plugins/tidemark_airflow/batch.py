@@ -19,9 +19,9 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from tidemark.batch.sequence import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark.protocol.config import CONN_CDC, CONN_KAFKA, CONN_WAREHOUSE
 from tidemark.spark import jobs
-from tidemark.spark.jobs import BEGIN, CLEANUP, COMMITTED, END, EXTRACT, GATE, PLAN, PUBLISH, SINK, STEPS, TURN
 from tidemark_airflow.batch_tasks import NEXT_FIX_THEN_CLEAR, failure_line, on_call, run_attempt, run_plan, run_tag
 from tidemark_airflow.hooks import ControlKeysHook, DatabaseHook, KafkaHook
 from tidemark_airflow.spark import SparkJdbcSubmitOperator
@@ -56,7 +56,7 @@ class PlanWindowOperator(_PipelineOperator):
     """Plan the batch window on the source's clock (backfill runs: their data interval)."""
 
     def execute(self, context) -> dict[str, Any]:
-        from tidemark.batch import steps as batch
+        from tidemark.batch import steps
 
         spec = self.spec
         run = context["dag_run"]
@@ -75,7 +75,7 @@ class PlanWindowOperator(_PipelineOperator):
             source = DatabaseHook(spec.source_conn_id).get_conn()
             warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
-                plan = batch.plan(spec, source, warehouse, run_id=run.run_id, interval=interval)
+                plan = steps.plan(spec, source, warehouse, run_id=run.run_id, interval=interval)
             finally:
                 source.close()
                 warehouse.close()
@@ -111,13 +111,13 @@ class BeginBatchOperator(_PipelineOperator):
 def open_attempt(op: BaseOperator, spec, plan, context) -> int:
     """BEGIN for a new attempt of the run's batch. A committed batch is never reopened: clearing a
     successful run skips the rest of it and changes nothing."""
-    from tidemark.batch import steps as batch
+    from tidemark.batch import steps
     from tidemark.ledger import AlreadyCommitted
 
     with on_call(op.log, run_tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
         warehouse = DatabaseHook(op.warehouse_conn_id).get_conn()
         try:
-            return batch.begin(spec, warehouse, KafkaHook(op.kafka_conn_id).bootstrap(), plan,
+            return steps.begin(spec, warehouse, KafkaHook(op.kafka_conn_id).bootstrap(), plan,
                                keyring=ControlKeysHook().keyring())
         except AlreadyCommitted as done:
             op.log.info("%s: %s. Nothing to do: the rest of this run is skipped. To load this window again, "
@@ -147,7 +147,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
         import json
         import tempfile
 
-        from tidemark.batch import steps as batch
+        from tidemark.batch import steps
         from tidemark.protocol.spec import load_spec
 
         spec, plan = load_spec(Path(self.spec_path)), run_plan(context)
@@ -184,7 +184,7 @@ class ExtractWindowOperator(SparkJdbcSubmitOperator):
             report = json.loads(report_path.read_text())
             warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
-                rows = batch.record_extract(spec, warehouse, plan, attempt, report)
+                rows = steps.record_extract(spec, warehouse, plan, attempt, report)
             finally:
                 warehouse.close()
         self.log.info("%s: extracted rows=%s per partition %s in %.1fs (totals kept in the ledger)", tag, rows,
@@ -205,13 +205,13 @@ class EndBatchOperator(_PipelineOperator):
     """Seal the attempt with the extract's totals (from the ledger) and send END to every partition."""
 
     def execute(self, context) -> int:
-        from tidemark.batch import steps as batch
+        from tidemark.batch import steps
 
         spec, plan, attempt = self.spec, run_plan(context), run_attempt(context)
         with on_call(self.log, run_tag(spec, plan, attempt), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
-                return batch.end(spec, warehouse, KafkaHook(self.kafka_conn_id).bootstrap(), plan, attempt,
+                return steps.end(spec, warehouse, KafkaHook(self.kafka_conn_id).bootstrap(), plan, attempt,
                                  keyring=ControlKeysHook().keyring())
             finally:
                 warehouse.close()
@@ -365,7 +365,7 @@ class BatchCommittedSensor(BaseSensorOperator):
         self.warehouse_conn_id = warehouse_conn_id
 
     def poke(self, context) -> bool:
-        from tidemark.batch import steps as batch
+        from tidemark.batch import steps
         from tidemark.protocol.spec import load_spec
 
         spec, plan, attempt = load_spec(Path(self.spec_path)), run_plan(context), run_attempt(context)
@@ -373,9 +373,9 @@ class BatchCommittedSensor(BaseSensorOperator):
         with on_call(self.log, run_tag(spec, plan, attempt), "see the refusal above for the next step"):
             warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
-                done = batch.commit_state(spec, warehouse, plan.batch_id, attempt)
+                done = steps.commit_state(spec, warehouse, plan.batch_id, attempt)
                 if done:
-                    facts = batch.summary(warehouse, plan.batch_id)
+                    facts = steps.summary(warehouse, plan.batch_id)
                     self.log.info("pipeline=%s batch=%s attempt=%s window=%s COMMITTED rows=%s watermark=%s "
                                   "transport=%s", spec.name, plan.batch_id, attempt, facts["window"], facts["rows"],
                                   facts["watermark"], facts["transport"])
@@ -407,7 +407,7 @@ class AbortUnfinishedOperator(_PipelineOperator):
             warehouse.close()
 
     def _abort(self, context, spec) -> None:
-        from tidemark.batch import steps as batch
+        from tidemark.batch import steps
 
         try:
             plan = run_plan(context, required=False)
@@ -420,12 +420,12 @@ class AbortUnfinishedOperator(_PipelineOperator):
         reason = f"DAG run {context['dag_run'].run_id} ended without committing it (see that run's failed task)"
         warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
         try:  # the ledger row is what fences the attempt: its failure fails this task (and it retries)
-            attempt = batch.abort_in_ledger(spec, warehouse, plan, reason)
+            attempt = steps.abort_in_ledger(spec, warehouse, plan, reason)
         finally:
             warehouse.close()
         if attempt is not None:
             try:  # ABORT only lets a running sink drop the stage at once
-                batch.abort(spec, KafkaHook(self.kafka_conn_id).bootstrap(), plan, attempt, reason,
+                steps.abort(spec, KafkaHook(self.kafka_conn_id).bootstrap(), plan, attempt, reason,
                             keyring=ControlKeysHook().keyring())
             except Exception as exc:
                 self.log.error("%s: could not send ABORT (%s); the ledger marks the attempt aborted, so the sink "
@@ -475,6 +475,6 @@ def batch_pipeline(spec_path: str | Path, *, source_conn_id: str, backpressure: 
         return facts
 
     last = publish()
-    steps = {PLAN: plan, BEGIN: begin, EXTRACT: extract, END: end, SINK: sink, COMMITTED: committed}
-    chain(*gate, turn, *(steps[name] for name in STEPS), last, cleanup.as_teardown(setups=[turn, plan]))
+    step_tasks = {PLAN: plan, BEGIN: begin, EXTRACT: extract, END: end, SINK: sink, COMMITTED: committed}
+    chain(*gate, turn, *(step_tasks[name] for name in STEPS), last, cleanup.as_teardown(setups=[turn, plan]))
     return last

@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tidemark.spark.jobs import BEGIN, EXTRACT, PLAN
+from tidemark.batch.sequence import BEGIN, EXTRACT, PLAN
 from tidemark_airflow.spark import SparkJobFailed
 
 # What to do next, per step, once Airflow has given up (or at once, for what will not heal).

@@ -8,7 +8,7 @@ import uuid
 import psycopg2
 import pytest
 
-from tidemark.batch import steps as batch
+from tidemark.batch import steps
 from tidemark.protocol.window import PlanError
 from tidemark_workshop.settings import WAREHOUSE_DB
 from tidemark_workshop.stack.batchrun import make_pipeline
@@ -47,7 +47,7 @@ def test_a_revoked_select_fails_the_plan_naming_the_table_and_the_grant(settings
     try:
         with pytest.raises(PlanError, match=rf"the source role {reader} may not read {pipe.spec.table}: "
                                             rf'GRANT SELECT ON "public"."{pipe.spec.name}_src" TO {reader}'):
-            batch.plan(pipe.spec, source, warehouse, run_id="manual__no-grant")
+            steps.plan(pipe.spec, source, warehouse, run_id="manual__no-grant")
     finally:
         source.close()
         warehouse.close()
@@ -57,7 +57,7 @@ def test_a_revoked_select_fails_the_plan_naming_the_table_and_the_grant(settings
     src.close()
     source, warehouse = _as_source_role(settings), psycopg2.connect(settings.dsn(WAREHOUSE_DB))
     try:
-        assert batch.plan(pipe.spec, source, warehouse, run_id="manual__granted").window.lo is not None
+        assert steps.plan(pipe.spec, source, warehouse, run_id="manual__granted").window.lo is not None
     finally:
         source.close()
         warehouse.close()

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from confluent_kafka import Producer
 from pydantic import ValidationError
 
-from tidemark.batch import steps as batch
+from tidemark.batch import steps
 from tidemark.protocol.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, ControlMessage
 from tidemark.protocol.kafka_io import producer_config
 from tidemark_workshop.stack.batchrun import PAYMENTS_DDL, dead_letters, insert_payments, make_pipeline
@@ -117,7 +117,7 @@ def test_malformed_records_of_another_producer_go_to_the_dlq_and_the_genuine_bat
     same_rows(pipe)
 
 
-def _control(what: str, plan: batch.Plan, pipe, attempt: int, **changes) -> bytes:
+def _control(what: str, plan: steps.Plan, pipe, attempt: int, **changes) -> bytes:
     """A control message as the orchestrator would send it for ``plan``, with ``changes`` applied
     (dotted paths into the JSON), as a broken producer or a forger holding the key would: signed
     with the stack's own key when it still parses, so the checks behind the signature's are what
@@ -173,7 +173,7 @@ def test_forged_and_malformed_control_messages_are_dead_letters_and_the_batch_co
     assert pipe.watermark()["cursor"] == hi  # the planned hi, never the forged 2100
     same_rows(pipe)
 
-    batch._broadcast("BEGIN", pipe.spec, bootstrap, a, a1, keyring=pipe.keyring)  # a replayed BEGIN of the committed attempt
+    steps._broadcast("BEGIN", pipe.spec, bootstrap, a, a1, keyring=pipe.keyring)  # a replayed BEGIN of the committed attempt
     pipe.sink()
     assert pipe.query_wh("SELECT state FROM tidemark_control.batches WHERE batch_id = %s", (a.batch_id,)) == [
         ("committed",)]  # known gap 8: it went back to 'open'

@@ -36,23 +36,23 @@ def test_a_readable_plan_and_a_missing_one():
 def test_a_handoff_plan_travels_whole_and_the_extract_report_must_agree_with_it():
     """Issue 31: the handoff mark survives XCom; END is refused when the extract's report and the
     ledger's plan disagree on it (a handoff position recorded for an ordinary batch, or none for a handoff)."""
-    from tidemark.batch import steps as batch
+    from tidemark.batch import steps
     from tidemark.protocol.control import ProtocolError
     from tidemark.protocol.spec import PipelineSpec
 
     raw = {"batch_id": "p:r", "window": {"lo": {"cursor": 1, "pk": None}, "hi": {"cursor": 4, "pk": None}},
            "handoff": True}
     plan = run_plan(_context(raw))
-    assert plan.handoff and batch.Plan.from_xcom(plan.to_xcom()) == plan
+    assert plan.handoff and steps.Plan.from_xcom(plan.to_xcom()) == plan
     spec = PipelineSpec.model_validate({"name": "p", "table": "public.t", "primary_key": ["id"], "partitions": 1,
                                         "cursor": {"kind": "id", "column": "id"}, "target_table": "public.t_tgt",
                                         "safe_lag": "PT0S", "append_only": True})
     report = {"totals": {"0": {"rows": 0, "checksum": 0}}}
     with pytest.raises(ProtocolError, match="the ledger plans a CDC handoff, the extract reported none"):
-        batch.record_extract(spec, None, plan, 1, report)
-    ordinary = batch.Plan.from_xcom({**raw, "handoff": False})
+        steps.record_extract(spec, None, plan, 1, report)
+    ordinary = steps.Plan.from_xcom({**raw, "handoff": False})
     with pytest.raises(ProtocolError, match="the ledger plans no CDC handoff, the extract reported one"):
-        batch.record_extract(spec, None, ordinary, 1, {**report, "handoff": {"slot": "s", "consistent_point": "0/1"}})
+        steps.record_extract(spec, None, ordinary, 1, {**report, "handoff": {"slot": "s", "consistent_point": "0/1"}})
 
 
 def test_the_last_line_promises_a_retry_only_when_airflow_will_retry():

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tidemark.batch import steps as batch
+from tidemark.batch import steps
 from tidemark.batch.extract import snapshot
 from tidemark.ledger import LedgerBatch
 from tidemark.protocol.spec import PipelineSpec
@@ -26,7 +26,7 @@ def _spec(**extra) -> PipelineSpec:
 
 
 def test_a_scheduled_window_of_an_upsert_pipeline_reads_above_its_end():
-    assert batch.reads_above(_spec(), WINDOW, WINDOW, handoff=False)
+    assert steps.reads_above(_spec(), WINDOW, WINDOW, handoff=False)
 
 
 @pytest.mark.parametrize("why, spec, window, whole, handoff", [
@@ -38,7 +38,7 @@ def test_a_scheduled_window_of_an_upsert_pipeline_reads_above_its_end():
     ("a handoff reads above anyway", _spec(), WINDOW, WINDOW, True),
 ])
 def test_batches_that_do_not_read_above(why, spec, window, whole, handoff):
-    assert not batch.reads_above(spec, window, whole, handoff), why
+    assert not steps.reads_above(spec, window, whole, handoff), why
 
 
 def test_the_records_window_is_one_rule_for_the_extract_and_the_sink():
@@ -48,10 +48,10 @@ def test_the_records_window_is_one_rule_for_the_extract_and_the_sink():
         assert marked.records_window == Window(WINDOW.lo, Bound(TOP["timestamp"]))
         assert marked.records_window.holds_cursors(T0 + timedelta(days=3), T0 + timedelta(days=300))
         assert not marked.records_window.holds_cursors(T0 - timedelta(seconds=1), T0)  # never below lo
-    plan = batch.Plan("b", WINDOW, False, reads_above=True)
+    plan = steps.Plan("b", WINDOW, False, reads_above=True)
     assert plan.read_window == Window(WINDOW.lo, Bound(TOP["timestamp"])) and plan.window == WINDOW
-    assert batch.Plan.from_xcom(plan.to_xcom()) == plan
-    assert batch.Plan.from_xcom({**plan.to_xcom(), "reads_above": None}).read_window == WINDOW
+    assert steps.Plan.from_xcom(plan.to_xcom()) == plan
+    assert steps.Plan.from_xcom({**plan.to_xcom(), "reads_above": None}).read_window == WINDOW
 
 
 def test_every_read_imports_the_snapshot_inside_a_transaction_block():

@@ -1,8 +1,8 @@
-"""The batch sequence and the Spark jobs' command lines, written once.
+"""The Spark jobs' command lines and settings, written once.
 
 The DAG factory (``tidemark_airflow.batch``) and the local runner (``tidemark_workshop.stack.batchrun``)
-both follow ``STEPS`` and build each job's arguments and Spark settings here, so what a test runs
-is what the scheduler runs.
+both follow the batch's sequence (``tidemark.batch.sequence``) and build each job's arguments and
+Spark settings here, so what a test runs is what the scheduler runs.
 """
 
 from __future__ import annotations
@@ -14,15 +14,6 @@ from pathlib import Path
 
 from tidemark.protocol.errors import Terminal
 from tidemark.protocol.window import Window
-
-# plan -> begin -> extract -> end -> sink -> wait_committed, then publish; abort_unfinished is the
-# teardown of the whole chain (whatever ended the run, no attempt stays open).
-PLAN, BEGIN, EXTRACT, END, SINK, COMMITTED = STEPS = ("plan", "begin", "extract", "end", "sink", "wait_committed")
-PUBLISH, CLEANUP = "publish", "abort_unfinished"
-# Before plan, in the DAG only: backpressure from a standing sink that lags (the local runner
-# applies each batch itself, so nothing lags behind it).
-GATE = "wait_for_sink"
-TURN = "wait_turn"  # one run of a pipeline at a time, plan to commit
 
 EXTRACT_JOB = "extract_window.py"
 SINK_JOB = "batch_sink.py"

@@ -17,8 +17,7 @@ from pathlib import Path
 import psycopg2
 
 from tidemark import ledger
-from tidemark.batch import repair
-from tidemark.batch import steps as batch
+from tidemark.batch import repair, steps
 from tidemark.protocol.spec import PipelineSpec, load_spec
 from tidemark.spark import jobs
 from tidemark_workshop.settings import TEST_TRANSPORT_ENV, WAREHOUSE_DB, Settings
@@ -65,23 +64,23 @@ class Pipeline:
         return psycopg2.connect(self.settings.dsn(WAREHOUSE_DB))
 
     # --- steps -----------------------------------------------------------------------------
-    def plan(self, run_id: str, interval=None) -> batch.Plan:
+    def plan(self, run_id: str, interval=None) -> steps.Plan:
         src, wh = self.src(), self.wh()
         try:
-            return batch.plan(self.spec, src, wh, run_id=run_id, interval=interval,
+            return steps.plan(self.spec, src, wh, run_id=run_id, interval=interval,
                               bootstrap=self.settings.kafka_bootstrap)
         finally:
             src.close()
             wh.close()
 
-    def begin(self, plan: batch.Plan) -> int:
+    def begin(self, plan: steps.Plan) -> int:
         wh = self.wh()
         try:
-            return batch.begin(self.spec, wh, self.settings.kafka_bootstrap, plan, keyring=self.keyring)
+            return steps.begin(self.spec, wh, self.settings.kafka_bootstrap, plan, keyring=self.keyring)
         finally:
             wh.close()
 
-    def extract_args(self, plan: batch.Plan, attempt: int, report: Path) -> list[str]:
+    def extract_args(self, plan: steps.Plan, attempt: int, report: Path) -> list[str]:
         s = self.settings
         keys = None
         if plan.repair:  # as the DAG's extract step does: the keys document beside the report
@@ -99,35 +98,35 @@ class Pipeline:
                                    repair_keys=keys, writer_schema=plan.writer_schema, handoff=plan.handoff,
                                    warehouse=direct)]
 
-    def extract(self, plan: batch.Plan, attempt: int) -> dict:
+    def extract(self, plan: steps.Plan, attempt: int) -> dict:
         report = self.path.with_suffix(f".{uuid.uuid4().hex[:6]}.report.json")
         proc = self.extract_job(plan, attempt, report)
         assert proc.returncode == 0, f"extract failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         return json.loads(report.read_text())
 
-    def extract_job(self, plan: batch.Plan, attempt: int, report: Path) -> Submitted:
+    def extract_job(self, plan: steps.Plan, attempt: int, report: Path) -> Submitted:
         """The extract as the DAG's task runs it (either transport), whatever its exit; ``extract`` wants 0."""
         return self._submit(jobs.EXTRACT_JOB, self.extract_args(plan, attempt, report),
                             secret=self.settings.cdc_password if plan.handoff else None,
                             env={jobs.WAREHOUSE_PASSWORD_ENV: self.settings.pg_password})
 
-    def end(self, plan: batch.Plan, attempt: int, report: dict) -> None:
+    def end(self, plan: steps.Plan, attempt: int, report: dict) -> None:
         wh = self.wh()
         try:
-            batch.record_extract(self.spec, wh, plan, attempt, report)
-            batch.end(self.spec, wh, self.settings.kafka_bootstrap, plan, attempt, keyring=self.keyring)
+            steps.record_extract(self.spec, wh, plan, attempt, report)
+            steps.end(self.spec, wh, self.settings.kafka_bootstrap, plan, attempt, keyring=self.keyring)
         finally:
             wh.close()
 
-    def send_end(self, plan: batch.Plan, attempt: int, report: dict) -> None:
+    def send_end(self, plan: steps.Plan, attempt: int, report: dict) -> None:
         """END on the topic only, as a duplicated or replayed message would arrive (no ledger step)."""
         from tidemark.protocol.control import loads_totals
 
-        batch.send_end(self.spec, self.settings.kafka_bootstrap, plan, attempt, loads_totals(report["totals"]),
+        steps.send_end(self.spec, self.settings.kafka_bootstrap, plan, attempt, loads_totals(report["totals"]),
                        keyring=self.keyring)
 
-    def abort(self, plan: batch.Plan, attempt: int, reason: str) -> None:
-        batch.abort(self.spec, self.settings.kafka_bootstrap, plan, attempt, reason, keyring=self.keyring)
+    def abort(self, plan: steps.Plan, attempt: int, reason: str) -> None:
+        steps.abort(self.spec, self.settings.kafka_bootstrap, plan, attempt, reason, keyring=self.keyring)
 
     def sink_args(self, *, available_now: bool = True) -> list[str]:
         s = self.settings
@@ -147,11 +146,11 @@ class Pipeline:
         self.jobs.append(proc)
         return proc
 
-    def run(self, run_id: str, interval=None) -> tuple[batch.Plan, int]:
+    def run(self, run_id: str, interval=None) -> tuple[steps.Plan, int]:
         """One whole batch, plan to commit; asserts it committed."""
         return self.load(self.plan(run_id, interval))
 
-    def repair(self, outcome) -> tuple[batch.Plan, int]:
+    def repair(self, outcome) -> tuple[steps.Plan, int]:
         """The repair batch of a reconciliation's ``outcome`` (``tidemark.reconcile.Outcome``), loaded."""
         wh = self.wh()
         try:
@@ -162,7 +161,7 @@ class Pipeline:
             wh.close()
         return self.load(plan)
 
-    def load(self, plan: batch.Plan) -> tuple[batch.Plan, int]:
+    def load(self, plan: steps.Plan) -> tuple[steps.Plan, int]:
         """BEGIN, extract, END and sink of a planned batch; asserts it committed."""
         attempt = self.begin(plan)
         self.end(plan, attempt, self.extract(plan, attempt))
