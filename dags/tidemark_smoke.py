@@ -44,8 +44,9 @@ def tidemark_smoke():
     def seed_source() -> dict:
         from tidemark.protocol import kafka_io
 
-        bootstrap = KafkaHook(CONN_KAFKA).bootstrap()
-        kafka_io.ensure_topic(bootstrap, smoke.TOPIC, smoke.PARTITIONS)
+        kafka = KafkaHook(CONN_KAFKA)
+        bootstrap = kafka.bootstrap()
+        kafka_io.ensure_topic(bootstrap, smoke.TOPIC, smoke.PARTITIONS, replication=kafka.replication())
         start = kafka_io.end_offsets(bootstrap, smoke.TOPIC)
         conn = DatabaseHook(CONN_WAREHOUSE).get_conn()
         try:

@@ -39,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="bounds the sink's memory: at most this many records per micro-batch "
                         "(default: the spec's sink.max_offsets_per_trigger)")
     p.add_argument("--dead-letter-topic", default=DEAD_LETTER_TOPIC)
+    p.add_argument("--replication-factor", type=int, help="of the topics it makes (default: min(3, brokers))")
+    p.add_argument("--min-insync-replicas", type=int,
+                   help="of the topics it makes (default: the replication factor - 1 from 3, else 1)")
     return p.parse_args(argv)
 
 

@@ -51,6 +51,13 @@ def _port(name: str, default: int) -> int:
     return int(raw)
 
 
+def _count(name: str, default: int, *, most: int) -> int:
+    raw = _env(name, str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise ValueError(f"environment variable {name}={raw!r} is not a whole number from 1 to {most}")
+    return int(raw)
+
+
 def _database(name: str, default: str) -> str:
     raw = _env(name, default)
     if not DATABASE_NAME.fullmatch(raw):
@@ -78,6 +85,7 @@ class Settings:
     cdc_password: str = "tidemark-cdc-local"
     spark_quick_start: bool = True  # local jobs' JVMs: C1 only and a class archive (they start twice as fast)
     source_db: str = SOURCE_DB  # the source database: pipelines read it, CDC captures it
+    kafka_nodes: int = 1  # KRaft nodes (broker and controller each); node k listens on kafka_port + 2(k - 1)
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -100,6 +108,7 @@ class Settings:
             cdc_password=_env("TIDEMARK_CDC_PASSWORD", "tidemark-cdc-local"),
             spark_quick_start=_env("TIDEMARK_SPARK_QUICK_START", "1") != "0",
             source_db=_database("TIDEMARK_SOURCE_DB", SOURCE_DB),
+            kafka_nodes=_count("TIDEMARK_KAFKA_NODES", 1, most=5),
         )
 
     # --- paths -------------------------------------------------------------------------
@@ -158,9 +167,14 @@ class Settings:
         return Keyring.parse(path.read_text(), source=str(path))
 
     # --- endpoints ---------------------------------------------------------------------
+    def kafka_node_ports(self, node: int) -> tuple[int, int]:
+        """Node ``node``'s (1-based) broker and controller ports: the first node's are the settings', each
+        further node's two above the one before (29092/29093, 29094/29095, ... by default)."""
+        return self.kafka_port + 2 * (node - 1), self.kafka_controller_port + 2 * (node - 1)
+
     @property
     def kafka_bootstrap(self) -> str:
-        return f"127.0.0.1:{self.kafka_port}"
+        return ",".join(f"127.0.0.1:{self.kafka_node_ports(k)[0]}" for k in range(1, self.kafka_nodes + 1))
 
     @property
     def connect_url(self) -> str:

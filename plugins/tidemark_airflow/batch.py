@@ -70,8 +70,9 @@ class PlanWindowOperator(_PipelineOperator):
             interval = (context["data_interval_start"], context["data_interval_end"])
         tag = (f"pipeline={spec.name} batch={batch_id_for(spec.name, run.run_id)} run={run.run_id} window="
                + (f"backfill [{interval[0]}, {interval[1]})" if interval else "not planned yet"))
-        with on_call(self.log, tag, "fix the cause named here (spec, source table or grants), then clear this task",
+        with on_call(self.log, tag, "fix the cause named here (spec, source table, grants or topic), then clear this task",
                      clear_from=PLAN):
+            self._check_topic(spec)
             source = DatabaseHook(spec.source_conn_id).get_conn()
             warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
@@ -81,6 +82,17 @@ class PlanWindowOperator(_PipelineOperator):
                 warehouse.close()
         self.log.info("%s planned%s", run_tag(spec, plan), " (same window as the earlier try of this run)" if plan.reused else "")
         return plan.to_xcom()
+
+    def _check_topic(self, spec) -> None:
+        """A topic with fewer replicas than the Kafka connection asks for is refused here, before anything is
+        recorded; with the broker away the plan goes on (it needs only the databases) and begin checks."""
+        from tidemark.protocol.kafka_io import ensure_topic_if_reachable
+
+        kafka = KafkaHook(self.kafka_conn_id)
+        away = ensure_topic_if_reachable(kafka.bootstrap(), spec.topic, spec.partitions, replication=kafka.replication())
+        if away is not None:
+            self.log.warning("pipeline=%s topic %s not checked now: Kafka does not answer (%s); begin checks it "
+                             "before it opens an attempt", spec.name, spec.topic, away)
 
     def _repair(self, spec, run, batch_id: str) -> dict[str, Any]:
         """A run with ``repair_batch``: the repair batch a reconciliation planned (its keys are in the ledger)."""
@@ -117,8 +129,9 @@ def open_attempt(op: BaseOperator, spec, plan, context) -> int:
     with on_call(op.log, run_tag(spec, plan), NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
         warehouse = DatabaseHook(op.warehouse_conn_id).get_conn()
         try:
-            return steps.begin(spec, warehouse, KafkaHook(op.kafka_conn_id).bootstrap(), plan,
-                               keyring=ControlKeysHook().keyring())
+            kafka = KafkaHook(op.kafka_conn_id)
+            return steps.begin(spec, warehouse, kafka.bootstrap(), plan, keyring=ControlKeysHook().keyring(),
+                               replication=kafka.replication())
         except AlreadyCommitted as done:
             op.log.info("%s: %s. Nothing to do: the rest of this run is skipped. To load this window again, "
                         "trigger a new run; if this run never published its Asset event, clear only its "
@@ -241,7 +254,8 @@ class BatchSinkOperator(SparkJdbcSubmitOperator):
             return
         from tidemark.protocol.control import CONTROL_KEYS_ENV
 
-        self.job_args = jobs.sink_args(self.spec_path, KafkaHook(self.kafka_conn_id).bootstrap())
+        kafka = KafkaHook(self.kafka_conn_id)
+        self.job_args = jobs.sink_args(self.spec_path, kafka.bootstrap(), replication=kafka.replication())
         with on_call(self.log, tag, NEXT_FIX_THEN_CLEAR.format(task=BEGIN)):
             # the sink verifies the control messages' signatures: the keyring only in its environment
             self.env_vars = {**(self.env_vars or {}), CONTROL_KEYS_ENV: ControlKeysHook().keyring().text()}

@@ -81,6 +81,15 @@ class KafkaHook(_TidemarkHook):
                              '(e.g. {"bootstrap.servers": "127.0.0.1:29092"})')
         return servers
 
+    def replication(self):
+        """How many replicas Tidemark's topics get and how many must hold a write: ``replication.factor`` and
+        ``min.insync.replicas`` in the extra (Tidemark's keys), else sized for the cluster
+        (``tidemark.protocol.replication``)."""
+        from tidemark.protocol.replication import Replication
+
+        return Replication.from_extra(self.get_connection(self.conn_id).extra_dejson,
+                                      source=f"Airflow connection {self.conn_id} (its extra)")
+
 
 class ControlKeysHook(_TidemarkHook):
     """The control messages' keyring: the password of the ``tidemark_control`` connection (a secrets

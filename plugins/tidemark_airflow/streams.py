@@ -42,13 +42,14 @@ def sink_command(paths: dict[str, Path]):
     from tidemark.protocol.control import CONTROL_KEYS_ENV
 
     warehouse = DatabaseHook(CONN_WAREHOUSE).endpoint()
-    bootstrap = KafkaHook(CONN_KAFKA).bootstrap()
+    kafka = KafkaHook(CONN_KAFKA)
+    bootstrap, replication = kafka.bootstrap(), kafka.replication()
     keyring = ControlKeysHook().keyring()  # the sink verifies the control messages' signatures
 
     def command(spec):
         args = [*jobs.database_args(warehouse.host, warehouse.port, warehouse.schema, warehouse.login or "",
                                     warehouse.extra_dejson),
-                *jobs.sink_args(paths[spec.name], bootstrap, available_now=False)]
+                *jobs.sink_args(paths[spec.name], bootstrap, available_now=False, replication=replication)]
         argv = SparkHook(CONN_SPARK).submit_command(
             str(spark_job(jobs.SINK_JOB)), conf=dict(jobs.SPARK_CONF), driver_memory=spec.sink.driver_memory,
             name=f"tidemark-stream-{spec.name}", jars=",".join(spark_jars()) or None, application_args=args)
@@ -131,7 +132,8 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
     from tidemark_airflow.hooks import ConnectHook
 
     client, endpoint = ConnectHook().capture()
-    bootstrap = KafkaHook(CONN_KAFKA).bootstrap()
+    kafka = KafkaHook(CONN_KAFKA)
+    bootstrap, replication = kafka.bootstrap(), kafka.replication()
     broken = probe_broker(bootstrap)
     outage = None if broken is None else f"Kafka ({bootstrap}): {broken}"
     failures = []
@@ -140,7 +142,7 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
         try:
             source = DatabaseHook(CONN_CDC, application_name="tidemark-supervisor").get_conn()
             line, failure = supervise_capture(each, warehouse, source, client, endpoint, policy_for(each.lead),
-                                              datetime.now(timezone.utc), outage)
+                                              datetime.now(timezone.utc), outage, replication)
         except Exception as exc:  # one capture must not hide the others'
             line, failure = f"capture={each.name} capture: {exc}", f"{each.describe()}: capture: {exc}"
         finally:

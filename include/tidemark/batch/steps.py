@@ -19,6 +19,7 @@ from tidemark.protocol.avro import SchemaError, SourceColumn, fit
 from tidemark.protocol.control import PartitionTotals
 from tidemark.protocol.errors import Terminal
 from tidemark.protocol.kafka_io import ensure_topic
+from tidemark.protocol.replication import Replication
 from tidemark.protocol.spec import PipelineSpec
 from tidemark.protocol.window import Bound, PlanError, Window, cap_rows, plan_window, read_source_clock
 from tidemark.realtime import speed_layer
@@ -58,10 +59,12 @@ class Plan:
 def plan(
     spec: PipelineSpec, source_conn, warehouse_conn, *, run_id: str,
     interval: tuple[datetime, datetime] | None = None, bootstrap: str | None = None,
+    replication: Replication = Replication(),
 ) -> Plan:
     """Decide the window on the source's clock and record it; a retried run re-uses its window.
 
-    With ``bootstrap``, also create the pipeline's topic (for a sink started before BEGIN)."""
+    With ``bootstrap``, also create the pipeline's topic (for a sink started before BEGIN), ``replication``
+    as the Kafka connection says."""
     with warehouse_conn, warehouse_conn.cursor() as wh:
         ledger.ensure_control_schema(wh)
     with source_conn, source_conn.cursor() as src, warehouse_conn, warehouse_conn.cursor() as wh:
@@ -93,7 +96,7 @@ def plan(
         writer = (ledger.record_schema(wh, spec.name, planned.schema_version)[1]
                   if planned.schema_version is not None else None)
     if bootstrap:
-        ensure_topic(bootstrap, spec.topic, spec.partitions)
+        ensure_topic(bootstrap, spec.topic, spec.partitions, replication=replication)
     held = _held(spec, clock, observed, id_high)
     log.log(
         logging.WARNING if held else logging.INFO,
@@ -198,12 +201,14 @@ def _broadcast(kind: control.Kind, spec: PipelineSpec, bootstrap: str, batch: Pl
     control.send(bootstrap, spec.topic, msgs, transactional_id=f"tidemark.control.{spec.name}", keyring=keyring)
 
 
-def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, *, keyring: control.Keyring) -> int:
+def begin(spec: PipelineSpec, warehouse_conn, bootstrap: str, batch: Plan, *, keyring: control.Keyring,
+          replication: Replication = Replication()) -> int:
     """Open the next attempt in the ledger and send BEGIN to every partition.
 
     The topic is made sure of first: a broker that is down fails this step before any attempt
-    is opened (plan needs only the databases)."""
-    ensure_topic(bootstrap, spec.topic, spec.partitions)
+    is opened (plan needs only the databases), and refused, before any attempt, if its replication is
+    less than ``replication`` asks."""
+    ensure_topic(bootstrap, spec.topic, spec.partitions, replication=replication)
     with warehouse_conn, warehouse_conn.cursor() as wh:
         attempt = ledger.open_attempt(wh, batch.batch_id)
     _broadcast("BEGIN", spec, bootstrap, batch, attempt, keyring=keyring)

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
 
 from tidemark.protocol.config import kafka_timeout_s
+from tidemark.protocol.replication import MIN_INSYNC_KEY, UNCLEAN, Replication, TopicRefused
 
 # librdkafka's default partitioner (consistent_random, CRC32) differs from Java's (murmur2).
 # Spark writes with the Java client, so every Python producer must hash keys the same way.
@@ -55,7 +56,9 @@ def client_config(bootstrap: str, **extra: object) -> dict[str, object]:
 
 
 def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
-    return client_config(bootstrap, partitioner=PARTITIONER, **{"enable.idempotence": True}, **extra)
+    """Every producer of ours: a record counts once every in-sync replica holds it, and a retry never
+    writes it twice."""
+    return client_config(bootstrap, partitioner=PARTITIONER, **{"enable.idempotence": True, "acks": "all"}, **extra)
 
 
 def produce_waiting(producer, topic: str, **record: object) -> None:
@@ -69,27 +72,59 @@ def produce_waiting(producer, topic: str, **record: object) -> None:
             producer.poll(0.1)
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float | None = None) -> None:
-    """Create the topic if missing; refuse if it exists with another partition count. A broker
-    that does not answer within ``timeout_s`` (default: ``config.kafka_timeout_s()``) fails it."""
+def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float | None = None, *,
+                 replication: Replication = Replication()) -> None:
+    """Create the topic if missing, with ``replication`` settled for the cluster (unclean leader election
+    off); refuse (:class:`TopicRefused`, with the next step) one that exists with another partition count,
+    fewer replicas, a lower ``min.insync.replicas`` or unclean leader election on, or one the cluster has
+    too few brokers for. A broker that does not answer within ``timeout_s`` (default:
+    ``config.kafka_timeout_s()``) fails it."""
     if timeout_s is None:
         timeout_s = kafka_timeout_s()
     admin = AdminClient(client_config(bootstrap))
     meta = admin.list_topics(timeout=timeout_s)
+    brokers = len(meta.brokers)
+    want = replication.settle(brokers)
     existing = meta.topics.get(topic)
     if existing is not None and existing.error is None:
         if len(existing.partitions) != partitions:
-            raise ValueError(
+            raise TopicRefused(
                 f"topic {topic!r} exists with {len(existing.partitions)} partitions, expected {partitions}"
             )
+        _refuse(want.refusals(topic, brokers, **_replication_of(admin, existing, timeout_s)))
         return
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    _refuse(want.refusals(topic, brokers, replicas=None, min_insync=None, unclean=None))
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=want.factor,
+                                            config=want.topic_config())])
     try:
         futures[topic].result(timeout=timeout_s)
     except KafkaException as exc:
         if "TOPIC_ALREADY_EXISTS" not in str(exc):
             raise
     _wait_for_leaders(admin, topic, timeout_s)
+
+
+def ensure_topic_if_reachable(bootstrap: str, topic: str, partitions: int, *,
+                              replication: Replication = Replication()) -> str | None:
+    """:func:`ensure_topic` when a broker answers (a plan refuses a topic it cannot trust before anything
+    is recorded); else why not, for the caller to say (the first step that needs the broker checks again)."""
+    unreachable = probe_broker(bootstrap)
+    if unreachable is None:
+        ensure_topic(bootstrap, topic, partitions, replication=replication)
+    return unreachable
+
+
+def _refuse(refusals: list[str]) -> None:
+    if refusals:
+        raise TopicRefused("; ".join(refusals))
+
+
+def _replication_of(admin: AdminClient, topic_meta, timeout_s: float) -> dict[str, object]:
+    """An existing topic's fewest replicas of a partition, its ``min.insync.replicas`` and unclean election."""
+    resource = ConfigResource(ResourceType.TOPIC, topic_meta.topic)
+    entries = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+    return {"replicas": min(len(p.replicas) for p in topic_meta.partitions.values()),
+            "min_insync": int(entries[MIN_INSYNC_KEY].value), "unclean": entries[UNCLEAN].value == "true"}
 
 
 def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:

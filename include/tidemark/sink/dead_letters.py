@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from tidemark import ledger
 from tidemark.protocol import faults
+from tidemark.protocol.replication import Replication
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,10 @@ class DeadLetterError(RuntimeError):
 
 
 class DeadLetterOutbox:
-    def __init__(self, bootstrap: str, topic: str, consumer: str, *, timeout_s: float = 30.0):
+    def __init__(self, bootstrap: str, topic: str, consumer: str, *, timeout_s: float = 30.0,
+                 replication: Replication = Replication()):
         self.bootstrap, self.topic, self.consumer, self.timeout_s = bootstrap, topic, consumer, timeout_s
+        self.replication = replication
         self._producer = None
 
     def flush(self, conn) -> int:
@@ -69,7 +72,7 @@ class DeadLetterOutbox:
 
         from tidemark.protocol.kafka_io import ensure_topic, produce_waiting
 
-        ensure_topic(self.bootstrap, self.topic, partitions=1)
+        ensure_topic(self.bootstrap, self.topic, partitions=1, replication=self.replication)
         producer = self._transactional()
         offsets: dict[int, int] = {}
 

@@ -25,6 +25,7 @@ from tidemark.protocol.config import executor_checks_from
 from tidemark.protocol.control import HEADER_ATTEMPT, HEADER_BATCH, HEADER_CONTROL, Keyring, KeyringError
 from tidemark.protocol.errors import Outage
 from tidemark.protocol.kafka_io import end_offsets, ensure_topic, probe_broker
+from tidemark.protocol.replication import Replication
 from tidemark.protocol.progress import Steps, progress_line, summary_line
 from tidemark.protocol.screen import Screen
 from tidemark.protocol.spec import PipelineSpec, load_spec
@@ -163,6 +164,11 @@ CHECKPOINT_CONF = {"spark.sql.streaming.checkpointFileManagerClass":
                    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"}
 
 
+def topic_replication(args: Namespace) -> Replication:
+    """What the job's command line says of the replicas of the topics it makes (unsaid: sized for the cluster)."""
+    return Replication(args.replication_factor, args.min_insync_replicas)
+
+
 def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> BatchSink:
     """The sink over ``conn``, its control schema, real-time target and topics in place."""
     # a capture group's lead applies every member's changes: their real-time tables and topics too
@@ -173,11 +179,12 @@ def open_sink(conn, spec: PipelineSpec, keyring: Keyring, args: Namespace) -> Ba
             try:  # the sink may start before the first event: the topics too (refused if their partitions differ)
                 speed.open(cur)
                 for topic, partitions in speed.topics.items():
-                    ensure_topic(args.bootstrap, topic, partitions)
+                    ensure_topic(args.bootstrap, topic, partitions, replication=topic_replication(args))
             except (LookupError, ValueError) as exc:
                 raise JobError(f"pipeline {spec.name}: {speed.section}: {exc}") from None
     sink = BatchSink(conn, spec, keyring=keyring, speed=speed,
-                     dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic, consumer_for(spec.name)))
+                     dead_letters=DeadLetterOutbox(args.bootstrap, args.dead_letter_topic, consumer_for(spec.name),
+                                                  replication=topic_replication(args)))
     try:
         sink.check_stream()
     except LookupError as exc:
@@ -195,7 +202,8 @@ def take_over(sink: BatchSink, spec: PipelineSpec, args: Namespace) -> StandingC
                 sink.speed.fenced(cur, sink.fence)
         if args.available_now:
             return None
-        ensure_topic(args.bootstrap, spec.topic, spec.partitions)  # a standing sink may start before any batch
+        # a standing sink may start before any batch
+        ensure_topic(args.bootstrap, spec.topic, spec.partitions, replication=topic_replication(args))
         control = StandingControl(lambda: connect(args.database, args.user, password(args)), spec, sink.fence,
                                   f"{socket.gethostname()}:{os.getpid()}", args.bootstrap,
                                   realtime=sink.realtime_topics)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tidemark.protocol.errors import Terminal
+from tidemark.protocol.replication import Replication
 from tidemark.protocol.window import Window
 
 EXTRACT_JOB = "extract_window.py"
@@ -126,7 +127,8 @@ def extract_args(spec_path: Path | str, batch_id: str, attempt: int, window: Win
     ]
 
 
-def sink_args(spec_path: Path | str, bootstrap: str, *, available_now: bool = True) -> list[str]:
-    """spark_jobs/batch_sink.py's arguments after the JDBC ones."""
-    return ["--spec", str(Path(spec_path).resolve()), "--bootstrap", bootstrap,
+def sink_args(spec_path: Path | str, bootstrap: str, *, available_now: bool = True,
+              replication: Replication = Replication()) -> list[str]:
+    """spark_jobs/batch_sink.py's arguments after the JDBC ones (``replication``: of the topics it makes)."""
+    return ["--spec", str(Path(spec_path).resolve()), "--bootstrap", bootstrap, *replication.args(),
             *(["--available-now"] if available_now else [])]

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from tidemark import ledger
 from tidemark.protocol.progress import byte_size
+from tidemark.protocol.replication import Replication
 from tidemark.protocol.spec import PipelineSpec
 from tidemark.realtime.cdc.connect import ConnectClient, ConnectorState
 from tidemark.realtime.cdc.connector import SourceEndpoint, connector_config
@@ -80,10 +81,12 @@ def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: 
 
 
 def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpoint: SourceEndpoint,
-                      policy: Policy, now: datetime, outage: str | None = None) -> tuple[str, str | None]:
+                      policy: Policy, now: datetime, outage: str | None = None,
+                      replication: Replication = Replication()) -> tuple[str, str | None]:
     """One look at a capture (a pipeline's, or a capture group's, whose lead pipeline's stream state
     stands for the group): act, and return its log line and, when a person must act, the failure line
-    (the supervisor's task fails with it). ``outage``: the broker does not answer now, and why."""
+    (the supervisor's task fails with it). ``outage``: the broker does not answer now, and why; ``replication``:
+    what the Kafka connection says of the change topics' replicas."""
     spec = capture.lead
     name, connector = spec.name, connector_name(spec)
     with source, source.cursor() as cur:
@@ -104,7 +107,7 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     if asked is not None:  # the slot still holds WAL while it waits: its warning and limit stand
         slot_text, slot_failure = _slot(capture, held, state)
         return f"{_resnapshot(spec, asked, state, client, wh)}; {slot_text}", slot_failure
-    wanted = connector_config(capture, endpoint)
+    wanted = connector_config(capture, endpoint, replication=replication)
     stored = client.config(connector) if state.state != "MISSING" else None
     differs = stored is not None and any(stored.get(k) != v for k, v in wanted.items())
     # unread since it was last restarted, if that is later: a restarted task gets the whole window

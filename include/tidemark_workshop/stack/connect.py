@@ -5,7 +5,7 @@ Both come from Maven Central like the broker: the worker at the broker's version
 so that it keeps its own class loader; Debezium's JDBC sink likewise (stack/connect/jdbc-sink/pom.xml,
 the peer ``make bench-peers`` measures Tidemark against); and beside them Tidemark's converter that signs every record
 the connector writes (stack/java/signing, built by Maven against the worker's Connect API). The worker's internal
-topics have one replica (one broker); its REST API listens on 127.0.0.1 only. A keeper starts the worker again when it dies (kill -9, an OOM
+topics have as many replicas as Tidemark's (min(3, Kafka nodes)); its REST API listens on 127.0.0.1 only. A keeper starts the worker again when it dies (kill -9, an OOM
 kill), as compose's restart policy does: the pid file names the keeper, whose process group is the unit.
 """
 
@@ -15,6 +15,7 @@ import json
 import urllib.error
 import urllib.request
 
+from tidemark.protocol.replication import Replication
 from tidemark_workshop.settings import REPO_ROOT, Settings
 from tidemark_workshop.stack.maven import build_java, install, resolve
 from tidemark_workshop.stack.proc import StackError, group_process, read_pid, say, spawn, stop_pid, wait_until
@@ -41,6 +42,7 @@ class Connect:
 
     def _properties(self) -> str:
         s = self.s
+        replicas = Replication().settle(s.kafka_nodes).factor
         return "\n".join([
             f"bootstrap.servers={s.kafka_bootstrap}",
             f"group.id={GROUP}",
@@ -53,13 +55,16 @@ class Connect:
             "value.converter=org.apache.kafka.connect.json.JsonConverter",
             "key.converter.schemas.enable=true",
             "value.converter.schemas.enable=true",
-            # the worker's own state, in topics with one replica (one broker)
+            # the worker's own state (its connectors, their source offsets) replicated as Tidemark's topics
             "config.storage.topic=tidemark-connect-configs",
             "offset.storage.topic=tidemark-connect-offsets",
             "status.storage.topic=tidemark-connect-status",
-            "config.storage.replication.factor=1",
-            "offset.storage.replication.factor=1",
-            "status.storage.replication.factor=1",
+            f"config.storage.replication.factor={replicas}",
+            f"offset.storage.replication.factor={replicas}",
+            f"status.storage.replication.factor={replicas}",
+            # a change record counts once every in-sync replica holds it, and a retry never writes it twice
+            "producer.acks=all",
+            "producer.enable.idempotence=true",
             "offset.storage.partitions=5",
             "status.storage.partitions=1",
             "offset.flush.interval.ms=1000",

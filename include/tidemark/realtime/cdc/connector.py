@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidemark.protocol.replication import Replication
 from tidemark.protocol.spec import quote
 from tidemark.realtime.cdc.groups import Capture
 from tidemark.realtime.cdc.signing import CONVERTER, SigningKey
@@ -39,7 +40,8 @@ class SourceEndpoint:
 
 
 
-def connector_config(capture: Capture, source: SourceEndpoint, *, replication_factor: int = 1) -> dict[str, str]:
+def connector_config(capture: Capture, source: SourceEndpoint, *,
+                     replication: Replication = Replication()) -> dict[str, str]:
     """Every setting Tidemark relies on, spelled out (Debezium's defaults may move between versions)."""
     spec = capture.lead
     for name in (source.secret_file, source.signing.secret_file):
@@ -89,7 +91,12 @@ def connector_config(capture: Capture, source: SourceEndpoint, *, replication_fa
         "max.queue.size": "32768",
         "poll.interval.ms": "100",
         "slot.drop.on.stop": "false",  # dropping the slot loses the position: only when stopped for good, asked
-        "topic.creation.default.replication.factor": str(replication_factor),
+        # the change topics as durable as Tidemark's own: unsaid, the brokers' default.replication.factor and
+        # min.insync.replicas (-1 and absent), which the production profile sets as Tidemark's defaults
+        "topic.creation.default.replication.factor": str(replication.factor or -1),
+        **({"topic.creation.default.min.insync.replicas": str(replication.min_insync)}
+           if replication.min_insync is not None else {}),
+        "topic.creation.default.unclean.leader.election.enable": "false",
         "topic.creation.default.partitions": "1",  # one partition: the events of a transaction stay in order
         "topic.creation.default.cleanup.policy": "delete",
         "errors.tolerance": "none",  # a change Debezium cannot read stops the task loudly, never skipped
