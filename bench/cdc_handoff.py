@@ -43,7 +43,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from tidemark import ledger
-from tidemark.protocol.kafka_io import end_offsets
+from tidemark.protocol.kafka_io import end_offsets, settled_replication
 from tidemark.protocol.spec import load_spec, quote
 from tidemark.realtime.cdc.connect import ConnectClient
 from tidemark.realtime.cdc.connector import connector_config
@@ -122,7 +122,8 @@ def _peer_spec(pipe: Pipeline, tmp: Path):
 
 def _debezium_snapshot(settings: Settings, spec, rows: int) -> float:
     client = ConnectClient(settings.connect_url)
-    config = {**connector_config(captured(spec), source_endpoint(settings)), "snapshot.mode": "initial"}
+    config = {**connector_config(captured(spec), source_endpoint(settings),
+                                 replication=settled_replication(settings.kafka_bootstrap)), "snapshot.mode": "initial"}
     started = time.monotonic()
     client.put_config(connector_name(spec), config)
 
@@ -158,7 +159,8 @@ def _handoff(settings: Settings, pipe: Pipeline, launcher: LocalLauncher, rows: 
             try:
                 line, failure = supervise_capture(captured(spec), wh, source, ConnectClient(settings.connect_url),
                                                   source_endpoint(settings), Policy(trigger_interval=timedelta(seconds=1)),
-                                                  datetime.now(timezone.utc))
+                                                  datetime.now(timezone.utc),
+                                                  replication=settled_replication(settings.kafka_bootstrap))
             finally:
                 source.close()
             assert "action=create" in line and failure is None, (line, failure)

@@ -215,6 +215,7 @@ def test_change_data_capture_has_logical_wal_a_replication_role_and_secrets_only
     assert f"connect-secrets:{secrets}:ro" in compose["services"]["connect"]["volumes"]
     worker = (REPO_ROOT / "docker" / "connect-worker.properties").read_text()
     assert f"config.providers.dir.param.allowed.paths={secrets}" in worker
+    assert "producer.acks=all" in worker and "producer.enable.idempotence=true" in worker
 
 
 # --- (d) the same connections as the local stack ------------------------------------------------

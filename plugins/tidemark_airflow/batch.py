@@ -101,6 +101,7 @@ class PlanWindowOperator(_PipelineOperator):
         tag = f"pipeline={spec.name} run={run.run_id} repair_batch={batch_id}"
         with on_call(self.log, tag, f"run tidemark_reconcile_{spec.name} with repair=true: it plans the repair "
                      "batch and triggers this DAG with it", clear_from=PLAN):
+            self._check_topic(spec)
             warehouse = DatabaseHook(self.warehouse_conn_id).get_conn()
             try:
                 plan, found = repair.load(spec, warehouse, batch_id)

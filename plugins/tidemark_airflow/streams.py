@@ -125,7 +125,9 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
     from datetime import datetime, timezone
 
     from tidemark.protocol.config import CONN_CDC
-    from tidemark.protocol.kafka_io import probe_broker
+    from confluent_kafka import KafkaException
+
+    from tidemark.protocol.kafka_io import probe_broker, settled_replication
     from tidemark.realtime.cdc.groups import captures
     from tidemark.streams.capture import supervise_capture
     from tidemark.streams.cycle import policy_for
@@ -133,9 +135,13 @@ def _supervise_capture(specs, warehouse, lines: list[str]) -> list[str]:
 
     client, endpoint = ConnectHook().capture()
     kafka = KafkaHook(CONN_KAFKA)
-    bootstrap, replication = kafka.bootstrap(), kafka.replication()
+    bootstrap = kafka.bootstrap()
     broken = probe_broker(bootstrap)
     outage = None if broken is None else f"Kafka ({bootstrap}): {broken}"
+    try:  # the change topics' replicas, settled for the cluster (unknown while it does not answer)
+        replication = settled_replication(bootstrap, kafka.replication()) if broken is None else None
+    except KafkaException as exc:
+        replication, outage = None, f"Kafka ({bootstrap}): {exc}"
     failures = []
     for each in captures(specs):
         source = None

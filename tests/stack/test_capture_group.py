@@ -30,10 +30,11 @@ import psycopg2
 import pytest
 
 from tidemark import ledger
-from tidemark.realtime.cdc.layer import GroupNotStreaming
+from tidemark.protocol.kafka_io import settled_replication
 from tidemark.protocol.spec import load_spec
 from tidemark.realtime.cdc.connect import ConnectClient
 from tidemark.realtime.cdc.groups import capture_of
+from tidemark.realtime.cdc.layer import GroupNotStreaming
 from tidemark.realtime.cdc.tables import ensure_cdc_serving_view
 from tidemark.spark import jobs
 from tidemark.status import collect, load_pipelines, status_lines
@@ -158,7 +159,7 @@ def test_a_reader_of_a_capture_groups_views_never_sees_part_of_a_tpcb_transactio
         try:
             return supervise_capture(capture, wh, source, client, endpoint,
                                      Policy(trigger_interval=timedelta(seconds=1), restart_budget=2),
-                                     datetime.now(timezone.utc))
+                                     datetime.now(timezone.utc), replication=settled_replication(settings.kafka_bootstrap))
         finally:
             source.close()
 

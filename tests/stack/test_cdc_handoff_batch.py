@@ -23,6 +23,7 @@ import psycopg2
 import pytest
 
 from tidemark import ledger, reconcile
+from tidemark.protocol.kafka_io import settled_replication
 from tidemark.realtime.cdc.connect import ConnectClient
 from tidemark.realtime.cdc.groups import connector_name
 from tidemark.spark import jobs
@@ -62,7 +63,8 @@ def test_the_handoff_batch_and_the_stream_split_every_change_exactly_while_write
     def capture_cycle() -> tuple[str, str | None]:
         source = psycopg2.connect(settings.dsn(settings.source_db))
         try:
-            return supervise_capture(captured(spec), wh, source, client, endpoint, policy, datetime.now(timezone.utc))
+            return supervise_capture(captured(spec), wh, source, client, endpoint, policy, datetime.now(timezone.utc),
+                                     replication=settled_replication(settings.kafka_bootstrap))
         finally:
             source.close()
 

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaException
 
 from tidemark import ledger
 from tidemark.protocol.config import CONN_CDC
-from tidemark.protocol.kafka_io import end_offsets
+from tidemark.protocol.kafka_io import end_offsets, settled_replication
 from tidemark.realtime.cdc.connect import ConnectClient
 from tidemark.realtime.cdc.connector import write_secret as write_secret_file
 from tidemark.realtime.cdc.groups import connector_name
@@ -64,7 +64,8 @@ def test_the_supervisor_creates_restarts_pauses_and_stops_the_connector_and_watc
     def cycle() -> tuple[str, str | None]:
         source = psycopg2.connect(settings.dsn(settings.source_db))
         try:
-            return supervise_capture(captured(spec), wh, source, client, endpoint, POLICY, datetime.now(timezone.utc))
+            return supervise_capture(captured(spec), wh, source, client, endpoint, POLICY, datetime.now(timezone.utc),
+                                     replication=settled_replication(settings.kafka_bootstrap))
         finally:
             source.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tidemark.protocol.replication import Replication
 from tidemark.protocol.spec import PipelineSpec
 from tidemark.realtime.cdc.connect import ConnectorState, TaskState
 from tidemark.realtime.cdc.connector import SourceEndpoint, connector_config
@@ -15,12 +16,13 @@ SPEC = {"name": "ledger", "table": "core.ledger_entries", "primary_key": ["entry
         "sink": {"mode": "standing"},
         "cdc": {"target_table": "rt.ledger", "serving_view": "serving.ledger", "heartbeat": "PT3S"}}
 SIGNING = SigningKey("k2", "tidemark-cdc-signing-k2")
+ONE = Replication(1, 1)  # one broker
 SOURCE = SourceEndpoint("db.internal", 5432, "core", "tidemark_cdc", "tidemark_cdc", "/opt/connect/secrets", SIGNING)
 
 
 def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_secret():
     spec = PipelineSpec.model_validate(SPEC)
-    config = connector_config(capture_of(spec, [spec]), SOURCE)
+    config = connector_config(capture_of(spec, [spec]), SOURCE, replication=ONE)
     assert connector_name(spec) == "tidemark-cdc-ledger"
     assert config["slot.name"] == config["publication.name"] == "tidemark_ledger"
     assert config["publication.autocreate.mode"] == "disabled"  # the DBA's publication, least privilege
@@ -39,12 +41,12 @@ def test_the_connector_reads_the_pipelines_slot_and_publication_and_holds_no_sec
 def test_no_connector_without_cdc_and_no_path_tricks_in_the_secret_reference():
     spec = PipelineSpec.model_validate({k: v for k, v in SPEC.items() if k not in ("cdc", "sink")})
     with pytest.raises(ValueError, match="pipeline ledger has no cdc section"):
-        connector_config(capture_of(spec, [spec]), SOURCE)
+        connector_config(capture_of(spec, [spec]), SOURCE, replication=ONE)
     alone = capture_of(PipelineSpec.model_validate(SPEC), [])
     with pytest.raises(ValueError, match="secret file name '../etc/passwd'"):
-        connector_config(alone, SourceEndpoint("h", 1, "d", "u", "../etc/passwd", "/s", SIGNING))
+        connector_config(alone, SourceEndpoint("h", 1, "d", "u", "../etc/passwd", "/s", SIGNING), replication=ONE)
     with pytest.raises(ValueError, match="secret file name '../k'"):
-        connector_config(alone, SourceEndpoint("h", 1, "d", "u", "p", "/s", SigningKey("k", "../k")))
+        connector_config(alone, SourceEndpoint("h", 1, "d", "u", "p", "/s", SigningKey("k", "../k")), replication=ONE)
 
 
 def member(name: str, table: str, group: str | None = "bank", heartbeat: str = "PT10S") -> PipelineSpec:
@@ -66,13 +68,13 @@ def test_a_capture_group_has_one_slot_connector_and_transaction_topic_for_all_it
     assert group.realtime_topics(balances) == group.topics and group.realtime_topics(entries) == {}
     assert group.member_for(entries.cdc_topic) == entries and group.member_for(alone.cdc_topic) is None
     assert group.consumer == "capture-group.bank" and single.consumer == "batch-sink.fx"
-    config = connector_config(group, SOURCE)
+    config = connector_config(group, SOURCE, replication=ONE)
     # the group's heartbeat row: a source transaction in its stream at every heartbeat, however quiet its tables
     assert config["table.include.list"] == r"core\.balances,core\.ledger_entries,core\.tidemark_heartbeat"
     assert config["heartbeat.action.query"] == ('INSERT INTO "core"."tidemark_heartbeat" (capture, beat_at) VALUES '
                                                 "('bank', now()) ON CONFLICT (capture) DO UPDATE SET beat_at = "
                                                 "EXCLUDED.beat_at")
-    assert "heartbeat.action.query" not in connector_config(single, SOURCE)
+    assert "heartbeat.action.query" not in connector_config(single, SOURCE, replication=ONE)
     assert config["slot.name"] == "tidemark_group_bank" and config["topic.prefix"] == "tidemark.cdcgroup.bank"
     assert config["heartbeat.interval.ms"] == "2000"  # the most frequent member's
     assert single.realtime_topics(alone) == {alone.cdc_topic: 1, alone.cdc_transaction_topic: 1} == single.topics

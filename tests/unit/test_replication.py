@@ -22,7 +22,10 @@ def test_what_the_connection_says_wins_and_the_rest_follows_from_it():
     assert Replication(5).settle(3) == Replication(5, 4)  # refused later: too few brokers, not silently lowered
     assert Replication(2).settle(5) == Replication(2, 1)
     assert Replication(min_insync=3).settle(3) == Replication(3, 3)
-    assert Replication(min_insync=3).settle(1) == Replication(1, 1)  # never above the factor
+    # more in sync than replicas: kept, and every topic refused with the reason (never lowered unsaid)
+    assert Replication(min_insync=3).settle(1) == Replication(1, 3)
+    too_many, = Replication(1, 3).refusals("t", 1, replicas=1, min_insync=1, unclean=False)
+    assert "min.insync.replicas 3 exceeds the replication factor 1" in too_many
     assert Replication(3, 2).topic_config() == {"min.insync.replicas": "2", "unclean.leader.election.enable": "false"}
     assert Replication(3).args() == ["--replication-factor", "3"] and Replication().args() == []
 
@@ -64,7 +67,7 @@ def test_a_topic_is_not_made_on_fewer_brokers_than_its_replicas():
     assert Replication(2, 1).refusals("t", 2, replicas=None, min_insync=None, unclean=None) == []
 
 
-def test_debeziums_change_topics_follow_the_connection_or_the_brokers_defaults():
+def test_debeziums_change_topics_are_made_as_tidemarks_own():
     from test_cdc_connector import SOURCE, SPEC
 
     from tidemark.protocol.spec import PipelineSpec
@@ -74,6 +77,5 @@ def test_debeziums_change_topics_follow_the_connection_or_the_brokers_defaults()
     assert said["topic.creation.default.replication.factor"] == "3"
     assert said["topic.creation.default.min.insync.replicas"] == "2"
     assert said["topic.creation.default.unclean.leader.election.enable"] == "false"
-    unsaid = connector_config(capture_of(spec, [spec]), SOURCE)
-    assert unsaid["topic.creation.default.replication.factor"] == "-1"  # the brokers' default.replication.factor
-    assert "topic.creation.default.min.insync.replicas" not in unsaid
+    with pytest.raises(ValueError, match="not settled for the cluster"):
+        connector_config(capture_of(spec, [spec]), SOURCE, replication=Replication(3))

@@ -83,25 +83,42 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float |
         timeout_s = kafka_timeout_s()
     admin = AdminClient(client_config(bootstrap))
     meta = admin.list_topics(timeout=timeout_s)
-    brokers = len(meta.brokers)
+    brokers = cluster_size(meta)
     want = replication.settle(brokers)
     existing = meta.topics.get(topic)
-    if existing is not None and existing.error is None:
-        if len(existing.partitions) != partitions:
-            raise TopicRefused(
-                f"topic {topic!r} exists with {len(existing.partitions)} partitions, expected {partitions}"
-            )
-        _refuse(want.refusals(topic, brokers, **_replication_of(admin, existing, timeout_s)))
-        return
-    _refuse(want.refusals(topic, brokers, replicas=None, min_insync=None, unclean=None))
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=want.factor,
-                                            config=want.topic_config())])
-    try:
-        futures[topic].result(timeout=timeout_s)
-    except KafkaException as exc:
-        if "TOPIC_ALREADY_EXISTS" not in str(exc):
-            raise
-    _wait_for_leaders(admin, topic, timeout_s)
+    if existing is None or existing.error is not None:
+        _refuse(want.refusals(topic, brokers, replicas=None, min_insync=None, unclean=None))
+        futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=want.factor,
+                                                config=want.topic_config())])
+        try:
+            futures[topic].result(timeout=timeout_s)
+            _wait_for_leaders(admin, topic, timeout_s)
+            return
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+        _wait_for_leaders(admin, topic, timeout_s)  # made meanwhile by another caller: checked as any other
+        existing = admin.list_topics(topic, timeout=timeout_s).topics[topic]
+    if len(existing.partitions) != partitions:
+        raise TopicRefused(f"topic {topic!r} exists with {len(existing.partitions)} partitions, expected {partitions}")
+    _refuse(want.refusals(topic, brokers, **_replication_of(admin, existing, timeout_s)))
+
+
+def cluster_size(meta) -> int:
+    """The brokers of the cluster, those down now included (named among a partition's replicas): a topic made
+    while one is away gets the replicas the whole cluster would give it."""
+    known = set(meta.brokers)
+    for topic in meta.topics.values():
+        for partition in topic.partitions.values():
+            known.update(partition.replicas)
+    return len(known)
+
+
+def settled_replication(bootstrap: str, replication: Replication = Replication(),
+                        timeout_s: float | None = None) -> Replication:
+    """``replication`` settled for the cluster at ``bootstrap`` (what ``ensure_topic`` would make)."""
+    admin = AdminClient(client_config(bootstrap))
+    return replication.settle(cluster_size(admin.list_topics(timeout=timeout_s or kafka_timeout_s())))
 
 
 def ensure_topic_if_reachable(bootstrap: str, topic: str, partitions: int, *,
@@ -122,7 +139,14 @@ def _refuse(refusals: list[str]) -> None:
 def _replication_of(admin: AdminClient, topic_meta, timeout_s: float) -> dict[str, object]:
     """An existing topic's fewest replicas of a partition, its ``min.insync.replicas`` and unclean election."""
     resource = ConfigResource(ResourceType.TOPIC, topic_meta.topic)
-    entries = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+    try:
+        entries = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if "AUTHORIZATION" not in str(exc).upper():
+            raise
+        raise TopicRefused(f"topic {topic_meta.topic!r}: this principal may not read its configuration ({exc}): "
+                           "grant it DescribeConfigs on the topic (Tidemark checks min.insync.replicas and unclean "
+                           "leader election before it writes or reads a batch)") from None
     return {"replicas": min(len(p.replicas) for p in topic_meta.partitions.values()),
             "min_insync": int(entries[MIN_INSYNC_KEY].value), "unclean": entries[UNCLEAN].value == "true"}
 

@@ -29,9 +29,6 @@ class Replication:
         for name, value in ((FACTOR_KEY, self.factor), (MIN_INSYNC_KEY, self.min_insync)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
-        if self.factor is not None and self.min_insync is not None and self.min_insync > self.factor:
-            raise ValueError(f"{MIN_INSYNC_KEY} {self.min_insync} exceeds {FACTOR_KEY} {self.factor}: "
-                             "no write could ever be acknowledged")
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, object], *, source: str) -> Replication:
@@ -43,15 +40,19 @@ class Replication:
                 value = int(value)
             values[key] = value
         try:
-            return cls(values[FACTOR_KEY], values[MIN_INSYNC_KEY])
+            said = cls(values[FACTOR_KEY], values[MIN_INSYNC_KEY])
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
+        if said.factor is not None and said.min_insync is not None and said.min_insync > said.factor:
+            raise ValueError(f"{source}: {MIN_INSYNC_KEY} {said.min_insync} exceeds {FACTOR_KEY} {said.factor}: "
+                             "no write could ever be acknowledged")
+        return said
 
     def settle(self, brokers: int) -> Replication:
         """The numbers for a cluster of ``brokers``: what was said, the defaults for the rest."""
         factor = self.factor if self.factor is not None else max(1, min(3, brokers))
         min_insync = self.min_insync if self.min_insync is not None else (factor - 1 if factor >= 3 else 1)
-        return Replication(factor, min(min_insync, factor))
+        return Replication(factor, min_insync)
 
     def topic_config(self) -> dict[str, str]:
         """The settings a settled replication gives a topic Tidemark creates."""
@@ -67,6 +68,10 @@ class Replication:
         """Why ``topic`` (``replicas`` None: not made yet) cannot hold a batch under these settled
         numbers, each with the next step; empty when it can."""
         found = []
+        if self.min_insync > self.factor:
+            return [f"topic {topic!r}: {MIN_INSYNC_KEY} {self.min_insync} exceeds the replication factor "
+                    f"{self.factor} (of a cluster of {brokers} broker(s)): no write could be acknowledged; lower "
+                    f"{MIN_INSYNC_KEY} in the Kafka connection's extra, or say {FACTOR_KEY}"]
         if replicas is None:
             if self.factor > brokers:
                 found.append(f"topic {topic!r} needs {self.factor} replicas but the cluster has {brokers} broker(s): "
@@ -86,3 +91,4 @@ class Replication:
                          f"and drop acknowledged records): kafka-configs.sh --alter --entity-type topics "
                          f"--entity-name {topic} --add-config {UNCLEAN}=false")
         return found
+

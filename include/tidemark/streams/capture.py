@@ -82,11 +82,12 @@ def decide(desired: str, state: ConnectorState, config_differs: bool, restarts: 
 
 def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpoint: SourceEndpoint,
                       policy: Policy, now: datetime, outage: str | None = None,
-                      replication: Replication = Replication()) -> tuple[str, str | None]:
+                      replication: Replication | None = None) -> tuple[str, str | None]:
     """One look at a capture (a pipeline's, or a capture group's, whose lead pipeline's stream state
     stands for the group): act, and return its log line and, when a person must act, the failure line
     (the supervisor's task fails with it). ``outage``: the broker does not answer now, and why; ``replication``:
-    what the Kafka connection says of the change topics' replicas."""
+    the change topics' replicas settled for the cluster (None while it does not answer: the connector's
+    configuration is then neither compared nor written)."""
     spec = capture.lead
     name, connector = spec.name, connector_name(spec)
     with source, source.cursor() as cur:
@@ -107,8 +108,8 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     if asked is not None:  # the slot still holds WAL while it waits: its warning and limit stand
         slot_text, slot_failure = _slot(capture, held, state)
         return f"{_resnapshot(spec, asked, state, client, wh)}; {slot_text}", slot_failure
-    wanted = connector_config(capture, endpoint, replication=replication)
-    stored = client.config(connector) if state.state != "MISSING" else None
+    wanted = connector_config(capture, endpoint, replication=replication) if replication is not None else None
+    stored = client.config(connector) if state.state != "MISSING" and wanted is not None else None
     differs = stored is not None and any(stored.get(k) != v for k, v in wanted.items())
     # unread since it was last restarted, if that is later: a restarted task gets the whole window
     unread_since = max([inactive_since, *restarts[-1:]]) if inactive_since is not None else None
@@ -118,6 +119,8 @@ def supervise_capture(capture: Capture, wh, source, client: ConnectClient, endpo
     streams = handoff is not None or (capture.grouped and held is not None and not held.active)
     decision = decide(desired, state, differs, restarts, now, policy,
                       now - unread_since if unread_since is not None else None, handed_off=streams, outage=outage)
+    if wanted is None and decision.action == "create":  # its topics' replication is not known: later
+        decision = ConnectorDecision("wait", f"waiting for {outage or 'Kafka'}: created once it answers")
     if held is None and handoff is not None and desired == "running":
         # never let Debezium make a new slot of its own: it would start at the present, past every change since
         if state.state not in ("MISSING", "STOPPED"):

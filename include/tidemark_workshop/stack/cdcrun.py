@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg2
 
 from tidemark.protocol.config import CONN_CDC
-from tidemark.protocol.kafka_io import client_config
+from tidemark.protocol.kafka_io import client_config, settled_replication
 from tidemark.protocol.spec import PipelineSpec
 from tidemark.realtime.cdc.connect import ConnectClient
 from tidemark.realtime.cdc.connector import SourceEndpoint, connector_config
@@ -98,7 +98,8 @@ def start_connector(settings: Settings, what: PipelineSpec | Capture) -> Connect
     """Create the capture's connector and wait until its task runs and reads its slot."""
     client, capture = ConnectClient(settings.connect_url), captured(what)
     spec = capture.lead
-    client.put_config(connector_name(spec), connector_config(capture, source_endpoint(settings)))
+    client.put_config(connector_name(spec), connector_config(capture, source_endpoint(settings),
+                                                             replication=settled_replication(settings.kafka_bootstrap)))
     until("the connector and its task running", lambda: client.state(connector_name(spec)).running, timeout=120)
     until("Debezium reading its slot", lambda: (s := read_slot(settings, spec)) is not None and s.active, timeout=120)
     return client

@@ -40,9 +40,11 @@ class SourceEndpoint:
 
 
 
-def connector_config(capture: Capture, source: SourceEndpoint, *,
-                     replication: Replication = Replication()) -> dict[str, str]:
-    """Every setting Tidemark relies on, spelled out (Debezium's defaults may move between versions)."""
+def connector_config(capture: Capture, source: SourceEndpoint, *, replication: Replication) -> dict[str, str]:
+    """Every setting Tidemark relies on, spelled out (Debezium's defaults may move between versions);
+    ``replication`` settled for the cluster (``kafka_io.settled_replication``)."""
+    if replication.factor is None or replication.min_insync is None:
+        raise ValueError(f"connector {capture.connector}: replication {replication} is not settled for the cluster")
     spec = capture.lead
     for name in (source.secret_file, source.signing.secret_file):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
@@ -91,11 +93,9 @@ def connector_config(capture: Capture, source: SourceEndpoint, *,
         "max.queue.size": "32768",
         "poll.interval.ms": "100",
         "slot.drop.on.stop": "false",  # dropping the slot loses the position: only when stopped for good, asked
-        # the change topics as durable as Tidemark's own: unsaid, the brokers' default.replication.factor and
-        # min.insync.replicas (-1 and absent), which the production profile sets as Tidemark's defaults
-        "topic.creation.default.replication.factor": str(replication.factor or -1),
-        **({"topic.creation.default.min.insync.replicas": str(replication.min_insync)}
-           if replication.min_insync is not None else {}),
+        # the change topics as durable as Tidemark's own (the lead's sink refuses them otherwise)
+        "topic.creation.default.replication.factor": str(replication.factor),
+        "topic.creation.default.min.insync.replicas": str(replication.min_insync),
         "topic.creation.default.unclean.leader.election.enable": "false",
         "topic.creation.default.partitions": "1",  # one partition: the events of a transaction stay in order
         "topic.creation.default.cleanup.policy": "delete",
