@@ -19,6 +19,8 @@
 #   make bench-flood  1,000,000 records the sink cannot use against a good batch of that size: rejects/s, memory
 #   make campaign  id-cursor campaign: writers hold transactions 20-60 s while batches run back to back
 #   make kill-trials  kill -9 the standing sink at seeded moments (TRIALS=20 SEED=...): exactly one effect (make test runs 7)
+#   make campaign-failover  a Kafka leader or broker, a Spark worker lost at seeded moments on a replicated site
+#                    beside the stack (TRIALS=20 SEED=...): 0 lost, 0 duplicated, each trial's recovery time (make test runs 3)
 #   make grants P=<pipeline>  the statements the source's owner runs for a CDC pipeline's capture (again when a
 #               member joins its group)
 #   make test-direct  the batch tests again with every pipeline they make on transport: direct where its spec allows
@@ -43,7 +45,7 @@ SEED ?=
 # bench-stream runs the standing sink as the stack runs it (quick start: its restart is a start).
 bench bench-reconcile bench-flood campaign profile-sink: export TIDEMARK_SPARK_QUICK_START := 0
 
-.PHONY: help bootstrap up down start stop status logs ui demo unit java-test test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials test-direct profile-sink clean grants
+.PHONY: help bootstrap up down start stop status logs ui demo unit java-test test bench bench-stream bench-peers bench-cdc bench-reconcile bench-flood campaign kill-trials campaign-failover test-direct profile-sink clean grants
 
 help:
 	@sed -n 's/^#   //p' Makefile; echo; $(STACK) --help 2>/dev/null || true
@@ -145,6 +147,9 @@ test-direct: up
 
 kill-trials: up
 	@$(STACK) run -- $(PY) -m tidemark_workshop.kill_trials --trials $(TRIALS) $(if $(SEED),--seed $(SEED))
+
+campaign-failover: up
+	@$(STACK) run -- $(PY) -m tidemark_workshop.failover --trials $(TRIALS) $(if $(SEED),--seed $(SEED))
 
 clean: down
 	rm -rf $(STATE)

@@ -51,10 +51,10 @@ def _port(name: str, default: int) -> int:
     return int(raw)
 
 
-def _count(name: str, default: int, *, most: int) -> int:
+def _count(name: str, default: int, *, least: int = 1, most: int) -> int:
     raw = _env(name, str(default))
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
-        raise ValueError(f"environment variable {name}={raw!r} is not a whole number from 1 to {most}")
+    if not raw.isdigit() or not least <= int(raw) <= most:
+        raise ValueError(f"environment variable {name}={raw!r} is not a whole number from {least} to {most}")
     return int(raw)
 
 
@@ -86,10 +86,14 @@ class Settings:
     spark_quick_start: bool = True  # local jobs' JVMs: C1 only and a class archive (they start twice as fast)
     source_db: str = SOURCE_DB  # the source database: pipelines read it, CDC captures it
     kafka_nodes: int = 1  # KRaft nodes (broker and controller each); node k listens on kafka_port + 2(k - 1)
+    spark_workers: int = 0  # 0: Spark in local mode; else a standalone master and this many workers
+    spark_cluster_ports: tuple[int, int] = (27077, 27080)  # the master's and its web UI's (worker k's UI: + k)
 
     @classmethod
     def from_env(cls) -> "Settings":
         state = Path(_env("TIDEMARK_STATE_DIR", str(REPO_ROOT / ".state"))).resolve()
+        workers = _count("TIDEMARK_SPARK_WORKERS", 0, least=0, most=4)
+        cluster = (_port("TIDEMARK_SPARK_PORT", 27077), _port("TIDEMARK_SPARK_UI_PORT", 27080))
         return cls(
             state_dir=state,
             pg_host="127.0.0.1",
@@ -102,13 +106,16 @@ class Settings:
             kafka_port=_port("TIDEMARK_KAFKA_PORT", 29092),
             kafka_controller_port=_port("TIDEMARK_KAFKA_CONTROLLER_PORT", 29093),
             airflow_port=_port("TIDEMARK_AIRFLOW_PORT", 28080),
-            spark_master=_env("TIDEMARK_SPARK_MASTER", "local[2]"),
+            spark_master=_env("TIDEMARK_SPARK_MASTER",
+                              f"spark://127.0.0.1:{cluster[0]}" if workers else "local[2]"),
             connect_port=_port("TIDEMARK_CONNECT_PORT", 28083),
             cdc_user=_env("TIDEMARK_CDC_USER", "tidemark_cdc"),
             cdc_password=_env("TIDEMARK_CDC_PASSWORD", "tidemark-cdc-local"),
             spark_quick_start=_env("TIDEMARK_SPARK_QUICK_START", "1") != "0",
             source_db=_database("TIDEMARK_SOURCE_DB", SOURCE_DB),
             kafka_nodes=_count("TIDEMARK_KAFKA_NODES", 1, most=5),
+            spark_workers=workers,
+            spark_cluster_ports=cluster,
         )
 
     # --- paths -------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster(settings, tmp_path_factory):
     with StandaloneCluster(settings, tmp_path_factory.mktemp("spark-standalone"), port=_free_port(),
-                           ui_port=_free_port(), worker_ui_port=_free_port()) as running:
+                           ui_port=_free_port(), worker_ui_ports=[_free_port()]) as running:
         yield running
 
 

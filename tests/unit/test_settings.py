@@ -9,12 +9,33 @@ def test_ports_and_paths_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "other"))
     monkeypatch.setenv("TIDEMARK_PG_PORT", "6543")
     monkeypatch.setenv("TIDEMARK_KAFKA_PORT", "19092")
+    for name in ("TIDEMARK_KAFKA_NODES", "TIDEMARK_SPARK_WORKERS", "TIDEMARK_SPARK_MASTER"):
+        monkeypatch.delenv(name, raising=False)
     s = Settings.from_env()
     assert s.state_dir == (tmp_path / "other").resolve()
     assert s.pg_port == 6543 and s.kafka_bootstrap == "127.0.0.1:19092"
     env = s.runtime_env()
     assert env["AIRFLOW_HOME"] == str(tmp_path / "other" / "airflow")
     assert ":6543/airflow" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+
+
+def test_a_replicated_stack_lists_every_kafka_node_and_runs_spark_on_its_own_master(monkeypatch):
+    monkeypatch.setenv("TIDEMARK_KAFKA_PORT", "19092")
+    monkeypatch.setenv("TIDEMARK_KAFKA_CONTROLLER_PORT", "19093")
+    monkeypatch.setenv("TIDEMARK_KAFKA_NODES", "3")
+    monkeypatch.setenv("TIDEMARK_SPARK_WORKERS", "2")
+    monkeypatch.delenv("TIDEMARK_SPARK_MASTER", raising=False)
+    s = Settings.from_env()
+    assert s.kafka_bootstrap == "127.0.0.1:19092,127.0.0.1:19094,127.0.0.1:19096"
+    assert s.kafka_node_ports(3) == (19096, 19097)
+    assert s.spark_master == "spark://127.0.0.1:27077" and s.spark_workers == 2
+    assert json.loads(s.airflow_connections()["AIRFLOW_CONN_TIDEMARK_KAFKA"])["extra"]["bootstrap.servers"] == \
+        s.kafka_bootstrap
+    for name, value in (("TIDEMARK_KAFKA_NODES", "0"), ("TIDEMARK_KAFKA_NODES", "6"), ("TIDEMARK_SPARK_WORKERS", "x")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=f"{name}=.* is not a whole number"):
+            Settings.from_env()
+        monkeypatch.setenv(name, "1")
 
 
 def test_the_source_database_comes_from_the_environment_and_is_a_plain_name(monkeypatch):

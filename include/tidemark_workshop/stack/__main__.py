@@ -37,6 +37,8 @@ def up(s: Settings) -> None:
     Kafka(s).start()
     Connect(s).start()
     spark.prepare(s)
+    if (cluster := spark.StandaloneCluster.of_stack(s)) is not None:
+        cluster.start()
     spark.describe(s)
     airflow.migrate(s)
     say("stack", f"up in {time.monotonic() - t0:.1f}s (state: {s.state_dir})")
@@ -46,6 +48,8 @@ def down(s: Settings) -> None:
     airflow.AirflowUI(s).stop()  # the supervisor first, so that nothing restarts the sinks
     stop_streams(s)
     Connect(s).stop()
+    if (cluster := spark.StandaloneCluster.of_stack(s)) is not None:
+        cluster.stop()
     Kafka(s).stop()
     Postgres(s).stop()
 

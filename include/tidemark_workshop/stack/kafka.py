@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from tidemark.protocol.replication import Replication
 from tidemark_workshop.settings import REPO_ROOT, Settings
@@ -26,16 +27,17 @@ class KafkaNode:
     """One KRaft node (``node`` from 1): the first keeps the single-node layout (``kafka/data``,
     ``kafka.pid``, ``logs/kafka.log``); node k keeps ``kafka/node-k``."""
 
-    def __init__(self, settings: Settings, node: int):
+    def __init__(self, settings: Settings, node: int, home: Path):
         self.s, self.node = settings, node
         self.port, self.controller_port = settings.kafka_node_ports(node)
         self.bootstrap = f"127.0.0.1:{self.port}"
-        home = settings.kafka_dir if node == 1 else settings.kafka_dir / f"node-{node}"
+        own = home if node == 1 else home / f"node-{node}"
         self.libs = settings.kafka_dir / "libs"
-        self.data = home / "data"
-        self.config = home / "server.properties"
-        self.pid_file = home / "kafka.pid"
-        self.log = settings.logs_dir / ("kafka.log" if node == 1 else f"kafka-{node}.log")
+        self.data = own / "data"
+        self.config = own / "server.properties"
+        self.pid_file = own / "kafka.pid"
+        logs = settings.logs_dir if home == settings.kafka_dir else home / "logs"
+        self.log = logs / ("kafka.log" if node == 1 else f"kafka-{node}.log")
         self.name = "kafka" if settings.kafka_nodes == 1 else f"kafka-{node}"
 
     def _properties(self) -> str:
@@ -83,12 +85,17 @@ class KafkaNode:
     def is_running(self) -> bool:
         return self.pid() is not None
 
+    def port_open(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
     def answers(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        try:  # cheap port probe first: librdkafka would log every refused connection
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-        except OSError:
+        if not self.port_open():  # cheap probe first: librdkafka would log every refused connection
             return False
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
         try:
@@ -112,7 +119,7 @@ class KafkaNode:
             return False
         if self.is_running():
             stop_pid(self.pid_file)
-        elif self.answers():
+        elif self.port_open():
             raise StackError(
                 f"another Kafka broker already answers on {self.bootstrap} (not this checkout's): stop it, or set "
                 "TIDEMARK_KAFKA_PORT and TIDEMARK_KAFKA_CONTROLLER_PORT"
@@ -129,12 +136,18 @@ class KafkaNode:
 
 
 class Kafka:
-    """The local cluster: ``settings.kafka_nodes`` nodes, started and stopped together."""
+    """The local cluster: ``settings.kafka_nodes`` nodes, started and stopped together; its state in the
+    stack's ``kafka_dir``, or in ``home`` (a test's cluster beside the stack's, on other ports)."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, home: Path | None = None):
         self.s = settings
-        self.nodes = [KafkaNode(settings, k) for k in range(1, settings.kafka_nodes + 1)]
-        self.cluster_id_file = settings.kafka_dir / "cluster.id"
+        self.home = home or settings.kafka_dir
+        self.nodes = [KafkaNode(settings, k, self.home) for k in range(1, settings.kafka_nodes + 1)]
+        self.made_for = self.home / "nodes"  # the node count the state was formatted for
+        ports = [p for node in self.nodes for p in (node.port, node.controller_port)]
+        if len(set(ports)) != len(ports):
+            raise StackError(f"Kafka's ports overlap ({ports}): node k listens on TIDEMARK_KAFKA_PORT and "
+                             "TIDEMARK_KAFKA_CONTROLLER_PORT plus 2(k - 1); set them further apart")
 
     def is_running(self) -> bool:
         return any(n.is_running() for n in self.nodes)
@@ -143,28 +156,28 @@ class Kafka:
         return all(n.answers() for n in self.nodes)
 
     def _cluster_id(self) -> str:
-        """One id for every node of the cluster, kept beside the first node's state; a state directory made
-        for another node count is refused (its quorum and replicas would not match)."""
-        formatted = (self.nodes[0].data / "meta.properties").exists()
-        made_for = self.s.kafka_dir / "nodes"
-        if formatted and (made_for.read_text().strip() if made_for.exists() else "1") != str(len(self.nodes)):
-            raise StackError(f"the Kafka state in {self.s.kafka_dir} holds a cluster of "
-                             f"{made_for.read_text().strip() if made_for.exists() else 1} node(s), not "
+        """The cluster's id: the first node's when it is formatted (a state directory made for another node
+        count is refused: its quorum and replicas would not match), else a new one."""
+        meta = self.nodes[0].data / "meta.properties"
+        if not meta.exists():
+            return run(self.nodes[0].java("kafka.tools.StorageTool", "random-uuid"), what="kafka random-uuid"
+                       ).strip().splitlines()[-1]
+        made_for = int(self.made_for.read_text()) if self.made_for.exists() else 1  # older states: one node
+        if made_for != len(self.nodes):
+            raise StackError(f"the Kafka state in {self.home} holds a cluster of {made_for} node(s), not "
                              f"TIDEMARK_KAFKA_NODES={len(self.nodes)}: give the other size its own "
                              "TIDEMARK_STATE_DIR (or make down and delete that directory)")
-        if not self.cluster_id_file.exists():
-            out = run(self.nodes[0].java("kafka.tools.StorageTool", "random-uuid"), what="kafka random-uuid")
-            self.cluster_id_file.parent.mkdir(parents=True, exist_ok=True)
-            self.cluster_id_file.write_text(out.strip().splitlines()[-1])
-            made_for.write_text(str(len(self.nodes)))
-        return self.cluster_id_file.read_text().strip()
+        return next(line.split("=", 1)[1].strip() for line in meta.read_text().splitlines()
+                    if line.startswith("cluster.id="))
 
     def start(self) -> None:
         resolve(POM, self.nodes[0].libs)
-        self.s.logs_dir.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            node.log.parent.mkdir(parents=True, exist_ok=True)
         cluster_id = self._cluster_id()
         for node in self.nodes:
             node.format(cluster_id)
+        self.made_for.write_text(str(len(self.nodes)))
         started = [node.spawn() for node in self.nodes]  # all before any wait: a quorum needs a majority up
         for node in self.nodes:
             node.wait()
@@ -172,6 +185,19 @@ class Kafka:
             say("kafka", f"{len(self.nodes)} node(s) answer on {self.s.kafka_bootstrap}")
         else:
             say("kafka", f"already running on {self.s.kafka_bootstrap}")
+
+    def node(self, node_id: int) -> KafkaNode:
+        return self.nodes[node_id - 1]
+
+    def leader(self, topic: str, partition: int = 0) -> KafkaNode:
+        """The node leading ``partition`` of ``topic`` now (a failover trial kills it)."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.s.kafka_bootstrap, "log_level": 0})
+        leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
+        if leader < 1:
+            raise StackError(f"partition {partition} of {topic} has no leader now")
+        return self.node(leader)
 
     @contextmanager
     def away(self) -> Iterator[None]:
@@ -183,7 +209,11 @@ class Kafka:
             self.start()
 
     def stop(self) -> None:
-        stopped = [node.stop() for node in reversed(self.nodes)]
+        """Every node at once: one by one, the last would wait out its grace period for a quorum gone."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            stopped = list(pool.map(KafkaNode.stop, self.nodes))
         say("kafka", "stopped" if any(stopped) else "not running")
 
     def status(self) -> str:
@@ -198,4 +228,4 @@ class Kafka:
 
 def require_broker(settings: Settings) -> None:
     if not Kafka(settings).answers():
-        raise StackError(f"no Kafka broker answers on {settings.kafka_bootstrap}: run `make up`")
+        raise StackError(f"not every Kafka node answers on {settings.kafka_bootstrap}: run `make up`")

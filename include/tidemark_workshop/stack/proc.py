@@ -40,18 +40,32 @@ def read_pid(pid_file: Path) -> int | None:
         pid = int(pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+    if _live(pid):
+        return pid
+    # the process is gone, but what it started may run on in its group (kill -9 of a keeper)
+    return pid if group_process(pid, "") is not None else None
+
+
+def _live(pid: int) -> bool:
+    """Running: not gone, and not a zombie (a child of this process killed with -9 stays one until reaped:
+    reaped here, as a long-lived caller such as a failover campaign never waits for what it spawned)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        try:  # the process is gone, but what it started runs on in its group (kill -9 of a keeper)
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
+        return False
     except PermissionError:
-        pass  # alive, owned by another user
-    return pid
+        return True  # alive, owned by another user
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state not in ("Z", "X"):
+        return True
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return False
 
 
 def group_process(pgid: int, program: str) -> int | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from tidemark.protocol.config import spark_driver_memory
 from tidemark_workshop.settings import QUICK_JIT, REPO_ROOT, Settings
 from tidemark_workshop.stack.maven import artifact_name, build_java, install, resolve
-from tidemark_workshop.stack.proc import StackError, say
+from tidemark_workshop.stack.proc import StackError, read_pid, say, spawn, stop_pid, wait_until
 
 POM = REPO_ROOT / "stack" / "spark" / "pom.xml"
 UDF_JAR = "tidemark-udf.jar"
@@ -66,13 +66,17 @@ def build_class_archive(settings: Settings) -> Path | None:
 
 
 def status(settings: Settings) -> str:
+    cluster = StandaloneCluster.of_stack(settings)
+    if cluster is not None:
+        return cluster.status()
     jars = settings.spark_jars()
     state = "ready" if jars else "missing"
     return f"spark     {state:8} master={settings.spark_master}  jars={len(jars)} in {settings.spark_jars_dir}"
 
 
 def describe(settings: Settings) -> None:
-    say("spark", f"local mode {settings.spark_master}, {len(settings.spark_jars())} connector jars ready")
+    mode = "local mode" if StandaloneCluster.of_stack(settings) is None else "standalone cluster"
+    say("spark", f"{mode} {settings.spark_master}, {len(settings.spark_jars())} connector jars ready")
 
 
 def build_udf_jar(settings: Settings) -> Path:
@@ -168,60 +172,89 @@ def session_rss_bytes(session_id: int) -> int:
 
 
 class StandaloneCluster:
-    """A Spark standalone master and one worker, started from the PySpark distribution
-    (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``) on 127.0.0.1, for the
-    scale-out tests: the same jobs submit to it as to a real cluster. Within ``with`` it runs.
+    """A Spark standalone master and its workers, started from the PySpark distribution
+    (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``) on 127.0.0.1, each a process of
+    its own with a pid file and a log in ``work_dir``: the local stack's cluster when
+    ``TIDEMARK_SPARK_WORKERS`` is set (:meth:`of_stack`), and the scale-out tests' (within ``with`` it runs).
+    The same jobs submit to it as to a real cluster.
 
     ``default_cores`` is the master's ``spark.deploy.defaultCores``: without it the first
     application takes every core and the next one waits forever."""
 
-    def __init__(self, settings: Settings, work_dir: Path, *, port: int, ui_port: int, worker_ui_port: int,
+    def __init__(self, settings: Settings, work_dir: Path, *, port: int, ui_port: int, worker_ui_ports: list[int],
                  cores: int = 4, memory: str = "6g", default_cores: int = 1):
         self.settings, self.work_dir = settings, Path(work_dir)
         self.master = f"spark://127.0.0.1:{port}"
         self.master_ui = f"http://127.0.0.1:{ui_port}"
-        self._port, self._ui_port, self._worker_ui_port = port, ui_port, worker_ui_port
-        self._cores, self._memory, self._default_cores = cores, memory, default_cores
-        self._procs: list[subprocess.Popen] = []
+        self.workers = [f"worker-{k}" for k in range(1, len(worker_ui_ports) + 1)]
+        self._roles = {"master": ("master.Master", ["--host", "127.0.0.1", "--port", str(port),
+                                                    "--webui-port", str(ui_port)])}
+        for name, ui in zip(self.workers, worker_ui_ports):
+            self._roles[name] = ("worker.Worker", ["--host", "127.0.0.1", "--webui-port", str(ui), "--cores",
+                                                   str(cores), "--memory", memory, "--work-dir",
+                                                   str(self.work_dir / name), self.master])
+        self._default_cores = default_cores
 
-    def _start(self, role: str, args: list[str]) -> None:
+    @classmethod
+    def of_stack(cls, settings: Settings) -> StandaloneCluster | None:
+        """The local stack's cluster (None in local mode): ``settings.spark_workers`` workers."""
+        if not settings.spark_workers:
+            return None
+        port, ui = settings.spark_cluster_ports
+        return cls(settings, settings.state_dir / "spark" / "cluster", port=port, ui_port=ui,
+                   worker_ui_ports=[ui + k for k in range(1, settings.spark_workers + 1)])
+
+    def pid_file(self, role: str) -> Path:
+        return self.work_dir / f"{role}.pid"
+
+    def log(self, role: str) -> Path:
+        return self.work_dir / f"{role}.log"
+
+    def pid(self, role: str) -> int | None:
+        """The role's JVM (spark-class execs it): what an operator, or a failover trial, kills."""
+        return read_pid(self.pid_file(role))
+
+    def alive_workers(self) -> int:
+        import json
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
+                return len([w for w in json.load(response).get("workers", []) if w.get("state") == "ALIVE"])
+        except (OSError, ValueError):
+            return 0
+
+    def start(self) -> None:
+        """Start every role not running yet (a killed worker too); wait until the master lists each worker."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.settings.runtime_env(), "SPARK_HOME": str(pyspark_jars_dir().parent),
                "SPARK_WORKER_DIR": str(self.work_dir / "work"), "SPARK_LOG_DIR": str(self.work_dir),
                "SPARK_MASTER_OPTS": f"-Dspark.deploy.defaultCores={self._default_cores}"}
-        log = open(self.work_dir / f"{role}.log", "ab")
-        self._procs.append(subprocess.Popen(
-            [str(self.settings.venv / "bin" / "spark-class"), f"org.apache.spark.deploy.{role}", *args],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        log.close()
+        for role, (main, args) in self._roles.items():
+            if self.pid(role) is None:
+                spawn([str(self.settings.venv / "bin" / "spark-class"), f"org.apache.spark.deploy.{main}", *args],
+                      log=self.log(role), pid_file=self.pid_file(role), env=env)
+        wait_until(lambda: self.alive_workers() >= len(self.workers), timeout_s=120,
+                   what=f"Spark master {self.master} with {len(self.workers)} worker(s)",
+                   alive=lambda: self.pid("master") is not None, log=self.log("master"))
 
-    def __enter__(self) -> "StandaloneCluster":
-        import json
-        import time
-        import urllib.request
+    def stop(self) -> None:
+        for role in reversed(list(self._roles)):  # the workers first: they end their drivers and executors
+            stop_pid(self.pid_file(role))
 
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        self._start("master.Master", ["--host", "127.0.0.1", "--port", str(self._port),
-                                      "--webui-port", str(self._ui_port)])
-        self._start("worker.Worker", ["--host", "127.0.0.1", "--webui-port", str(self._worker_ui_port),
-                                      "--cores", str(self._cores), "--memory", self._memory, self.master])
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
-                    if json.load(response).get("aliveworkers"):
-                        return self
-            except OSError:
-                pass
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
-                self.__exit__(None, None, None)
-                raise StackError(f"the standalone master or worker did not come up within 120 s; see {self.work_dir}")
-            time.sleep(1)
+    def status(self) -> str:
+        running = [role for role in self._roles if self.pid(role) is not None]
+        state = "running" if len(running) == len(self._roles) else ("partial" if running else "stopped")
+        return (f"spark     {state:8} {self.master} ui={self.master_ui}  {self.alive_workers()}/{len(self.workers)} "
+                f"worker(s) alive  logs={self.work_dir}")
+
+    def __enter__(self) -> StandaloneCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for proc in reversed(self._procs):  # the worker first: it ends its drivers and executors
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(proc.pid, signal.SIGKILL)
-        self._procs.clear()
+        self.stop()
