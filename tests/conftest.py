@@ -34,7 +34,8 @@ AIRFLOW_FILES = {"test_scheduler.py", "test_scheduler_cdc.py", "test_ui_clicks.p
 # The longest units (CI's JUnit report, .state/test-report.xml) go first, so the lanes end together.
 # Only the order depends on this list.
 LONGEST_FIRST = ("airflow", "test_protocol_v2.py", "test_batch_faults.py", "test_bench.py", "test_untrusted_input.py",
-                 "test_repair.py", "test_forgery.py", "test_standalone_cluster.py", "test_kill_trials.py")
+                 "test_repair.py", "test_forgery.py", "test_standalone_cluster.py", "test_kill_trials.py",
+                 "test_failover.py")
 
 
 def lane_unit(nodeid: str) -> str:

@@ -57,15 +57,17 @@ class DatabaseHook(_TidemarkHook):
         return self.get_connection(self.conn_id)
 
     def get_conn(self):
-        """psycopg2, honouring the TLS options among the connection's extras as a Spark job does."""
+        """psycopg2, honouring the TLS options among the connection's extras as a Spark job does; a host field
+        naming several servers reaches the one that takes writes (``tidemark.spark.jobs.servers``)."""
         import psycopg2
 
-        from tidemark.spark.jobs import DATABASE_OPTIONS
+        from tidemark.spark.jobs import DATABASE_OPTIONS, servers
 
         c = self.get_connection(self.conn_id)
         tls = {k: v for k, v in c.extra_dejson.items() if k in DATABASE_OPTIONS and k != "connect_timeout"}
-        return psycopg2.connect(host=c.host, port=c.port or 5432, dbname=c.schema, user=c.login, password=c.password,
-                                connect_timeout=self.connect_timeout, application_name=self.application_name, **tls)
+        return psycopg2.connect(**{**servers(c.host, c.port), **tls}, dbname=c.schema, user=c.login,
+                                password=c.password, connect_timeout=self.connect_timeout,
+                                application_name=self.application_name)
 
 
 class KafkaHook(_TidemarkHook):

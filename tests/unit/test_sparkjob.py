@@ -167,6 +167,29 @@ def test_a_connection_s_tls_options_reach_both_the_job_s_psycopg2_and_jdbc_conne
     assert "sslmode=require" in jdbc_url("host=db dbname=wh sslmode=require")
 
 
+def test_a_primary_and_its_replicas_are_one_connection_that_follows_a_promotion():
+    """Several servers in a connection's host field: every session, psycopg2's and JDBC's, goes to the one that
+    takes writes (libpq's target_session_attrs=read-write, the driver's targetServerType=primary)."""
+    from tidemark.spark.entry import connect_params, database, jdbc_url
+    from tidemark.spark.jobs import UnsupportedOption, database_args, servers
+
+    assert servers("db1:5432,db2:5433", None) == {"host": "db1,db2", "port": "5432,5433",
+                                                  "target_session_attrs": "read-write"}
+    assert servers("db1, db2", 6432) == {"host": "db1,db2", "port": "6432,6432", "target_session_attrs": "read-write"}
+    assert servers("db1", 6432) == {"host": "db1", "port": "6432"}  # one server: nothing added
+    with pytest.raises(UnsupportedOption, match="is not host"):
+        servers("db1:x,db2", None)
+    dsn = database_args("wh1:5432,wh2:5433", None, "wh", "tidemark", {"sslmode": "require"})[1]
+    assert database(dsn) == {"host": "wh1,wh2", "port": "5432,5433", "dbname": "wh", "sslmode": "require",
+                             "target_session_attrs": "read-write"}
+    assert connect_params(dsn, "tidemark", "pw")["target_session_attrs"] == "read-write"
+    assert jdbc_url(dsn) == "jdbc:postgresql://wh1:5432,wh2:5433/wh?sslmode=require&targetServerType=primary"
+    said = database_args("a,b", 5432, "wh", "u", {"target_session_attrs": "any"})[1]
+    assert jdbc_url(said).endswith("targetServerType=any")
+    with pytest.raises(UnsupportedOption, match="target_session_attrs='prefer-primary'"):
+        database_args("a,b", 5432, "wh", "u", {"target_session_attrs": "prefer-primary"})
+
+
 def test_a_connection_that_logs_in_with_a_client_certificate_is_refused_by_name():
     from tidemark.protocol.errors import Terminal
     from tidemark.spark.jobs import UnsupportedOption, database_args
@@ -182,8 +205,9 @@ def test_a_connection_that_logs_in_with_a_client_certificate_is_refused_by_name(
     ("jdbc:postgresql://db/src", "is not libpq key=value parameters"),
     ("host=db password='hunter2 dbname=src", "is not libpq key=value parameters"),  # unparsable: not echoed
     ("dbname=src", "got ['dbname']"),
-    ("host=a,b dbname=src", "not a list or a socket directory"),
-    ("host=/var/run/postgresql dbname=src", "not a list or a socket directory"),
+    ("host=a,b port=1,2,3 dbname=src", "each with its port or one port for all"),
+    ("host=/var/run/postgresql dbname=src", "not a socket directory"),
+    ("host=a,b dbname=src target_session_attrs=prefer-primary", "the JDBC driver knows"),
     ("host=db dbname=src sslkey=/k.pem", "got ['dbname', 'host', 'sslkey']"),
 ])
 def test_a_database_argument_the_job_cannot_honour_exactly_is_refused_by_name(dsn, named):

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from tidemark.protocol.config import environment, job_error_file
 from tidemark.protocol.errors import EXIT_OUTAGE, OUTAGE_LINE, Outage, Terminal, TidemarkError, Transient
-from tidemark.spark.jobs import DATABASE_OPTIONS
+from tidemark.spark.jobs import DATABASE_OPTIONS, SERVER_TYPES
 
 # Every record's JSON carries timestamps to the microsecond, in UTC, like PostgreSQL stores them.
 
@@ -80,9 +80,14 @@ def database(dsn: str) -> dict[str, str]:
     unknown = sorted(set(params) - {"host", "port", "dbname", *DATABASE_OPTIONS})
     if unknown or not {"host", "dbname"} <= set(params):
         raise JobError(f"--database takes host, port, dbname and {', '.join(DATABASE_OPTIONS)}; got {sorted(params)}")
-    if "," in params["host"] or params["host"].startswith("/"):  # no one JDBC URL says the same
-        raise JobError(f"--database host {params['host']!r}: a job takes one host name or address, not a list "
-                       "or a socket directory")
+    hosts, ports = params["host"].split(","), (params.get("port") or "5432").split(",")
+    if any(not h or h.startswith("/") for h in hosts) or len(ports) not in (1, len(hosts)):
+        raise JobError(f"--database host {params['host']!r} port {params.get('port')!r}: a job takes host names or "
+                       "addresses (a primary and its replicas), each with its port or one port for all, not a "
+                       "socket directory")  # no JDBC URL says the same
+    if params.get("target_session_attrs", "read-write") not in SERVER_TYPES:
+        raise JobError(f"--database target_session_attrs={params['target_session_attrs']!r}: the JDBC driver knows "
+                       f"{', '.join(SERVER_TYPES)}")
     return params
 
 
@@ -101,14 +106,18 @@ def jdbc_url(dsn: str, *, application: str | None = None, **driver: str) -> str:
     from urllib.parse import quote, urlencode
 
     params = database(dsn)
-    host = params["host"]
-    query = {jdbc: params[k] for k, jdbc in DATABASE_OPTIONS.items() if k in params}
+    query = {jdbc: params[k] for k, jdbc in DATABASE_OPTIONS.items() if k in params and k != "target_session_attrs"}
+    if "target_session_attrs" in params:  # which of several servers: the driver's names for libpq's
+        query["targetServerType"] = SERVER_TYPES[params["target_session_attrs"]]
     if params.get("sslmode") == "require" and "sslrootcert" in params:
         query["sslmode"] = "verify-ca"  # what libpq's require does with a root certificate; the driver's does not
     if application:
         query["ApplicationName"] = application
     query.update(driver)
-    url = f"jdbc:postgresql://{f'[{host}]' if ':' in host else host}:{params.get('port') or 5432}/{quote(params['dbname'])}"
+    hosts, ports = params["host"].split(","), (params.get("port") or "5432").split(",")
+    ports = ports if len(ports) == len(hosts) else ports[:1] * len(hosts)  # libpq: one port serves them all
+    servers = ",".join(f"{f'[{h}]' if ':' in h else h}:{p}" for h, p in zip(hosts, ports))
+    url = f"jdbc:postgresql://{servers}/{quote(params['dbname'])}"
     return f"{url}?{urlencode(query)}" if query else url
 
 

@@ -71,7 +71,11 @@ READ_PARTITIONS = 4  # parallel JDBC range reads of the extract
 # What of a connection's extras a job honours too, on its psycopg2 and its JDBC connections alike
 # (``tidemark.spark.entry.jdbc_url``): TLS and the connect timeout, libpq's name -> the JDBC driver's.
 # The rest stays with Airflow.
-DATABASE_OPTIONS = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "connect_timeout": "connectTimeout"}
+DATABASE_OPTIONS = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "connect_timeout": "connectTimeout",
+                    "target_session_attrs": "targetServerType"}
+# libpq's target_session_attrs -> the JDBC driver's targetServerType (which server of several a session takes)
+SERVER_TYPES = {"read-write": "primary", "primary": "primary", "any": "any", "read-only": "secondary",
+                "standby": "secondary", "prefer-standby": "preferSecondary"}
 # A client certificate's key is PEM to libpq and DER PKCS-8 to the JDBC driver (42.7.8): no one file
 # serves both of a job's connections, so a connection that logs in with one is refused, by name.
 CLIENT_CERTIFICATE = ("sslcert", "sslkey")
@@ -79,6 +83,24 @@ CLIENT_CERTIFICATE = ("sslcert", "sslkey")
 
 class UnsupportedOption(Terminal, ValueError):
     """A connection extra a Spark job cannot honour exactly on both of its connections."""
+
+
+def servers(host: str, port: int | None) -> dict[str, str]:
+    """libpq's ``host`` and ``port`` for a connection's host field: one server, or several for a primary and
+    its replicas (``db1:5432,db2:5433``, or ``db1,db2`` on the connection's port): every session then goes to
+    the one that takes writes (``target_session_attrs=read-write``, unless the extra says otherwise), so a
+    promotion is followed without a configuration change."""
+    names, ports = [], []
+    for part in (p.strip() for p in (host or "").split(",")):
+        name, colon, number = part.rpartition(":") if part.count(":") == 1 else ("", "", part)
+        if not colon:
+            name, number = part, ""
+        if not name or (number and not number.isdigit()):
+            raise UnsupportedOption(f"the connection's host {host!r} is not host[:port][,host[:port]...]")
+        names.append(name)
+        ports.append(number or str(port or 5432))
+    found = {"host": ",".join(names), "port": ",".join(ports)}
+    return {**found, "target_session_attrs": "read-write"} if len(names) > 1 else found
 
 
 def database_args(host: str, port: int | None, dbname: str, user: str,
@@ -95,8 +117,11 @@ def database_args(host: str, port: int | None, dbname: str, user: str,
             f"the connection's extra sets {', '.join(refused)}: Spark jobs cannot log in with a client certificate "
             "yet (libpq reads its key as PEM, the JDBC driver as DER PKCS-8). Next: give this connection's user a "
             "password login (TLS with sslmode and sslrootcert still applies)")
+    if given.get("target_session_attrs", "read-write") not in SERVER_TYPES:
+        raise UnsupportedOption(f"the connection's extra sets target_session_attrs={given['target_session_attrs']!r}: "
+                                f"a Spark job's JDBC reads know {', '.join(SERVER_TYPES)}")
     kept = {k: v for k, v in given.items() if k in DATABASE_OPTIONS}
-    dsn = make_dsn(host=host, port=port or 5432, dbname=dbname, **kept)
+    dsn = make_dsn(**{**servers(host, port), "dbname": dbname, **kept})
     return ["--database", dsn, "--user", user, "--password-env", PASSWORD_ENV]
 
 

@@ -251,6 +251,40 @@ class Postgres:
         return f"postgres  {state:8} {self.s.pg_host}:{self.s.pg_port}  data={self.data}  log={self.log}"
 
 
+class Standby:
+    """A streaming replica of the stack's server (``pg_basebackup -R``), its data in ``home``, on ``port``, run
+    as the cluster's owner: what a warehouse or a source fails over to (``promote``, as ``pg_ctl promote``)."""
+
+    def __init__(self, settings: Settings, home: Path, port: int):
+        self.s, self.home, self.port = settings, home, port
+        self.primary = Postgres(settings)
+        self.data, self.log = home / "data", home / "standby.log"
+
+    def start(self) -> None:
+        bin_dir = ensure_installed()
+        if not (self.data / "PG_VERSION").exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            if self.primary.as_root:
+                _grant_traverse(self.home)
+                shutil.chown(self.home, user=self.s.os_user)
+            say("postgres", f"pg_basebackup of {self.s.pg_host}:{self.s.pg_port} into {self.data}")
+            run(self.primary._as_owner([str(bin_dir / "pg_basebackup"), "-D", str(self.data), "-R", "-X", "stream",
+                                        "-h", self.s.pg_host, "-p", str(self.s.pg_port), "-U", self.s.pg_user]),
+                what="pg_basebackup", env={**os.environ, "PGPASSWORD": self.s.pg_password})
+        say("postgres", f"starting the standby on {self.s.pg_host}:{self.port}")
+        run(self.primary._as_owner([str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
+                                    "-l", str(self.log), "-o", f"-p {self.port}"]), what="pg_ctl start (standby)")
+
+    def promote(self) -> None:
+        run(self.primary._as_owner([str(server_bin_dir() / "pg_ctl"), "promote", "-w", "-D", str(self.data)]),
+            what="pg_ctl promote")
+
+    def stop(self, mode: str = "fast") -> None:
+        """``immediate``: as a crash (no checkpoint)."""
+        run(self.primary._as_owner([str(server_bin_dir() / "pg_ctl"), "stop", "-m", mode, "-w", "-D",
+                                    str(self.data)]), what="pg_ctl stop (standby)")
+
+
 def _grant_traverse(path: Path) -> None:
     """The cluster owner must be able to reach the state directory through its parents.
 

@@ -197,12 +197,15 @@ class StandaloneCluster:
 
     @classmethod
     def of_stack(cls, settings: Settings) -> StandaloneCluster | None:
-        """The local stack's cluster (None in local mode): ``settings.spark_workers`` workers."""
-        if not settings.spark_workers:
+        """The local stack's cluster: ``settings.spark_workers`` workers, or one started before under another
+        setting that still runs (``make down`` stops it); None in local mode."""
+        home = settings.state_dir / "spark" / "cluster"
+        running = sorted(home.glob("worker-*.pid")) if read_pid(home / "master.pid") is not None else []
+        workers = settings.spark_workers or len(running)
+        if not workers:
             return None
         port, ui = settings.spark_cluster_ports
-        return cls(settings, settings.state_dir / "spark" / "cluster", port=port, ui_port=ui,
-                   worker_ui_ports=[ui + k for k in range(1, settings.spark_workers + 1)])
+        return cls(settings, home, port=port, ui_port=ui, worker_ui_ports=[ui + k for k in range(1, workers + 1)])
 
     def pid_file(self, role: str) -> Path:
         return self.work_dir / f"{role}.pid"
@@ -239,8 +242,8 @@ class StandaloneCluster:
                    alive=lambda: self.pid("master") is not None, log=self.log("master"))
 
     def stop(self) -> None:
-        for role in reversed(list(self._roles)):  # the workers first: they end their drivers and executors
-            stop_pid(self.pid_file(role))
+        stopped = [stop_pid(self.pid_file(role)) for role in reversed(list(self._roles))]  # the workers first
+        say("spark", f"master and {len(self.workers)} worker(s) stopped" if any(stopped) else "not running")
 
     def status(self) -> str:
         running = [role for role in self._roles if self.pid(role) is not None]
