@@ -65,7 +65,8 @@ class DatabaseHook(_TidemarkHook):
 
         c = self.get_connection(self.conn_id)
         tls = {k: v for k, v in c.extra_dejson.items() if k in DATABASE_OPTIONS and k != "connect_timeout"}
-        return psycopg2.connect(**{**servers(c.host, c.port), **tls}, dbname=c.schema, user=c.login,
+        where = servers(c.host, c.port) if c.host else {"port": c.port or 5432}  # no host: libpq's default socket
+        return psycopg2.connect(**{**where, **tls}, dbname=c.schema, user=c.login,
                                 password=c.password, connect_timeout=self.connect_timeout,
                                 application_name=self.application_name)
 
