@@ -268,7 +268,9 @@ class Standby:
                 _grant_traverse(self.home)
                 shutil.chown(self.home, user=self.s.os_user)
             say("postgres", f"pg_basebackup of {self.s.pg_host}:{self.s.pg_port} into {self.data}")
+            # -c fast: a checkpoint at once (the default spreads it: minutes while other work writes)
             run(self.primary._as_owner([str(bin_dir / "pg_basebackup"), "-D", str(self.data), "-R", "-X", "stream",
+                                        "-c", "fast",
                                         "-h", self.s.pg_host, "-p", str(self.s.pg_port), "-U", self.s.pg_user]),
                 what="pg_basebackup", env={**os.environ, "PGPASSWORD": self.s.pg_password})
         say("postgres", f"starting the standby on {self.s.pg_host}:{self.port}")
