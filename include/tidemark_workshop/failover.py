@@ -47,8 +47,8 @@ from tidemark_workshop.stack.kafka import Kafka
 from tidemark_workshop.stack.spark import StandaloneCluster, submit_command
 
 KINDS = ("leader_kill", "broker_stop", "worker_kill")
-# accounts 1-5 are hot (most transfers start there), up to ACTIVE busy; the rest change about once a second, so
-# many are settled (unchanged since before a batch's window end) when the faulted batch commits
+# accounts 1-5 are hot (most transfers start there), up to ACTIVE busy; one transfer in forty touches one of the
+# rest, so many are settled (unchanged since before a batch's window end) when the faulted batch commits
 ACCOUNTS, ACTIVE, HOT, OPENING = 200, 100, 5, Decimal("1000.00")
 FIRST_EVENT = 1_000_000  # event ids above every account's
 TRIES = 6  # attempts of one batch before the trial is a failure (the DAG: retries, then a person clears it)
@@ -67,7 +67,7 @@ class Trial:
     recover_s: float | None = None  # the later of the two below
     batch_s: float | None = None  # from the fault until the batch in flight committed (None: it committed before)
     stream_s: float | None = None  # from the fault until the first event published after it was applied
-    settled: int = 0  # accounts compared right after the faulted batch, writers going
+    settled: int = 0  # accounts compared once the faulted batch committed and the node is back, writers going
     lost: int = 0
     duplicated: int = 0
     rows: int = 0  # what was compared: accounts key by key, events applied, sums the reader saw
@@ -446,7 +446,7 @@ def _compare_below(pipe: Pipeline, plan: steps.Plan, trial: Trial) -> None:
     trial.settled = len(source)
     trial.lost += len(wrong)
     if wrong:
-        trial.problems.append(f"right after the faulted batch: {len(wrong)} of {len(source)} settled accounts differ "
+        trial.problems.append(f"after the faulted batch: {len(wrong)} of {len(source)} settled accounts differ "
                               f"from the source (first: {wrong[:5]})")
 
 

@@ -57,16 +57,17 @@ class DatabaseHook(_TidemarkHook):
         return self.get_connection(self.conn_id)
 
     def get_conn(self):
-        """psycopg2, honouring the TLS options among the connection's extras as a Spark job does; a host field
+        """psycopg2, honouring the options among the connection's extras as a Spark job does (TLS, which server of
+        several); a host field
         naming several servers reaches the one that takes writes (``tidemark.spark.jobs.servers``)."""
         import psycopg2
 
         from tidemark.spark.jobs import DATABASE_OPTIONS, servers
 
         c = self.get_connection(self.conn_id)
-        tls = {k: v for k, v in c.extra_dejson.items() if k in DATABASE_OPTIONS and k != "connect_timeout"}
+        options = {k: v for k, v in c.extra_dejson.items() if k in DATABASE_OPTIONS and k != "connect_timeout"}
         where = servers(c.host, c.port) if c.host else {"port": c.port or 5432}  # no host: libpq's default socket
-        return psycopg2.connect(**{**where, **tls}, dbname=c.schema, user=c.login,
+        return psycopg2.connect(**{**where, **options}, dbname=c.schema, user=c.login,
                                 password=c.password, connect_timeout=self.connect_timeout,
                                 application_name=self.application_name)
 

@@ -80,7 +80,7 @@ def database(dsn: str) -> dict[str, str]:
     unknown = sorted(set(params) - {"host", "port", "dbname", *DATABASE_OPTIONS})
     if unknown or not {"host", "dbname"} <= set(params):
         raise JobError(f"--database takes host, port, dbname and {', '.join(DATABASE_OPTIONS)}; got {sorted(params)}")
-    hosts, ports = params["host"].split(","), (params.get("port") or "5432").split(",")
+    hosts, ports = _hosts_and_ports(params)
     if any(not h or h.startswith("/") for h in hosts) or len(ports) not in (1, len(hosts)):
         raise JobError(f"--database host {params['host']!r} port {params.get('port')!r}: a job takes host names or "
                        "addresses (a primary and its replicas), each with its port or one port for all, not a "
@@ -89,6 +89,11 @@ def database(dsn: str) -> dict[str, str]:
         raise JobError(f"--database target_session_attrs={params['target_session_attrs']!r}: the JDBC driver knows "
                        f"{', '.join(SERVER_TYPES)}")
     return params
+
+
+def _hosts_and_ports(params: dict[str, str]) -> tuple[list[str], list[str]]:
+    """libpq's comma-separated ``host`` and ``port`` lists (a primary and its replicas)."""
+    return params["host"].split(","), (params.get("port") or "5432").split(",")
 
 
 def connect_params(dsn: str, user: str, secret: str, *, application: str | None = None) -> dict[str, Any]:
@@ -114,7 +119,7 @@ def jdbc_url(dsn: str, *, application: str | None = None, **driver: str) -> str:
     if application:
         query["ApplicationName"] = application
     query.update(driver)
-    hosts, ports = params["host"].split(","), (params.get("port") or "5432").split(",")
+    hosts, ports = _hosts_and_ports(params)
     ports = ports if len(ports) == len(hosts) else ports[:1] * len(hosts)  # libpq: one port serves them all
     servers = ",".join(f"{f'[{h}]' if ':' in h else h}:{p}" for h, p in zip(hosts, ports))
     url = f"jdbc:postgresql://{servers}/{quote(params['dbname'])}"

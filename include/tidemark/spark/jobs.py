@@ -69,7 +69,8 @@ READ_PARTITIONS = 4  # parallel JDBC range reads of the extract
 
 
 # What of a connection's extras a job honours too, on its psycopg2 and its JDBC connections alike
-# (``tidemark.spark.entry.jdbc_url``): TLS and the connect timeout, libpq's name -> the JDBC driver's.
+# (``tidemark.spark.entry.jdbc_url``): TLS, the connect timeout and which of several servers a session takes,
+# libpq's name -> the JDBC driver's.
 # The rest stays with Airflow.
 DATABASE_OPTIONS = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "connect_timeout": "connectTimeout",
                     "target_session_attrs": "targetServerType"}

@@ -57,8 +57,8 @@ class KafkaNode:
             "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={self.data}",
             "num.partitions=1",
-            # the cluster's own topics and every topic made without a setting (Debezium's, at -1) replicated
-            # as Tidemark's: a write counts once all but one replica hold it
+            # the cluster's own topics and any topic made without a setting replicated as Tidemark's: a write
+            # counts once all but one replica hold it
             f"default.replication.factor={settled.factor}",
             f"min.insync.replicas={settled.min_insync}",
             "unclean.leader.election.enable=false",
